@@ -1,0 +1,59 @@
+# The course's entry points. Two commands on a fresh machine:
+#   make lab    set everything up and open the course in JupyterLab
+#   make test   set everything up and run every test (what CI runs)
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+NB     ?= $(sort $(wildcard notebooks/[0-9][0-9]_*.ipynb))
+PYTEST_NBVAL := --nbval --nbval-current-env --nbval-sanitize-with tests/sanitize.cfg
+
+.PHONY: help venv lab test test-lib test-notebooks execute lock benchmarks clean
+
+help:
+	@echo "make lab        - create $(VENV), install the pinned environment, open JupyterLab in notebooks/"
+	@echo "make test       - create/update $(VENV), run pytest over course_lib and nbval over every notebook"
+	@echo "make execute    - re-execute notebooks in place (NB='notebooks/01_*.ipynb' for some)"
+	@echo "make benchmarks - run every script in benchmarks/ and print its RESULT line"
+	@echo "make lock       - regenerate requirements.lock from a fresh install of pyproject.toml"
+
+venv: $(STAMP)
+
+$(STAMP): requirements.lock pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -r requirements.lock
+	$(BIN)/python -m pip install --quiet --no-deps -e .
+	touch $(STAMP)
+
+lab: $(STAMP)
+	$(BIN)/jupyter lab notebooks/
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -p no:cacheprovider $(PYTEST_NBVAL) tests notebooks
+
+test-lib: $(STAMP)
+	$(BIN)/python -m pytest -p no:cacheprovider tests
+
+test-notebooks: $(STAMP)
+	$(BIN)/python -m pytest -p no:cacheprovider $(PYTEST_NBVAL) $(NB)
+
+execute: $(STAMP)
+	$(BIN)/python scripts/execute_notebooks.py $(NB)
+
+benchmarks: $(STAMP)
+	@for b in benchmarks/*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
+
+lock:
+	rm -rf build/lock-venv
+	$(PYTHON) -m venv build/lock-venv
+	build/lock-venv/bin/python -m pip install --quiet --upgrade pip
+	build/lock-venv/bin/python -m pip install --quiet "torch==2.13.0" .
+	{ echo "# Exact versions that reproduce the committed notebook outputs (Python 3.11, CPU)."; \
+	  echo "# Regenerate with 'make lock'. torch is pinned without the local '+cpu' suffix so this file"; \
+	  echo "# installs on any machine; pip takes the CPU or CUDA build that the machine offers."; \
+	  build/lock-venv/bin/python -m pip freeze --exclude course_lib | sed 's/+cpu$$//'; } > requirements.lock
+	rm -rf build/lock-venv
+
+clean:
+	rm -rf $(VENV) build .pytest_cache

@@ -1,0 +1,33 @@
+"""course_lib: the helpers behind the course *PyTorch training internals, from the Tensor to multi-node DDP*.
+
+Each module has one job:
+
+* :mod:`course_lib.seeding` — ``seed_everything``
+* :mod:`course_lib.device` — ``requires_gpu`` (the guard of every GPU-only cell), ``best_device``,
+  ``environment_report``
+* :mod:`course_lib.graph_view` — draw and describe the autograd graph behind a tensor
+* :mod:`course_lib.saved_tensors` — ``SavedTensorMeter``: bytes autograd keeps for backward
+* :mod:`course_lib.errors` — ``expect_error`` for cells that demonstrate an error
+* :mod:`course_lib.exercises` — exercise checks, one module per notebook topic
+"""
+from .device import best_device, environment_report, gpu_available, requires_gpu
+from .errors import expect_error
+from .graph_view import build_graph, describe_graph, draw_graph
+from .saved_tensors import SavedTensorMeter, format_bytes
+from .seeding import seed_everything
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "SavedTensorMeter",
+    "best_device",
+    "build_graph",
+    "describe_graph",
+    "draw_graph",
+    "environment_report",
+    "expect_error",
+    "format_bytes",
+    "gpu_available",
+    "requires_gpu",
+    "seed_everything",
+]

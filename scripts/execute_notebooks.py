@@ -1,0 +1,107 @@
+"""Execute notebooks in place, the one way the course's committed outputs are made.
+
+    python scripts/execute_notebooks.py notebooks/01_tensors_and_parameters.ipynb ...
+
+Each notebook runs top to bottom in a fresh ``python3`` kernel from the course's environment,
+with its working directory set to ``notebooks/``. Then it is cleaned so that re-running gives
+no diff: notebook metadata is reduced to the kernel spec and the language name, per-cell
+execution timestamps are dropped, execution counts are renumbered 1..n, and widget model ids
+(random UUIDs) are replaced by stable ones, with the widget state kept so static HTML renders
+widgets. Prints each notebook's wall time; exits non-zero if any cell fails.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import time
+from pathlib import Path
+
+import nbformat
+from nbclient import NotebookClient
+from nbclient.exceptions import CellExecutionError
+
+KERNELSPEC = {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}
+CELL_TIMEOUT_S = 300
+_TQDM_TIMES = re.compile(r"\[\d{2}:\d{2}(?:<[^\]]*)?\]")
+
+
+def clean(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
+    """Strip what differs from machine to machine or run to run; keep teaching metadata."""
+    widgets = nb.metadata.get("widgets")
+    nb.metadata = nbformat.NotebookNode(
+        kernelspec=KERNELSPEC, language_info={"name": "python"}
+    )
+    count = 0
+    for cell in nb.cells:
+        cell.metadata.pop("execution", None)
+        cell.metadata.pop("collapsed", None)
+        cell.metadata.pop("scrolled", None)
+        if cell.cell_type != "code":
+            continue
+        if not cell.source.strip():
+            cell.execution_count = None
+            cell.outputs = []
+            continue
+        count += 1
+        cell.execution_count = count
+        for out in cell.outputs:
+            if "execution_count" in out:
+                out["execution_count"] = count
+            out.get("metadata", {}).pop("transient", None)
+    if widgets:
+        nb.metadata["widgets"] = widgets
+    # Stable widget ids: map each random model id, in order of first appearance, to a counter.
+    text = json.dumps(nb, sort_keys=True)
+    ids: dict[str, str] = {}
+    state = (widgets or {}).get("application/vnd.jupyter.widget-state+json", {}).get("state", {})
+    for m in re.finditer(r'"model_id": "([0-9a-f]{32})"|IPY_MODEL_([0-9a-f]{32})', text):
+        ids.setdefault(m.group(1) or m.group(2), "")
+    for key in state:
+        ids.setdefault(key, "")
+    for i, old in enumerate(ids):
+        ids[old] = f"{i + 1:032x}"
+    for old, new in ids.items():
+        text = text.replace(old, new)
+    text = _TQDM_TIMES.sub("[elapsed]", text)
+    return nbformat.from_dict(json.loads(text))
+
+
+def execute(path: Path) -> float:
+    nb = nbformat.read(path, as_version=4)
+    nb.metadata["kernelspec"] = KERNELSPEC
+    client = NotebookClient(
+        nb,
+        kernel_name="python3",
+        timeout=CELL_TIMEOUT_S,
+        resources={"metadata": {"path": str(path.parent.resolve())}},
+        record_timing=False,
+        store_widget_state=True,
+    )
+    start = time.perf_counter()
+    client.execute()
+    elapsed = time.perf_counter() - start
+    nbformat.write(clean(nb), path)
+    return elapsed
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("notebooks", nargs="+", type=Path)
+    args = parser.parse_args(argv)
+    failed = []
+    for path in args.notebooks:
+        if path.suffix != ".ipynb" or not path.is_file():
+            parser.error(f"not a notebook file: {path}")
+        try:
+            seconds = execute(path)
+            print(f"{seconds:7.1f} s  {path}", flush=True)
+        except CellExecutionError as e:
+            failed.append(path)
+            print(f"FAILED   {path}\n{e}", file=sys.stderr, flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

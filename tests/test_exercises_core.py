@@ -1,0 +1,68 @@
+from __future__ import annotations
+
+import pytest
+
+from course_lib.exercises import CheckResult, Wrong, call_learner, exercise, is_placeholder
+
+
+@exercise("double", todo="write double(x) returning 2 * x")
+def check_double(fn: object) -> str:
+    if call_learner(fn, 3) != 6:
+        raise Wrong("double(3) should be 6")
+    return "double works"
+
+
+def test_correct_answer() -> None:
+    r = check_double(lambda x: 2 * x)
+    assert r and r.status == "correct"
+    assert repr(r) == "✅ Correct [double]: double works"
+
+
+@pytest.mark.parametrize("blank", [..., None])
+def test_placeholders_are_not_done_yet(blank: object) -> None:
+    r = check_double(blank)
+    assert not r and r.status == "not done yet"
+    assert repr(r) == "⏳ Not done yet [double]: write double(x) returning 2 * x"
+
+
+def test_a_function_raising_not_implemented_is_not_done_yet() -> None:
+    def double(x: int) -> int:
+        raise NotImplementedError
+
+    assert check_double(double).status == "not done yet"
+
+
+def test_a_function_returning_none_is_not_done_yet() -> None:
+    def double(x: int) -> None:
+        pass
+
+    assert check_double(double).status == "not done yet"
+
+
+def test_wrong_answer_gets_a_hint() -> None:
+    r = check_double(lambda x: x + 2)
+    assert r.status == "wrong" and "should be 6" in r.message
+
+
+def test_learner_code_that_crashes_is_wrong_not_a_crash() -> None:
+    r = check_double(lambda x: 1 / 0)
+    assert r.status == "wrong" and "ZeroDivisionError" in r.message
+
+
+def test_non_callable_is_wrong() -> None:
+    assert check_double(42).status == "wrong"
+
+
+def test_is_placeholder() -> None:
+    assert is_placeholder(...) and is_placeholder(None) and not is_placeholder(0)
+
+
+def test_exercise_needs_name_and_todo() -> None:
+    with pytest.raises(ValueError):
+        exercise("", todo="x")
+    with pytest.raises(ValueError):
+        exercise("x", todo=" ")
+
+
+def test_check_result_is_a_value() -> None:
+    assert CheckResult("a", "wrong", "m") == CheckResult("a", "wrong", "m")

@@ -1,0 +1,47 @@
+"""The project's own files: dependency lists agree, the lock pins torch, CI runs the README's command."""
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+
+import yaml
+from packaging.requirements import Requirement
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _pyproject_deps() -> dict[str, str]:
+    data = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    reqs = [Requirement(r) for r in data["project"]["dependencies"]]
+    return {r.name.lower(): str(r.specifier) for r in reqs}
+
+
+def test_environment_yml_lists_the_same_packages_as_pyproject() -> None:
+    env = yaml.safe_load((ROOT / "environment.yml").read_text())
+    pip_section = next(d["pip"] for d in env["dependencies"] if isinstance(d, dict) and "pip" in d)
+    reqs = [Requirement(r) for r in pip_section if not r.startswith("-e")]
+    conda = {r.name.lower(): str(r.specifier) for r in reqs}
+    assert conda == _pyproject_deps()
+    assert "-e ." in pip_section, "environment.yml must install course_lib itself"
+
+
+def test_lock_pins_every_dependency_exactly_and_torch_without_local_suffix() -> None:
+    lines = [l for l in (ROOT / "requirements.lock").read_text().splitlines() if l and not l.startswith("#")]
+    pinned = {}
+    for line in lines:
+        req = Requirement(line)
+        assert len(req.specifier) == 1 and next(iter(req.specifier)).operator == "==", line
+        pinned[req.name.lower().replace("_", "-")] = next(iter(req.specifier)).version
+    assert pinned["torch"] == "2.13.0"
+    for name, spec in _pyproject_deps().items():
+        key = name.replace("_", "-")
+        assert key in pinned, f"{name} is a dependency but not pinned in requirements.lock"
+        assert Requirement(f"{name}{spec}").specifier.contains(pinned[key]), (name, spec, pinned[key])
+
+
+def test_ci_runs_the_readme_test_command() -> None:
+    readme = (ROOT / "README.md").read_text()
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert "make test" in readme and "make lab" in readme
+    assert re.search(r"^make test$", ci, re.M)
