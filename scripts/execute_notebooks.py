@@ -24,7 +24,7 @@ from nbclient.exceptions import CellExecutionError
 
 KERNELSPEC = {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}
 CELL_TIMEOUT_S = 300
-_TQDM_TIMES = re.compile(r"\[\d{2}:\d{2}(?:<[^\]]*)?\]")
+_TQDM_TIMES = re.compile(r"\[\d{2}:\d{2}(?:(?:<|&lt;)[^\]]*)?\]")
 
 
 def clean(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
@@ -52,18 +52,31 @@ def clean(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
             out.get("metadata", {}).pop("transient", None)
     if widgets:
         nb.metadata["widgets"] = widgets
-    # Stable widget ids: map each random model id, in order of first appearance, to a counter.
+    # Stable widget ids: number the models in a deterministic order (the views shown in the cells,
+    # in cell order, then the models each one references, depth first), replacing random UUIDs.
     text = json.dumps(nb, sort_keys=True)
-    ids: dict[str, str] = {}
     state = (widgets or {}).get("application/vnd.jupyter.widget-state+json", {}).get("state", {})
-    for m in re.finditer(r'"model_id": "([0-9a-f]{32})"|IPY_MODEL_([0-9a-f]{32})', text):
-        ids.setdefault(m.group(1) or m.group(2), "")
-    for key in state:
-        ids.setdefault(key, "")
-    for i, old in enumerate(ids):
-        ids[old] = f"{i + 1:032x}"
+    ids: dict[str, str] = {}
+
+    def visit(model_id: str) -> None:
+        if model_id in ids:
+            return
+        ids[model_id] = f"{len(ids) + 1:032x}"
+        refs = re.findall(r"IPY_MODEL_([0-9a-f]{32})", json.dumps(state.get(model_id, {}), sort_keys=True))
+        for ref in refs:
+            visit(ref)
+
+    for cell in nb.cells:
+        for out in cell.get("outputs", []):
+            view = out.get("data", {}).get("application/vnd.jupyter.widget-view+json")
+            if view:
+                visit(view["model_id"])
+    for key in sorted(state, key=lambda k: json.dumps(state[k], sort_keys=True)):
+        visit(key)
+    # Replace through a temporary token so a new id can never collide with an old one.
     for old, new in ids.items():
-        text = text.replace(old, new)
+        text = text.replace(old, "@@" + new)
+    text = text.replace("@@", "")
     text = _TQDM_TIMES.sub("[elapsed]", text)
     return nbformat.from_dict(json.loads(text))
 
