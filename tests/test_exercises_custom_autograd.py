@@ -1,0 +1,237 @@
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from course_lib.exercises.custom_autograd import (
+    LECUN_A,
+    LECUN_B,
+    check_backward_checker,
+    check_lean_scaled_tanh,
+    check_softplus_function,
+)
+
+
+# ---- 1. softplus ---------------------------------------------------------------------------------
+class SoftplusRight(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x)
+        return F.softplus(x)
+
+    @staticmethod
+    def backward(ctx: Any, grad_output: torch.Tensor) -> torch.Tensor:
+        (x,) = ctx.saved_tensors
+        return grad_output * torch.sigmoid(x)
+
+
+class SoftplusBlank(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError("your code here")
+
+    @staticmethod
+    def backward(ctx: Any, grad_output: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError("your code here")
+
+
+class SoftplusForwardOnly(SoftplusRight):
+    @staticmethod
+    def backward(ctx: Any, grad_output: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError("your code here")
+
+
+class SoftplusNoChain(SoftplusRight):
+    @staticmethod
+    def backward(ctx: Any, grad_output: torch.Tensor) -> torch.Tensor:
+        (x,) = ctx.saved_tensors
+        return torch.sigmoid(x)
+
+
+class SoftplusWrongDerivative(SoftplusRight):
+    @staticmethod
+    def backward(ctx: Any, grad_output: torch.Tensor) -> torch.Tensor:
+        (x,) = ctx.saved_tensors
+        return grad_output * torch.exp(x)
+
+
+class SoftplusWrongForward(SoftplusRight):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x)
+        return torch.exp(x)
+
+
+class SoftplusCrashes(SoftplusRight):
+    @staticmethod
+    def backward(ctx: Any, grad_output: torch.Tensor) -> torch.Tensor:
+        return grad_output * torch.sigmoid(ctx.missing)
+
+
+def test_softplus_accepts_right_answer() -> None:
+    r = check_softplus_function(SoftplusRight)
+    assert r and r.status == "correct", r
+
+
+def test_softplus_not_done_for_blanks() -> None:
+    assert check_softplus_function(...).status == "not done yet"
+    assert check_softplus_function(SoftplusBlank).status == "not done yet"
+    assert check_softplus_function(SoftplusForwardOnly).status == "not done yet"
+
+
+def test_softplus_rejects_wrong_answers_with_hints() -> None:
+    for wrong, hint in [
+        (SoftplusNoChain, "multiply it by grad_output"),
+        (SoftplusWrongDerivative, "sigmoid(x)"),
+        (SoftplusWrongForward, "forward is not softplus"),
+        (SoftplusCrashes, "backward raised AttributeError"),
+        (SoftplusRight.apply, "the class itself"),
+        ("softplus", "the class itself"),
+    ]:
+        r = check_softplus_function(wrong)
+        assert r.status == "wrong" and hint in r.message, (wrong, r)
+
+
+# ---- 2. lean scaled tanh -------------------------------------------------------------------------
+class TanhSavesOutput(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        y = LECUN_A * torch.tanh(LECUN_B * x)
+        ctx.save_for_backward(y)
+        return y
+
+    @staticmethod
+    def backward(ctx: Any, grad_output: torch.Tensor) -> torch.Tensor:
+        (y,) = ctx.saved_tensors
+        t = y / LECUN_A
+        return grad_output * (LECUN_A * LECUN_B * (1 - t * t))
+
+
+class TanhSavesInput(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x)
+        return LECUN_A * torch.tanh(LECUN_B * x)
+
+    @staticmethod
+    def backward(ctx: Any, grad_output: torch.Tensor) -> torch.Tensor:
+        (x,) = ctx.saved_tensors
+        t = torch.tanh(LECUN_B * x)
+        return grad_output * (LECUN_A * LECUN_B * (1 - t * t))
+
+
+class TanhSavesAttribute(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        y = LECUN_A * torch.tanh(LECUN_B * x)
+        ctx.y = y.detach()
+        return y
+
+    @staticmethod
+    def backward(ctx: Any, grad_output: torch.Tensor) -> torch.Tensor:
+        t = ctx.y / LECUN_A
+        return grad_output * (LECUN_A * LECUN_B * (1 - t * t))
+
+
+class TanhForgetsScale(TanhSavesOutput):
+    @staticmethod
+    def backward(ctx: Any, grad_output: torch.Tensor) -> torch.Tensor:
+        (y,) = ctx.saved_tensors
+        t = y / LECUN_A
+        return grad_output * (1 - t * t)
+
+
+class TanhPlain(TanhSavesOutput):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        y = torch.tanh(x)
+        ctx.save_for_backward(y)
+        return y
+
+
+class TanhBlank(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    @staticmethod
+    def backward(ctx: Any, grad_output: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+
+def test_lean_tanh_accepts_saving_the_output() -> None:
+    r = check_lean_scaled_tanh(TanhSavesOutput)
+    assert r and "0 extra bytes" in r.message, r
+
+
+def test_lean_tanh_not_done() -> None:
+    assert check_lean_scaled_tanh(None).status == "not done yet"
+    assert check_lean_scaled_tanh(TanhBlank).status == "not done yet"
+
+
+def test_lean_tanh_rejects_with_hints() -> None:
+    r = check_lean_scaled_tanh(TanhSavesInput)
+    # 16 x 64 float32 hidden activations = 4096 bytes kept in addition to what the Linears keep
+    assert r.status == "wrong" and "4096 bytes more" in r.message and "save y" in r.message, r
+    for wrong, hint in [
+        (TanhSavesAttribute, "not as ctx attributes"),
+        (TanhForgetsScale, "A*B*(1 - tanh(B*x)**2)"),
+        (TanhPlain, "LECUN_A * tanh(LECUN_B * x)"),
+        (42, "the class itself"),
+    ]:
+        r = check_lean_scaled_tanh(wrong)
+        assert r.status == "wrong" and hint in r.message, (wrong, r)
+
+
+# ---- 3. backward checker -------------------------------------------------------------------------
+def gradcheck_float64(fn: Any) -> bool:
+    x = torch.randn(4, dtype=torch.float64, requires_grad=True)
+    return torch.autograd.gradcheck(fn, (x,), raise_exception=False)
+
+
+def gradcheck_float32(fn: Any) -> bool:
+    x = torch.randn(4, requires_grad=True)
+    return torch.autograd.gradcheck(fn, (x,), raise_exception=False)
+
+
+def gradcheck_raises(fn: Any) -> bool:
+    x = torch.randn(4, dtype=torch.float64, requires_grad=True)
+    return torch.autograd.gradcheck(fn, (x,))
+
+
+def always_true(fn: Any) -> bool:
+    return True
+
+
+def returns_tensor(fn: Any) -> Any:
+    return torch.tensor(True)
+
+
+def blank(fn: Any) -> bool:
+    raise NotImplementedError("your code here")
+
+
+def test_backward_checker_accepts_right_answer() -> None:
+    torch.manual_seed(0)
+    r = check_backward_checker(gradcheck_float64)
+    assert r and "3 right and 3 wrong" in r.message, r
+
+
+def test_backward_checker_not_done() -> None:
+    assert check_backward_checker(...).status == "not done yet"
+    assert check_backward_checker(blank).status == "not done yet"
+
+
+def test_backward_checker_rejects_with_hints() -> None:
+    torch.manual_seed(0)
+    for wrong, hint in [
+        (gradcheck_float32, "float64"),
+        (gradcheck_raises, "raise_exception=False"),
+        (always_true, "accepted a wrong backward"),
+        (returns_tensor, "True or False"),
+        ("gradcheck", "your function itself"),
+    ]:
+        r = check_backward_checker(wrong)
+        assert r.status == "wrong" and hint in r.message, (wrong, r)
