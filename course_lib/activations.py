@@ -8,8 +8,9 @@ Swish is ``swish(x) = x * sigmoid(x)``; its derivative, worked out in notebook 0
 saves one tensor the size of ``x`` (plain autograd on ``x * torch.sigmoid(x)`` keeps two).
 It is written in the modern style (``forward`` without ``ctx`` plus ``setup_context``), with
 ``generate_vmap_rule = True``, so it also works under ``torch.func`` transforms (``grad``,
-``vmap``, ``hessian``; a ``jvp`` gives forward mode), and its backward is made of differentiable operations, so double
-backward works too. It computes exactly what ``torch.nn.functional.silu`` computes.
+``vmap``, ``hessian``; a ``jvp`` gives forward mode). Its backward is made of differentiable
+operations, so double backward works too. Values and gradients agree with
+``torch.nn.functional.silu`` up to rounding.
 
 * :func:`swish` checks its input and applies :class:`Swish`.
 * :class:`SwishModule` wraps it as an ``nn.Module`` for use in ``nn.Sequential``.
