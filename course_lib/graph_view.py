@@ -58,13 +58,16 @@ def saved_tensors_of(node: Any) -> dict[str, torch.Tensor | str]:
             continue
         if isinstance(value, torch.Tensor):
             out[attr[len("_saved_"):]] = value
-    if hasattr(node, "saved_tensors"):  # custom autograd.Function (BackwardCFunction)
-        try:
-            for i, t in enumerate(node.saved_tensors):
-                if isinstance(t, torch.Tensor):
-                    out[f"saved_tensors[{i}]"] = t
-        except RuntimeError:
-            out["saved_tensors"] = _FREED
+    try:  # custom autograd.Function nodes (BackwardCFunction) expose ctx.saved_tensors
+        custom = node.saved_tensors
+    except AttributeError:  # a built-in node: no such attribute
+        custom = ()
+    except RuntimeError:  # already released by backward()
+        out["saved_tensors"] = _FREED
+        custom = ()
+    for i, t in enumerate(custom):
+        if isinstance(t, torch.Tensor):
+            out[f"saved_tensors[{i}]"] = t
     return out
 
 
@@ -182,7 +185,9 @@ def draw_graph(
     """Draw the backward graph of ``output`` with matplotlib; returns the ``Axes``.
 
     Inputs are on the left, the output on the right; blue boxes are backward functions
-    (with the tensors they saved), green boxes are leaves (named via ``names``).
+    (with the tensors they saved), green boxes are leaves (named via ``names``), arrows
+    point the way data flowed forward. Boxes are measured before they are placed, so
+    wide labels never overlap, and arrows run from box edge to box edge.
     """
     import matplotlib.pyplot as plt
 
@@ -191,38 +196,70 @@ def draw_graph(
     columns: dict[int, list[str]] = {}
     for n, l in layer.items():
         columns.setdefault(l, []).append(n)
-    # Order each column by the mean position of its successors (fewer crossings), from the output back.
-    pos: dict[str, tuple[float, float]] = {}
+    # Order each column by the mean row of its successors (fewer crossings), from the output back.
+    row: dict[str, float] = {}
     for l in sorted(columns, reverse=True):
         nodes = columns[l]
 
         def key(n: str) -> tuple[float, str]:
-            ys = [pos[s][1] for s in g.successors(n) if s in pos]
+            ys = [row[s] for s in g.successors(n) if s in row]
             return (sum(ys) / len(ys) if ys else 0.0, g.nodes[n]["label"])
 
         nodes.sort(key=key)
-        k = len(nodes)
         for i, n in enumerate(nodes):
-            pos[n] = (float(l), (k - 1) / 2 - i)
+            row[n] = (len(nodes) - 1) / 2 - i
+
     if ax is None:
-        width = min(18.0, max(6.0, 2.1 * (max(layer.values()) + 1)))
-        height = max(3.0, 1.1 * max(len(c) for c in columns.values()) + 1.0)
-        _, ax = plt.subplots(figsize=(width, height))
+        _, ax = plt.subplots(figsize=(8, 4))
+    fig = ax.figure
+    fontsize, pad = 8.0, 0.4
     colours = {"op": "#cfe2f3", "leaf": "#d9ead3", "output": "#fce5cd"}
     boxes = {}
-    for n, (x, y) in pos.items():
+    for n in g.nodes:
         d = g.nodes[n]
-        boxes[n] = ax.text(x, y, d["label"], ha="center", va="center", fontsize=8, family="monospace",
-                           zorder=3, bbox=dict(boxstyle="round,pad=0.4", fc=colours[d["kind"]], ec="0.3"))
-    for u, v in g.edges:  # arrows clipped to the boxes they join
-        ax.annotate("", xy=pos[v], xytext=pos[u], zorder=2,
-                    arrowprops=dict(arrowstyle="-|>", color="0.35", lw=1.2, shrinkA=2, shrinkB=2,
-                                    patchA=boxes[u].get_bbox_patch(), patchB=boxes[v].get_bbox_patch()))
-    xs = [p[0] for p in pos.values()]
-    ys = [p[1] for p in pos.values()]
-    ax.set_xlim(min(xs) - 0.6, max(xs) + 0.6)
-    ax.set_ylim(min(ys) - 0.8, max(ys) + 0.8)
-    ax.set_xticks(sorted(set(int(x) for x in xs)))
+        boxes[n] = ax.text(0, 0, d["label"], ha="center", va="center", fontsize=fontsize, family="monospace",
+                           zorder=3, bbox=dict(boxstyle=f"round,pad={pad}", fc=colours[d["kind"]], ec="0.3"))
+    # Measure every box in inches (text extent plus the bbox padding on both sides).
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    size: dict[str, tuple[float, float]] = {}
+    for n, t in boxes.items():
+        ext = t.get_window_extent(renderer)
+        padding = 2 * pad * fontsize / 72
+        size[n] = (ext.width / fig.dpi + padding, ext.height / fig.dpi + padding)
+    gap_x, gap_y, margin = 0.8, 0.3, 0.2
+    col_w = {l: max(size[n][0] for n in nodes) for l, nodes in columns.items()}
+    row_h = max(h for _, h in size.values()) + gap_y
+    x_of: dict[int, float] = {}
+    x = margin
+    for l in sorted(columns):
+        x_of[l] = x + col_w[l] / 2
+        x += col_w[l] + gap_x
+    width = x - gap_x + margin
+    rows = max(len(c) for c in columns.values())
+    height = rows * row_h + margin
+    pos = {n: (x_of[layer[n]], height / 2 + row[n] * row_h) for n in g.nodes}
+    # Data coordinates are inches: size the figure to the layout when we own it.
+    if fig.axes == [ax]:
+        fig.set_size_inches(max(width, 4.0), height + 1.2)
+    for n, t in boxes.items():
+        t.set_position(pos[n])
+    ax.set_xlim(0, width)
+    ax.set_ylim(0, height)
+    # Read the drawn boxes' true extents back in data coordinates, so arrows start and end on their edges.
+    fig.canvas.draw()
+    to_data = ax.transData.inverted()
+    half_w = {}
+    for n, t in boxes.items():
+        (x0, _), (x1, _) = to_data.transform(t.get_bbox_patch().get_window_extent(renderer).get_points())
+        half_w[n] = (x1 - x0) / 2
+    for u, v in g.edges:  # from the right edge of the input's box to the left edge of its user's box
+        start = (pos[u][0] + half_w[u], pos[u][1])
+        end = (pos[v][0] - half_w[v], pos[v][1])
+        ax.annotate("", xy=end, xytext=start, zorder=2,
+                    arrowprops=dict(arrowstyle="-|>", color="0.35", lw=1.2, shrinkA=0, shrinkB=1,
+                                    mutation_scale=14))
+    ax.set_xticks([x_of[l] for l in sorted(columns)], [str(l) for l in sorted(columns)])
     ax.set_yticks([])
     ax.set_xlabel("layer of the graph (forward direction →)")
     for side in ("top", "right", "left"):

@@ -5,7 +5,7 @@
 Each notebook runs top to bottom in a fresh ``python3`` kernel from the course's environment,
 with its working directory set to ``notebooks/``. Then it is cleaned so that re-running gives
 no diff: notebook metadata is reduced to the kernel spec and the language name, per-cell
-execution timestamps are dropped, execution counts are renumbered 1..n, and widget model ids
+execution timestamps are dropped, split stream outputs are merged, execution counts are renumbered 1..n, and widget model ids
 (random UUIDs) are replaced by stable ones, with the widget state kept so static HTML renders
 widgets. Prints each notebook's wall time; exits non-zero if any cell fails.
 """
@@ -27,6 +27,18 @@ CELL_TIMEOUT_S = 300
 _TQDM_TIMES = re.compile(r"\[\d{2}:\d{2}(?:(?:<|&lt;)[^\]]*)?\]")
 
 
+def _coalesce_streams(outputs: list) -> list:
+    """Merge consecutive stdout (or stderr) chunks: how a print is split varies from run to run."""
+    merged: list = []
+    for out in outputs:
+        if (out.get("output_type") == "stream" and merged and merged[-1].get("output_type") == "stream"
+                and merged[-1]["name"] == out["name"]):
+            merged[-1]["text"] += out["text"]
+        else:
+            merged.append(out)
+    return merged
+
+
 def clean(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
     """Strip what differs from machine to machine or run to run; keep teaching metadata."""
     widgets = nb.metadata.get("widgets")
@@ -46,6 +58,7 @@ def clean(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
             continue
         count += 1
         cell.execution_count = count
+        cell.outputs = _coalesce_streams(cell.outputs)
         for out in cell.outputs:
             if "execution_count" in out:
                 out["execution_count"] = count

@@ -57,7 +57,7 @@ def test_saved_tensors_are_reported_freed_after_backward() -> None:
     assert "saved: other: freed; self: freed" in describe_graph(c, {"a": a})
 
 
-def test_custom_function_saved_tensors_are_seen() -> None:
+def test_custom_function_saved_tensors_are_seen_then_freed() -> None:
     class Square(torch.autograd.Function):
         @staticmethod
         def forward(ctx, x):  # type: ignore[override]
@@ -72,12 +72,34 @@ def test_custom_function_saved_tensors_are_seen() -> None:
     x = torch.ones(4, requires_grad=True)
     y = Square.apply(x)
     assert list(saved_tensors_of(y.grad_fn)) == ["saved_tensors[0]"]
+    y.sum().backward()
+    assert saved_tensors_of(y.grad_fn) == {"saved_tensors": "freed"}
+    assert "Square" in describe_graph(y, {"x": x})  # describing a graph after backward never crashes
 
 
 def test_a_leaf_alone_is_one_node() -> None:
     w = torch.ones(2, requires_grad=True)
     g = build_graph(w, {"w": w})
     assert g.number_of_nodes() == 1
+
+
+def test_arrows_start_and_end_on_box_edges_and_boxes_do_not_overlap() -> None:
+    net, loss = _mlp_loss()
+    ax = draw_graph(loss, net)
+    fig = ax.figure
+    fig.canvas.draw()
+    to_data = ax.transData.inverted()
+    boxes = [t for t in ax.texts if not isinstance(t, Annotation)]
+    extents = [to_data.transform(t.get_bbox_patch().get_window_extent().get_points()) for t in boxes]
+    for i, a in enumerate(extents):
+        for b in extents[i + 1:]:
+            overlap_x = min(a[1][0], b[1][0]) - max(a[0][0], b[0][0])
+            overlap_y = min(a[1][1], b[1][1]) - max(a[0][1], b[0][1])
+            assert overlap_x <= 1e-6 or overlap_y <= 1e-6, "two boxes overlap"
+    edges_x = {round(float(x), 3) for e in extents for x in (e[0][0], e[1][0])}
+    for arrow in (t for t in ax.texts if isinstance(t, Annotation)):
+        assert round(float(arrow.xy[0]), 3) in edges_x and round(float(arrow.xyann[0]), 3) in edges_x
+    plt.close(fig)
 
 
 def test_draw_graph_draws_every_node() -> None:
