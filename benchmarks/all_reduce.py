@@ -1,0 +1,149 @@
+"""A ring all-reduce written with point-to-point messages against ``dist.all_reduce``, on gloo.
+
+    .venv/bin/python benchmarks/all_reduce.py [--sizes 1024 65536 ...] [--world-sizes 2 4] [--repeats 10]
+
+For each world size (processes on this machine, started with ``course_lib.launch.spawn``) and
+each tensor size (float32): the median time of one all-reduce (the slowest rank's time, each
+repetition), the bytes each rank sent in the hand-written ring (counted in the code), the ring's
+formula ``2 (N-1)/N * S``, and whether the results equal ``dist.all_reduce``'s (``allclose`` on
+random data, bit-identical on integer-valued data). The ring is the one of notebook 07.
+
+Prints a table, then one line::
+
+    RESULT ring_equal=<1|0> bytes_ratio_vs_formula=<f> time_ratio_vs_gloo=<f>
+
+``bytes_ratio_vs_formula``: the largest (bytes sent by one rank) / (2(N-1)/N * S) over every
+run (1.0 when N divides the size; sizes here are powers of two). ``time_ratio_vs_gloo``: the
+geometric mean over every run of (ring time) / (dist.all_reduce time).
+
+What the times mean depends on the machine: processes on one machine talk over loopback TCP
+and, with fewer cores than processes, take turns on the CPUs; gloo's own algorithm is not
+visible, so its bytes are not counted.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from course_lib.launch import spawn  # noqa: E402
+
+DEFAULT_SIZES = (1024, 16384, 262144, 1048576)  # float32 elements: 4 KiB .. 4 MiB
+
+
+def ring_all_reduce(t: torch.Tensor) -> int:
+    """Sum ``t`` over all ranks, in place. Returns the number of bytes this rank sent."""
+    rank, n = dist.get_rank(), dist.get_world_size()
+    right, left = (rank + 1) % n, (rank - 1) % n
+    chunks = t.view(-1).tensor_split(n)
+    sent = 0
+    for step in range(n - 1):  # scatter-reduce
+        send_c, recv_c = (rank - step) % n, (rank - step - 1) % n
+        incoming = torch.empty_like(chunks[recv_c])
+        request = dist.isend(chunks[send_c], dst=right)
+        dist.recv(incoming, src=left)
+        request.wait()
+        chunks[recv_c].add_(incoming)
+        sent += chunks[send_c].numel() * t.element_size()
+    for step in range(n - 1):  # all-gather
+        send_c, recv_c = (rank + 1 - step) % n, (rank - step) % n
+        request = dist.isend(chunks[send_c], dst=right)
+        dist.recv(chunks[recv_c], src=left)
+        request.wait()
+        sent += chunks[send_c].numel() * t.element_size()
+    return sent
+
+
+def _timed(fn, t: torch.Tensor) -> float:
+    """Seconds of the slowest rank for one call, after a barrier."""
+    dist.barrier()
+    t0 = time.perf_counter()
+    fn(t)
+    elapsed = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
+    dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+    return float(elapsed)
+
+
+def worker(rank: int, world_size: int, sizes: list[int], repeats: int) -> list[dict]:
+    torch.set_num_threads(1)
+    rows = []
+    for numel in sizes:
+        x = torch.randn(numel, generator=torch.Generator().manual_seed(1000 + rank))
+        mine, reference = x.clone(), x.clone()
+        sent = ring_all_reduce(mine)
+        dist.all_reduce(reference)
+        ints = torch.arange(numel, dtype=torch.float32).remainder_(1000) * (rank + 1)
+        ints_ref = ints.clone()
+        ring_all_reduce(ints)
+        dist.all_reduce(ints_ref)
+        equal = bool(torch.allclose(mine, reference, rtol=1e-5, atol=1e-5) and torch.equal(ints, ints_ref))
+        reps = max(3, min(repeats, (repeats * 65536) // max(numel, 1) + 3))
+        buf = x.clone()
+        for _ in range(2):  # warm-up: connections, allocations
+            ring_all_reduce(buf)
+            dist.all_reduce(buf)
+        ring_t = [_timed(ring_all_reduce, buf) for _ in range(reps)]
+        gloo_t = [_timed(dist.all_reduce, buf) for _ in range(reps)]
+        rows.append({
+            "numel": numel, "rank": rank, "sent": sent, "equal": equal, "reps": reps,
+            "ring_s": statistics.median(ring_t), "gloo_s": statistics.median(gloo_t),
+        })
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", type=int, nargs="+", default=list(DEFAULT_SIZES), help="float32 elements")
+    parser.add_argument("--world-sizes", type=int, nargs="+", default=[2, 4])
+    parser.add_argument("--repeats", type=int, default=10, help="timed repetitions (more for small tensors)")
+    parser.add_argument("--timeout", type=float, default=300.0, help="seconds per world size")
+    args = parser.parse_args(argv)
+    if any(s < 1 for s in args.sizes) or any(w < 2 for w in args.world_sizes) or args.repeats < 1:
+        parser.error("sizes and repeats must be >= 1, world sizes >= 2")
+
+    import os
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    print(f"torch {torch.__version__}, gloo on {cores} CPU cores; times: median over repetitions of the slowest rank")
+    header = (f"{'N':>2} {'elements':>9} {'S':>9} | {'ring B/rank (max)':>17} {'formula':>11} {'ratio':>6} | "
+              f"{'ring ms':>8} {'gloo ms':>8} {'ring/gloo':>9} | equal")
+    print(header)
+    print("-" * len(header))
+    all_equal, byte_ratios, time_ratios = True, [], []
+    for n in args.world_sizes:
+        per_rank = spawn(f"{Path(__file__).resolve()}:worker", nprocs=n, args=(args.sizes, args.repeats),
+                         timeout=args.timeout, echo="none")
+        for i, numel in enumerate(args.sizes):
+            rows = [per_rank[r][i] for r in range(n)]
+            s = numel * 4
+            sent = max(r["sent"] for r in rows)
+            formula = 2 * (n - 1) / n * s
+            equal = all(r["equal"] for r in rows)
+            ring_ms, gloo_ms = rows[0]["ring_s"] * 1e3, rows[0]["gloo_s"] * 1e3
+            all_equal &= equal
+            byte_ratios.append(sent / formula)
+            time_ratios.append(ring_ms / gloo_ms)
+            print(f"{n:>2} {numel:>9} {_fmt_bytes(s):>9} | {sent:>17} {formula:>11.0f} {sent / formula:>6.3f} | "
+                  f"{ring_ms:>8.3f} {gloo_ms:>8.3f} {ring_ms / gloo_ms:>9.2f} | {int(equal)}")
+    geo = math.exp(sum(math.log(r) for r in time_ratios) / len(time_ratios))
+    print(f"RESULT ring_equal={int(all_equal)} bytes_ratio_vs_formula={max(byte_ratios):.4f} time_ratio_vs_gloo={geo:.3f}")
+    return 0 if all_equal else 1
+
+
+def _fmt_bytes(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.0f} {unit}" if n == int(n) else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
