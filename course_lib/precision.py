@@ -15,7 +15,7 @@ Two jobs that belong together, because loss scaling exists only because of the f
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +35,7 @@ __all__ = [
     "has_inf_or_nan",
     "update_scale",
     "DynamicLossScaler",
+    "saved_cast_copy_bytes",
 ]
 
 FORMATS: tuple[torch.dtype, ...] = (torch.float32, torch.float16, torch.bfloat16)
@@ -224,6 +225,46 @@ def describe(value: float, dtypes: Iterable[torch.dtype] = FORMATS) -> str:
             below, _, above = neighbors(v, dt)
             lines.append(f"        neighbours {below:.10g} | {above:.10g}")
     return "\n".join(lines)
+
+
+# ---- autocast's weight copies ------------------------------------------------------------------
+
+
+def saved_cast_copy_bytes(run: Callable[[], Any], params: Iterable[torch.Tensor]) -> int:
+    """Call ``run()`` and return the bytes autograd saves for backward that are dtype-cast copies of ``params``.
+
+    Under ``torch.autocast`` a matmul casts its fp32 weight to the low-precision dtype; that copy is
+    a new tensor (not the parameter), and autograd saves it for backward. A saved-tensor count that
+    leaves out the parameters still includes these copies; this function measures them, each storage
+    once, so they can be reported apart from the activations.
+    """
+    if not callable(run):
+        raise TypeError(f"run must be a callable that runs the forward pass, got {type(run).__name__}")
+    if isinstance(params, torch.Tensor):
+        raise TypeError("params takes an iterable of tensors, e.g. model.parameters(), not one tensor")
+    wanted = set()
+    for p in params:
+        if not isinstance(p, torch.Tensor):
+            raise TypeError(f"params must contain tensors only, got {type(p).__name__}")
+        wanted.add(id(p))
+    seen: set[int] = set()
+    total = 0
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        nonlocal total
+        base = t._base if t._base is not None else t
+        fn = base.grad_fn
+        if fn is not None and type(fn).__name__ == "ToCopyBackward0" and fn.next_functions:
+            source = getattr(fn.next_functions[0][0], "variable", None)
+            storage = base.untyped_storage()
+            if source is not None and id(source) in wanted and storage.data_ptr() not in seen:
+                seen.add(storage.data_ptr())
+                total += storage.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        run()
+    return total
 
 
 # ---- dynamic loss scaling ---------------------------------------------------------------------
