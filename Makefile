@@ -7,13 +7,18 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 NB     ?= $(sort $(wildcard notebooks/[0-9][0-9]_*.ipynb))
 PYTEST_NBVAL := --nbval --nbval-current-env --nbval-sanitize-with tests/sanitize.cfg
+CHROMIUM ?= /usr/bin/chromium
+NPM_STAMP := node_modules/.package-lock.json
 
-.PHONY: help venv lab test test-lib test-notebooks execute lock benchmarks clean
+.PHONY: help venv lab test test-lib test-notebooks test-browser execute slides html lock benchmarks clean
 
 help:
 	@echo "make lab        - create $(VENV), install the pinned environment, open JupyterLab in notebooks/"
 	@echo "make test       - create/update $(VENV), run pytest over course_lib and nbval over every notebook"
 	@echo "make execute    - re-execute notebooks in place (NB='notebooks/01_*.ipynb' for some)"
+	@echo "make slides     - a reveal.js deck per notebook in _site/slides/, offline (needs npm for the pinned assets)"
+	@echo "make html       - the whole course as offline static HTML in _site/ (index.html), decks included"
+	@echo "make test-browser - the real-browser tests (JupyterLab, decks, site) with $(CHROMIUM)"
 	@echo "make benchmarks - run every script in benchmarks/ and print its RESULT line"
 	@echo "make lock       - regenerate requirements.lock from a fresh install of pyproject.toml"
 
@@ -31,12 +36,35 @@ lab: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -p no:cacheprovider $(PYTEST_NBVAL) tests notebooks
+	@if [ -x "$(CHROMIUM)" ]; then $(MAKE) --no-print-directory test-browser; \
+	elif [ "$$COURSE_REQUIRE_BROWSER_TESTS" = 1 ]; then \
+	  echo "ERROR: the browser tests are required but there is no chromium at $(CHROMIUM)"; exit 1; \
+	else echo; echo "*** SKIPPED the browser tests: no chromium at $(CHROMIUM)."; \
+	  echo "*** Install it (Debian/Ubuntu: apt-get install chromium) and npm, then run 'make test-browser'."; fi
 
 test-lib: $(STAMP)
 	$(BIN)/python -m pytest -p no:cacheprovider tests
 
 test-notebooks: $(STAMP)
 	$(BIN)/python -m pytest -p no:cacheprovider $(PYTEST_NBVAL) $(NB)
+
+# The real-browser tests (tests/browser): JupyterLab runs every notebook, the decks and the site
+# are stepped through offline. Playwright drives $(CHROMIUM); it never downloads a browser.
+test-browser: $(STAMP)
+	@if command -v npm >/dev/null; then $(MAKE) --no-print-directory $(NPM_STAMP); fi
+	COURSE_BROWSER_TESTS=1 CHROMIUM=$(CHROMIUM) $(BIN)/python -m pytest -p no:cacheprovider --durations=5 tests/browser
+
+# The decks' and site's browser libraries, at the versions package-lock.json pins.
+$(NPM_STAMP): package.json package-lock.json
+	npm ci --ignore-scripts --no-audit --no-fund
+	@touch $(NPM_STAMP)
+
+slides: $(STAMP) $(NPM_STAMP)
+	$(BIN)/python scripts/build_slides.py $(NB)
+
+html: $(STAMP) $(NPM_STAMP)
+	$(BIN)/python scripts/build_slides.py
+	$(BIN)/python scripts/build_site.py
 
 execute: $(STAMP)
 	$(BIN)/python scripts/execute_notebooks.py $(NB)
