@@ -196,13 +196,17 @@ class Lab:
 
 
 # User settings for the test server: start the notebook's kernel without asking, keep every cell in
-# the DOM (no virtual scrolling), never autosave, never ask the internet for news or updates.
+# the DOM (no virtual scrolling), never autosave, never ask the internet for news or updates, and
+# give RISE a theme without web fonts.
 LAB_SETTINGS = {
     "@jupyterlab/notebook-extension/tracker.jupyterlab-settings": {
         "windowingMode": "none",
         "autoStartDefaultKernel": True,
     },
     "@jupyterlab/docmanager-extension/plugin.jupyterlab-settings": {"autosave": False},
+    # RISE's default reveal.js theme ("simple") imports Google Fonts; "white" ships its font. This is
+    # the setting docs/instructor_guide.md tells presenters to use offline.
+    "jupyterlab-rise/plugin.jupyterlab-settings": {"theme": "white"},
     "@jupyterlab/apputils-extension/notification.jupyterlab-settings": {
         "checkForUpdates": False,
         "fetchNews": "false",

@@ -230,7 +230,7 @@ def test_rise_presents_a_notebook_as_live_slides(lab, offline_page) -> None:
     menu_command(page, "View", "RISE:preview")
     frame = page.frame_locator(".jp-MainAreaWidget iframe").last
     frame.locator(".reveal .slides section.present").first.wait_for(timeout=60_000)
-    frame.locator(".reveal .slides").click(position={"x": 5, "y": 5})
+    frame.locator(".reveal .slides").click(position={"x": 5, "y": 5}, force=True)  # keyboard focus
     leaves = frame.locator(".reveal .slides section:not(:has(section))")
     assert leaves.count() == facts.slides, f"RISE made {leaves.count()} slides, the metadata makes {facts.slides}"
     seen = set()
@@ -240,3 +240,19 @@ def test_rise_presents_a_notebook_as_live_slides(lab, offline_page) -> None:
         page.wait_for_timeout(150)
     assert len(seen) >= 3, f"stepping with Space showed only {len(seen)} different slides"
     offline_page.assert_offline(complete=False)
+
+
+def test_harness_reports_a_cell_that_raises(lab, offline_page) -> None:
+    """The run-all check stops at a raising cell at once (not at the timeout) and reports it."""
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(src) for src in ("x = 1", "assert x == 2, 'planted failure'", "y = 3")]
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}
+    nbformat.write(nb, lab.root / "raising_probe.ipynb")
+    facts = NotebookFacts(name="raising_probe.ipynb", code_cells=3, images=0, widget_views=0, controls=0,
+                          has_math=False, slides=1, fragments=0)
+    page = offline_page.page
+    open_notebook(page, lab, "raising_probe.ipynb", workspace="raising")
+    seconds = run_all(page, facts)
+    assert seconds < 60, f"the run-all wait noticed the error only after {seconds:.0f} s"
+    with pytest.raises(AssertionError, match="planted failure"):
+        check_outputs(offline_page, facts)
