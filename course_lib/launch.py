@@ -38,6 +38,9 @@ The API (stable; later notebooks rely on it):
     it was imported from a file). A function defined in a notebook cell lives in
     ``__main__`` and cannot be imported by a fresh process; write it to a file with
     ``%%writefile`` (notebooks use ``notebooks/_runs/``, which git ignores) and import it.
+``child_stderr()``
+    A context manager collecting what child processes write to the inherited file descriptor 2
+    (where ``torch.multiprocessing`` children's tracebacks go), to show it in a cell.
 ``LaunchResult``
     ``returncode``, ``wall_time`` (seconds), ``lines`` (``(label, text)`` pairs in arrival
     order), ``output(rank=None)`` (text of one rank or all), ``ranks`` (labels seen),
@@ -70,7 +73,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -85,6 +88,7 @@ __all__ = [
     "spawn",
     "torchrun_command",
     "launched_processes",
+    "child_stderr",
 ]
 
 _MARKER = "COURSE_LIB_LAUNCH_ID"
@@ -359,11 +363,35 @@ def run_script(
             c[0] = sys.executable
         elif shutil.which(c[0]) is None and not Path(c[0]).exists():
             raise FileNotFoundError(f"program not found: {c[0]!r}")
+    launchers = [_is_launcher(c) for c in commands]
     if labels is None:
-        labels = [f"rank {i}" for i in range(len(commands))] if len(commands) > 1 else ["main"]
+        if any(launchers):
+            labels = ["agent" if len(commands) == 1 else f"agent{i}" for i in range(len(commands))]
+        else:
+            labels = [f"rank {i}" for i in range(len(commands))] if len(commands) > 1 else ["main"]
     if len(labels) != len(commands) or not all(isinstance(lab, str) for lab in labels):
         raise ValueError(f"labels must be {len(commands)} strings, one per command, got {labels!r}")
-    return _run(commands, list(labels), [0] * len(commands), timeout=timeout, env=env, cwd=_check_cwd(cwd), echo=echo)
+    offsets = [_rank_offset(c) if is_l else 0 for c, is_l in zip(commands, launchers)]
+    return _run(commands, list(labels), offsets, timeout=timeout, env=env, cwd=_check_cwd(cwd), echo=echo)
+
+
+def _is_launcher(cmd: Sequence[str]) -> bool:
+    """A torchrun agent or the legacy launcher: its own lines are the agent's, its workers' are tee-prefixed."""
+    return Path(cmd[0]).name == "torchrun" or any(m in cmd[:3] for m in ("torch.distributed.run", "torch.distributed.launch"))
+
+
+def _rank_offset(cmd: Sequence[str]) -> int:
+    """node_rank * nproc_per_node from a launcher command line (0 when not given)."""
+    def value(name: str) -> int:
+        for i, arg in enumerate(cmd):
+            for spelling in (f"--{name}", f"--{name.replace('_', '-')}"):
+                if arg.startswith(spelling + "="):
+                    return int(arg.split("=", 1)[1]) if arg.split("=", 1)[1].isdigit() else 0
+                if arg == spelling and i + 1 < len(cmd):
+                    return int(cmd[i + 1]) if cmd[i + 1].isdigit() else 0
+        return 0
+
+    return value("node_rank") * max(value("nproc_per_node"), 1)
 
 
 # ----------------------------------------------------------------------------- spawn
@@ -522,6 +550,37 @@ def _spawn_worker_main() -> None:
         os._exit(1)
 
 
+# ----------------------------------------------------------------------------- child stderr
+
+
+@contextlib.contextmanager
+def child_stderr() -> Iterator[list[str]]:
+    """Collect what child processes write to their inherited stderr (file descriptor 2).
+
+    ``torch.multiprocessing`` children write their dying words to the parent's file
+    descriptor 2, which in a notebook is the kernel's log, not the cell. Inside this block
+    descriptor 2 points to a temporary file; on exit it is restored and the list yielded
+    receives the collected text (one string)::
+
+        with child_stderr() as err:
+            ...  # start processes
+        print(err[0])
+    """
+    collected: list[str] = []
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as tmp:
+        os.dup2(tmp.fileno(), 2)
+        try:
+            yield collected
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            tmp.seek(0)
+            collected.append(tmp.read().decode("utf-8", "replace"))
+
+
 # ----------------------------------------------------------------------------- the engine
 
 
@@ -570,13 +629,23 @@ def _grouped_text(lines: Sequence[tuple[str, str]], include_agents: bool = False
 
 
 class _Echo:
-    """Prints lines as they come; in a notebook, a display updated in place and finally regrouped."""
+    """Prints lines as they come; in a notebook, a live view that is replaced by the output grouped by rank.
+
+    The live view is an ``ipywidgets.Output`` fed through the widget's comm channel, so what a
+    notebook stores (and what nbval compares) is only the final, rank-ordered text printed to
+    stdout when the job ends, whatever order the processes printed in.
+    """
 
     def __init__(self, mode: str) -> None:
         self.mode = "kernel" if mode == "auto" and _in_kernel() else ("live" if mode == "auto" else mode)
-        self.shown: list[str] = []
-        self.handle: Any = None
+        self.pending: list[str] = []
+        self.view: Any = None
         self.last = 0.0
+        if self.mode == "kernel":
+            try:
+                import ipywidgets  # noqa: F401
+            except ImportError:  # pragma: no cover - ipywidgets is a course dependency
+                self.mode = "grouped"
 
     def line(self, label: str, text: str) -> None:
         if label.startswith("agent"):
@@ -584,43 +653,33 @@ class _Echo:
         if self.mode == "live":
             print(f"[{label}] {text}", flush=True)
         elif self.mode == "kernel":
-            self.shown.append(f"[{label}] {text}")
+            self.pending.append(f"[{label}] {text}")
             now = time.monotonic()
             if now - self.last > 0.25:
-                self._show("\n".join(self.shown))
+                self._flush()
                 self.last = now
 
-    def _show(self, text: str) -> None:
-        from IPython.display import display
+    def _flush(self) -> None:
+        if not self.pending:
+            return
+        if self.view is None:
+            import ipywidgets
+            from IPython.display import display
 
-        obj = _Text(text)
-        if self.handle is None:
-            self.handle = display(obj, display_id=True)
-        else:
-            self.handle.update(obj)
+            self.view = ipywidgets.Output()
+            display(self.view)
+        self.view.append_stdout("\n".join(self.pending) + "\n")
+        self.pending = []
 
     def finish(self, lines: Sequence[tuple[str, str]]) -> None:
-        if self.mode == "grouped":
-            text = _grouped_text(lines)
-            if text:
-                print(text, flush=True)
-        elif self.mode == "kernel":
-            text = _grouped_text(lines)
-            if self.handle is not None or text:
-                self._show(text)
-
-
-class _Text:
-    """Plain text for IPython's display (shown without quotes)."""
-
-    def __init__(self, text: str) -> None:
-        self.text = text
-
-    def __repr__(self) -> str:
-        return self.text
-
-    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
-        p.text(self.text)
+        if self.mode not in ("grouped", "kernel"):
+            return
+        if self.view is not None:  # the live view has served; the grouped text replaces it
+            self.view.outputs = ()
+            self.view.layout.display = "none"
+        text = _grouped_text(lines)
+        if text:
+            print(text, flush=True)
 
 
 def _reader(idx: int, stream: Any, q: queue.Queue[tuple[int, str | None]]) -> None:
@@ -630,16 +689,16 @@ def _reader(idx: int, stream: Any, q: queue.Queue[tuple[int, str | None]]) -> No
 
 
 def _label(line: str, default: str, offset: int) -> tuple[str, str]:
-    m = _TEE_PREFIX.match(line)
+    r = _RANK_PREFIX.match(line)  # "[rank3]: ..." (torch's own prefix, or a script's): the global rank
+    if r:
+        return f"rank {r.group('rank')}", r.group("text")
+    m = _TEE_PREFIX.match(line)  # "[default1]: ..." from torchrun --tee: the local rank on this node
     if m:
         text = m.group("text")
         r = _RANK_PREFIX.match(text)
         if r:
             return f"rank {r.group('rank')}", r.group("text")
         return f"rank {offset + int(m.group('local'))}", text
-    r = _RANK_PREFIX.match(line)
-    if r:
-        return f"rank {r.group('rank')}", r.group("text")
     return default, line
 
 

@@ -12,6 +12,7 @@ import pytest
 from course_lib.launch import (
     LaunchError,
     LaunchResult,
+    child_stderr,
     free_port,
     launched_processes,
     port_in_use,
@@ -284,3 +285,18 @@ def test_launch_result_output_selects_by_rank_or_label() -> None:
     assert r.grouped(include_agents=True) == "[rank 0] a\n[rank 1] b\n[agent] log"
     with pytest.raises(TypeError, match="rank must be"):
         r.output(1.5)  # type: ignore[arg-type]
+
+
+def test_child_stderr_collects_what_children_write_to_fd_2() -> None:
+    import subprocess
+    import sys
+
+    with child_stderr() as err:
+        subprocess.run([sys.executable, "-c", "import sys; sys.stderr.write('dying words\\n')"], check=True)
+    assert err == ["dying words\n"]
+
+
+def test_script_rank_prefix_labels_lines_without_a_launcher(jobs: Path) -> None:
+    code = "print('[rank1]: from one'); print('[rank0]: from zero'); print('plain')"
+    result = run_script(["python", "-c", code], echo="none")
+    assert result.output(1) == "from one" and result.output(0) == "from zero" and result.output("main") == "plain"
