@@ -18,6 +18,7 @@ CONTROL_MODELS = {
     "IntSliderModel", "FloatSliderModel", "FloatLogSliderModel", "SelectionSliderModel",
     "IntRangeSliderModel", "FloatRangeSliderModel", "DropdownModel", "RadioButtonsModel",
     "ToggleButtonsModel", "CheckboxModel", "ToggleButtonModel",
+    "TextModel", "IntTextModel", "FloatTextModel", "BoundedIntTextModel", "BoundedFloatTextModel",
 }
 _CODE = re.compile(r"```.*?```|~~~.*?~~~|`[^`\n]*`", re.S)  # code blocks and spans: no maths there
 _MATH = re.compile(r"\$\$.+?\$\$|(?<![\\$])\$[^$\s][^$]*?\$|\\\(.+?\\\)|\\\[.+?\\\]", re.S)

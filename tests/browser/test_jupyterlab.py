@@ -72,6 +72,7 @@ CONTROLS = [  # (selector, how to move it), tried in this order
     (f"{OUTPUT} .widget-radio-box input:not(:checked)", "click"),
     (f"{OUTPUT} .widget-checkbox input", "click"),
     (f"{OUTPUT} .widget-toggle-button", "click"),
+    (f"{OUTPUT} .widget-text input", "type"),  # a number box: type another number, then Enter
 ]
 
 
@@ -158,15 +159,23 @@ def move_one_control(page, name: str) -> str:
             others = [o for o in options if o != current]
             assert others, f"{name}: a dropdown with one option cannot be moved"
             control.select_option(label=others[-1])
+        elif how == "type":
+            current = control.input_value()
+            try:
+                new = "0.7" if float(current) != 0.7 else "0.3"
+            except ValueError:
+                continue  # free text: no generic value is known to be valid
+            control.fill(new)
+            control.press("Enter")
         else:
             control.click()
         deadline = time.monotonic() + 20
         while fingerprint(cell) == before:
             assert time.monotonic() < deadline, (
-                f"{name}: moved a control ({how} {selector.split(',')[0].split(' ', 1)[-1]}) "
+                f"{name}: moved a control ({how} {selector.split(',')[0].rsplit(' ', 1)[-1]}) "
                 "but its cell's output did not change within 20 s")
             page.wait_for_timeout(200)
-        return f"{how} {selector}"
+        return f"{how} {selector.split(',')[0].rsplit(' ', 1)[-1]}"
     pytest.fail(f"{name}: its saved widget state has controls, but none was found on the page")
 
 
