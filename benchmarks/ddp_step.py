@@ -1,0 +1,118 @@
+"""DDP step time on CPU/gloo: 1 process versus 2 processes, and the effect of bucket_cap_mb.
+
+    python benchmarks/ddp_step.py [--steps 30] [--global-batch 512]
+
+The global batch is fixed (512 samples of the 64-feature digits shape) so that every row does
+the same training work: one process takes the whole batch, two DDP processes take half each.
+Single-process rows run without DDP with 1 and with 2 intra-op threads; DDP rows use one thread
+per process (what torchrun sets). Each row is a fresh job started by course_lib.launch.spawn;
+the step (zero_grad, forward, backward with its all-reduce, SGD) is timed on rank 0 after a
+barrier, over --steps after 5 warm-up steps; the table shows the median and the best step (the
+best is the least disturbed by other work on the machine; the RESULT ratios use it). A DDP communication hook counts the buckets
+(all-reduces) of the last step; it wraps the default all-reduce, so every DDP row pays it alike.
+
+What 2 cores allow: two DDP processes (1 thread each) use the same two cores that one process
+with 2 intra-op threads uses, and add an all-reduce per step, so on an otherwise idle machine the
+2-thread single process is about as fast as DDP or faster (and much slower when other processes
+compete for the cores: OpenMP threads spin while they wait); DDP's gain needs separate devices (GPUs, or machines), where
+each rank brings its own compute. Timings move by tens of percent when other work shares the
+cores: read the table as orders of magnitude, rerun before trusting a 20% difference.
+
+Prints a table, then:
+RESULT speedup_2proc_vs_1proc=<best DDP row over 1 process, 1 thread> best_bucket_mb=<f> buckets_at_best=<n>
+       threads2_vs_1proc=<1 process with 2 threads over 1 thread>
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+from course_lib.launch import spawn  # noqa: E402
+
+
+def mlp(width: int = 512, depth: int = 4) -> nn.Module:
+    layers: list[nn.Module] = []
+    d = 64
+    for _ in range(depth):
+        layers += [nn.Linear(d, width), nn.ReLU()]
+        d = width
+    return nn.Sequential(*layers, nn.Linear(d, 10))
+
+
+def worker(rank: int, world_size: int, threads: int, bucket_mb: float | None, global_batch: int, steps: int) -> dict:
+    torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    model: nn.Module = mlp()
+    seen: list[int] = []  # bucket sizes all-reduced in the current step, noted by a comm hook
+    if dist.is_initialized():
+        model = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=bucket_mb)
+
+        def counting_hook(state, bucket):  # type: ignore[no-untyped-def]  # DDP checks real annotations; none here
+            state.append(bucket.buffer().numel())
+            return allreduce_hook(None, bucket)  # type: ignore[arg-type]
+
+        model.register_comm_hook(seen, counting_hook)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    g = torch.Generator().manual_seed(rank)
+    local = global_batch // world_size
+    x, y = torch.randn(local, 64, generator=g), torch.randint(0, 10, (local,), generator=g)
+    times = []
+    for step in range(steps + 5):
+        seen.clear()  # keeps the last step's buckets (DDP rebuilds its buckets after the first step)
+        if dist.is_initialized():
+            dist.barrier()
+        t0 = time.perf_counter()
+        opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+        times.append(time.perf_counter() - t0)
+    n_buckets = len(seen)
+    params_mb = sum(p.numel() * 4 for p in model.parameters()) / 2**20
+    return {"ms": 1000 * statistics.median(times[5:]), "min_ms": 1000 * min(times[5:]), "buckets": n_buckets,
+            "params_mb": params_mb}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--global-batch", type=int, default=512)
+    args = parser.parse_args(argv)
+    if args.steps < 1 or args.global_batch < 2 or args.global_batch % 2:
+        parser.error("--steps must be >= 1 and --global-batch an even number >= 2")
+    target = f"{os.path.abspath(__file__)}:worker"
+    rows = []
+    for threads in (1, 2):
+        r = spawn(target, 1, (threads, None, args.global_batch, args.steps), init_method="none", echo="none", timeout=300)[0]
+        rows.append((f"1 process, no DDP, {threads} thread{'s' if threads > 1 else ''}", "-", r))
+    for bucket in (0.05, 2.5, 25.0):
+        r = spawn(target, 2, (1, bucket, args.global_batch, args.steps), echo="none", timeout=300)[0]
+        rows.append((f"2 processes, DDP, 1 thread each", f"{bucket:g}", r))
+    print(f"model: {rows[0][2]['params_mb']:.2f} MB of float32 parameters; global batch {args.global_batch}; "
+          f"{os.cpu_count()} CPU cores; {args.steps} timed steps per row")
+    print(f"{'configuration':<36} {'bucket_cap_mb':>13} {'buckets':>8} {'median ms':>10} {'best ms':>8} {'samples/s (best)':>17}")
+    for name, bucket, r in rows:
+        print(f"{name:<36} {bucket:>13} {r['buckets'] or '-':>8} {r['ms']:>10.2f} {r['min_ms']:>8.2f} "
+              f"{args.global_batch / r['min_ms'] * 1000:>17.0f}")
+    base = rows[0][2]["min_ms"]
+    ddp_rows = rows[2:]
+    best = min(ddp_rows, key=lambda row: row[2]["min_ms"])
+    print(f"RESULT speedup_2proc_vs_1proc={base / best[2]['min_ms']:.2f} best_bucket_mb={best[1]} "
+          f"buckets_at_best={best[2]['buckets']} threads2_vs_1proc={base / rows[1][2]['min_ms']:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
