@@ -29,6 +29,12 @@ $(STAMP): requirements.lock pyproject.toml
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -r requirements.lock
 	$(BIN)/python -m pip install --quiet --no-deps -e .
+	@# JupyterLab defaults for the course: RISE's "white" theme ships its font (the default theme
+	@# pulls web fonts), and no news/update checks, so live slides and the lab work offline.
+	mkdir -p $(VENV)/share/jupyter/lab/settings
+	printf '%s\n' '{"jupyterlab-rise:plugin": {"theme": "white"},' \
+	  ' "@jupyterlab/apputils-extension:notification": {"checkForUpdates": false, "fetchNews": "false"}}' \
+	  > $(VENV)/share/jupyter/lab/settings/overrides.json
 	touch $(STAMP)
 
 lab: $(STAMP)
