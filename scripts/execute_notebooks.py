@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -95,6 +96,8 @@ def clean(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
 
 
 def execute(path: Path) -> float:
+    # Start from a clean scratch folder, as on a fresh clone (notebooks write their scripts there).
+    shutil.rmtree(path.parent / "_runs", ignore_errors=True)
     nb = nbformat.read(path, as_version=4)
     nb.metadata["kernelspec"] = KERNELSPEC
     client = NotebookClient(
