@@ -535,11 +535,21 @@ def _spawn_worker_main() -> None:
             # record before destroy_process_group(): destroying closes the connections, and the
             # other ranks then fail too; the time stamp lets the launcher tell cause from effect
             Path(spec["dir"], f"error_{rank}.txt").write_text(f"{time.time():.6f}\n{traceback.format_exc()}")
-            raise
-        finally:
             if group and dist.is_initialized():
                 dist.destroy_process_group()
+            raise
         Path(spec["dir"], f"result_{rank}.pkl").write_bytes(pickle.dumps(value))
+        if group and dist.is_initialized():
+            # Tear down together: a rank that closes its connections while another is still
+            # finishing DDP's last collectives can make gloo abort ("terminate called without an
+            # active exception", exit -6) in the slower rank.
+            dist.barrier()
+            dist.destroy_process_group()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        # Skip interpreter teardown: C++ static destructors of the distributed stack are the other
+        # place that abort shows up, after all the work is done and the result is written.
+        os._exit(0)
     except BaseException:
         text = traceback.format_exc()
         err = Path(spec["dir"], f"error_{rank}.txt")
