@@ -66,3 +66,16 @@ def test_exercise_needs_name_and_todo() -> None:
 
 def test_check_result_is_a_value() -> None:
     assert CheckResult("a", "wrong", "m") == CheckResult("a", "wrong", "m")
+
+
+def test_as_number_accepts_numbers_and_scalar_tensors() -> None:
+    import torch
+
+    from course_lib.exercises import as_number
+
+    assert as_number(3, "f()") == 3.0 and as_number(torch.tensor(2.5), "f()") == 2.5
+    for bad in ("0.5", [1, 2], torch.ones(2), True, None):
+        with pytest.raises(Wrong, match=r"f\(1\) should return a number"):
+            as_number(bad, "f(1)")
+    with pytest.raises(Wrong, match="try 2.0"):
+        as_number("x", "g()", hint="; try 2.0")

@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..allreduce_sim import parameter_server_bytes_formula, ring_bytes_formula
-from .core import NotDone, Wrong, call_learner, exercise, is_placeholder
+from .core import NotDone, Wrong, as_number, call_learner, exercise, is_placeholder
 
 __all__ = ["check_ring_bytes", "check_ring_schedule", "check_collective_choice", "COLLECTIVE_TASKS"]
 
@@ -12,11 +12,7 @@ __all__ = ["check_ring_bytes", "check_ring_schedule", "check_collective_choice",
 @exercise("ring traffic", todo="write ring_bytes(nbytes, n): the bytes each worker sends in a ring all-reduce")
 def check_ring_bytes(fn: Any) -> str:
     for nbytes, n in [(1200, 2), (1200, 3), (4096, 4), (10**6, 8), (1000, 1)]:
-        got = call_learner(fn, nbytes, n)
-        try:
-            got = float(got)
-        except (TypeError, ValueError):
-            raise Wrong(f"ring_bytes({nbytes}, {n}) should return a number, got {got!r}") from None
+        got = as_number(call_learner(fn, nbytes, n), f"ring_bytes({nbytes}, {n})")
         want = ring_bytes_formula(nbytes, n)
         if abs(got - want) > 1e-6 * max(1.0, want):
             if abs(got - want / 2) < 1e-6 * max(1.0, want) and n > 1:

@@ -9,7 +9,7 @@ import torch
 
 from ..checkpointing import deep_chain
 from ..memory import state_bytes, step_peak_memory
-from .core import Wrong, call_learner, exercise
+from .core import Wrong, as_number, call_learner, exercise
 
 __all__ = ["check_bn_momentum", "check_sqrt_checkpointing", "check_optimizer_state_bytes"]
 
@@ -17,11 +17,7 @@ __all__ = ["check_bn_momentum", "check_sqrt_checkpointing", "check_optimizer_sta
 @exercise("BatchNorm momentum", todo="write corrected_momentum(m) returning PyTorch's momentum for a checkpointed BatchNorm")
 def check_bn_momentum(corrected_momentum: Any) -> str:
     for m in (0.1, 0.01, 0.3, 0.5):
-        got = call_learner(corrected_momentum, m)
-        if isinstance(got, torch.Tensor):
-            got = got.item()
-        if isinstance(got, bool) or not isinstance(got, (int, float)):
-            raise Wrong(f"corrected_momentum({m}) should return a number, got {type(got).__name__}")
+        got = as_number(call_learner(corrected_momentum, m), f"corrected_momentum({m})")
         want = 1 - math.sqrt(1 - m)
         if math.isclose(got, want, rel_tol=1e-6):
             continue

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
-__all__ = ["CheckResult", "NotDone", "Wrong", "exercise", "is_placeholder", "call_learner"]
+__all__ = ["CheckResult", "NotDone", "Wrong", "as_number", "exercise", "is_placeholder", "call_learner"]
 
 Status = Literal["correct", "not done yet", "wrong"]
 _ICONS = {"correct": "✅ Correct", "not done yet": "⏳ Not done yet", "wrong": "❌ Not quite"}
@@ -73,6 +73,20 @@ def call_learner(fn: Any, *args: Any, **kwargs: Any) -> Any:
     if is_placeholder(result):
         raise NotDone
     return result
+
+
+def as_number(value: Any, call: str, hint: str = "") -> float:
+    """A learner's return value as a float (a 0-d tensor counts), or :class:`Wrong` naming the call.
+
+    >>> as_number(torch.tensor(2.5), "f(1)")  # doctest: +SKIP
+    2.5
+    """
+    if isinstance(value, (bool, str, bytes)):  # float("0.5") works, but a string is not an answer
+        raise Wrong(f"{call} should return a number, got {value!r}{hint}")
+    try:
+        return float(value)
+    except (TypeError, ValueError, RuntimeError):  # RuntimeError: a tensor with more than one element
+        raise Wrong(f"{call} should return a number, got {value!r}{hint}") from None
 
 
 F = TypeVar("F", bound=Callable[..., Any])

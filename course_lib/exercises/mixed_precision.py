@@ -7,7 +7,7 @@ from typing import Any
 import torch
 
 from ..precision import ulp, update_scale
-from .core import Wrong, call_learner, exercise
+from .core import Wrong, as_number, call_learner, exercise
 
 __all__ = ["check_fp16_spacing", "check_static_scale", "check_next_scale"]
 
@@ -17,11 +17,7 @@ _SPACING_POINTS = (1.0, 0.1, 3.5, 1000.0, 1024.0, 2.0**-14, 0.75, 60000.0)
 @exercise("fp16 spacing", todo="write fp16_spacing(x): the gap from x (positive, normal in fp16) to the next fp16 number")
 def check_fp16_spacing(fp16_spacing: Any) -> str:
     for x in _SPACING_POINTS:
-        got = call_learner(fp16_spacing, x)
-        try:
-            got = float(got)
-        except (TypeError, ValueError):
-            raise Wrong(f"fp16_spacing({x}) returned {got!r}; return a number") from None
+        got = as_number(call_learner(fp16_spacing, x), f"fp16_spacing({x})")
         want = ulp(x, torch.float16)
         if got != want:
             hint = ""
@@ -47,11 +43,7 @@ def _scale_cases() -> list[torch.Tensor]:
 @exercise("static loss scale", todo="write pick_scale(grads): the largest power of two that keeps max|grads| * scale finite in fp16")
 def check_static_scale(pick_scale: Any) -> str:
     for grads in _scale_cases():
-        got = call_learner(pick_scale, grads.clone())
-        try:
-            s = float(got)
-        except (TypeError, ValueError):
-            raise Wrong(f"pick_scale returned {got!r}; return a number such as 2.0 ** 12") from None
+        s = as_number(call_learner(pick_scale, grads.clone()), "pick_scale(grads)", hint="; return e.g. 2.0 ** 12")
         if not s > 0 or not math.isfinite(s) or math.frexp(s)[0] != 0.5:
             raise Wrong(f"pick_scale returned {s!r}; a loss scale should be a power of two (exact to multiply and undo)")
         peak = grads.abs().max()

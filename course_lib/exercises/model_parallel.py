@@ -6,7 +6,7 @@ from typing import Any
 import torch
 
 from ..pipeline import bubble_fraction, min_micro_batches
-from .core import Wrong, call_learner, exercise
+from .core import Wrong, as_number, call_learner, exercise
 
 __all__ = ["check_bubble", "check_min_micro_batches", "check_row_parallel_partials"]
 
@@ -16,11 +16,7 @@ _PAIRS = [(1, 1), (1, 5), (2, 1), (2, 4), (3, 2), (4, 4), (4, 16), (8, 32)]
 @exercise("bubble fraction", todo="write bubble(p, m) returning the idle fraction of a GPipe step with p stages and m micro-batches")
 def check_bubble(bubble: Any) -> str:
     for p, m in _PAIRS:
-        got = call_learner(bubble, p, m)
-        try:
-            got = float(got)
-        except (TypeError, ValueError):
-            raise Wrong(f"bubble({p}, {m}) should return a number, got {got!r}") from None
+        got = as_number(call_learner(bubble, p, m), f"bubble({p}, {m})")
         want = bubble_fraction(p, m)
         if abs(got - want) > 1e-9:
             hint = ""
