@@ -79,3 +79,17 @@ def test_as_number_accepts_numbers_and_scalar_tensors() -> None:
             as_number(bad, "f(1)")
     with pytest.raises(Wrong, match="try 2.0"):
         as_number("x", "g()", hint="; try 2.0")
+
+
+def test_dict_answer_checks_shape_only() -> None:
+    from course_lib.exercises import NotDone, dict_answer
+
+    keys = ["a", "b"]
+    assert dict_answer({"a": 1, "b": 2}, keys, name="answer") == {"a": 1, "b": 2}
+    for blank in (..., None, {"a": ..., "b": ...}):
+        with pytest.raises(NotDone):
+            dict_answer(blank, keys, name="answer")
+    with pytest.raises(Wrong, match="`answer` should be a dict"):
+        dict_answer([1, 2], keys, name="answer")
+    with pytest.raises(Wrong, match="no answer for: 'b'"):
+        dict_answer({"a": 1}, keys, name="answer")

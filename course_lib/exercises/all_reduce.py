@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..allreduce_sim import parameter_server_bytes_formula, ring_bytes_formula
-from .core import NotDone, Wrong, as_number, call_learner, exercise, is_placeholder
+from .core import NotDone, Wrong, as_number, call_learner, dict_answer, exercise, is_placeholder
 
 __all__ = ["check_ring_bytes", "check_ring_schedule", "check_collective_choice", "COLLECTIVE_TASKS"]
 
@@ -75,15 +75,7 @@ _NAMES = {"broadcast", "reduce", "all_reduce", "gather", "all_gather", "reduce_s
 
 @exercise("choose the collective", todo="fill `choices`: for each task in COLLECTIVE_TASKS, the collective's name")
 def check_collective_choice(choices: Any) -> str:
-    if is_placeholder(choices):
-        raise NotDone
-    if not isinstance(choices, dict):
-        raise Wrong("`choices` should be a dict from each task (the keys of COLLECTIVE_TASKS) to a collective name")
-    if all(is_placeholder(v) for v in choices.values()):
-        raise NotDone
-    missing = [t for t in COLLECTIVE_TASKS if t not in choices]
-    if missing:
-        raise Wrong(f"no answer for: {missing[0]!r}")
+    dict_answer(choices, COLLECTIVE_TASKS, name="choices")
     for task, want in COLLECTIVE_TASKS.items():
         got = choices[task]
         name = str(got).replace("dist.", "").replace("torch.distributed.", "").strip().lower()

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .core import NotDone, Wrong, call_learner, exercise, is_placeholder
+from .core import Wrong, call_learner, dict_answer, exercise, is_placeholder
 
 __all__ = ["check_effective_batch", "check_technique_choice", "TECHNIQUES", "BOTTLENECKS"]
 
@@ -44,13 +44,7 @@ def check_effective_batch(effective_batch: Any) -> str:
 
 @exercise("technique choice", todo="fill in choice: for each bottleneck, one of TECHNIQUES")
 def check_technique_choice(choice: Any) -> str:
-    if not isinstance(choice, dict):
-        raise Wrong("choice should be a dict {bottleneck: technique}")
-    if all(is_placeholder(v) for v in choice.values()):
-        raise NotDone
-    missing = [b for b in BOTTLENECKS if b not in choice]
-    if missing:
-        raise Wrong(f"no answer for: {missing[0]!r} (keep the keys as given)")
+    dict_answer(choice, BOTTLENECKS, name="choice")
     for bottleneck, (good, why) in _GUIDE.items():
         answer = choice[bottleneck]
         if is_placeholder(answer):

@@ -14,11 +14,11 @@ yet" and ``raise Wrong("hint")`` for a wrong answer; returning a string means co
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
-__all__ = ["CheckResult", "NotDone", "Wrong", "as_number", "exercise", "is_placeholder", "call_learner"]
+__all__ = ["CheckResult", "NotDone", "Wrong", "as_number", "dict_answer", "exercise", "is_placeholder", "call_learner"]
 
 Status = Literal["correct", "not done yet", "wrong"]
 _ICONS = {"correct": "✅ Correct", "not done yet": "⏳ Not done yet", "wrong": "❌ Not quite"}
@@ -87,6 +87,23 @@ def as_number(value: Any, call: str, hint: str = "") -> float:
         return float(value)
     except (TypeError, ValueError, RuntimeError):  # RuntimeError: a tensor with more than one element
         raise Wrong(f"{call} should return a number, got {value!r}{hint}") from None
+
+
+def dict_answer(answer: Any, keys: Iterable[Any], *, name: str) -> dict:
+    """A learner's ``{key: answer}`` dict, checked for shape: :class:`NotDone` while it is blank
+    (``...``, or every value still ``...``), :class:`Wrong` when it is not a dict or misses a key."""
+    keys = list(keys)
+    if is_placeholder(answer):
+        raise NotDone
+    if not isinstance(answer, dict):
+        raise Wrong(f"`{name}` should be a dict with one answer for each of {', '.join(map(repr, keys))}; "
+                    f"got {type(answer).__name__}")
+    if answer and all(is_placeholder(v) for v in answer.values()):
+        raise NotDone
+    missing = [k for k in keys if k not in answer]
+    if missing:
+        raise Wrong(f"no answer for: {', '.join(map(repr, missing))} (keep the keys as given)")
+    return answer
 
 
 F = TypeVar("F", bound=Callable[..., Any])
