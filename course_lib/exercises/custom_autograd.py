@@ -155,12 +155,7 @@ class _SoftplusGood(torch.autograd.Function):
         return grad_output * torch.sigmoid(x)
 
 
-class _SoftplusNoChainRule(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
-        ctx.save_for_backward(x)
-        return F.softplus(x)
-
+class _SoftplusNoChainRule(_SoftplusGood):  # same forward, a wrong backward
     @staticmethod
     def backward(ctx: Any, grad_output: torch.Tensor) -> torch.Tensor:
         (x,) = ctx.saved_tensors

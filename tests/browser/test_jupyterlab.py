@@ -204,11 +204,16 @@ PROBE_CELLS = [
 ]
 
 
-def test_harness_moves_a_slider_and_sees_the_plot_change(lab, offline_page) -> None:
+def _write_probe(lab, name: str, sources) -> None:
+    """A throw-away notebook of code cells in the test server's folder, for the harness self-checks."""
     nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_code_cell(src) for src in PROBE_CELLS]
+    nb.cells = [nbformat.v4.new_code_cell(src) for src in sources]
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}
-    nbformat.write(nb, lab.root / "widget_probe.ipynb")
+    nbformat.write(nb, lab.root / name)
+
+
+def test_harness_moves_a_slider_and_sees_the_plot_change(lab, offline_page) -> None:
+    _write_probe(lab, "widget_probe.ipynb", PROBE_CELLS)
     facts = NotebookFacts(name="widget_probe.ipynb", code_cells=3, images=1, widget_views=2, controls=2,
                           has_math=False, slides=1, fragments=0)
     page = offline_page.page
@@ -253,10 +258,7 @@ def test_rise_presents_a_notebook_as_live_slides(lab, offline_page) -> None:
 
 def test_harness_reports_a_cell_that_raises(lab, offline_page) -> None:
     """The run-all check stops at a raising cell at once (not at the timeout) and reports it."""
-    nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_code_cell(src) for src in ("x = 1", "assert x == 2, 'planted failure'", "y = 3")]
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}
-    nbformat.write(nb, lab.root / "raising_probe.ipynb")
+    _write_probe(lab, "raising_probe.ipynb", ("x = 1", "assert x == 2, 'planted failure'", "y = 3"))
     facts = NotebookFacts(name="raising_probe.ipynb", code_cells=3, images=0, widget_views=0, controls=0,
                           has_math=False, slides=1, fragments=0)
     page = offline_page.page
