@@ -10,7 +10,7 @@ PYTEST_NBVAL := --nbval --nbval-current-env --nbval-sanitize-with tests/sanitize
 CHROMIUM ?= /usr/bin/chromium
 NPM_STAMP := node_modules/.package-lock.json
 
-.PHONY: help venv lab test test-lib test-notebooks test-browser execute slides html lock benchmarks clean
+.PHONY: help venv lab test test-lib test-notebooks test-portable test-browser execute slides html lock benchmarks clean
 
 help:
 	@echo "make lab        - create $(VENV), install the pinned environment, open JupyterLab in notebooks/"
@@ -18,6 +18,7 @@ help:
 	@echo "make execute    - re-execute notebooks in place (NB='notebooks/01_*.ipynb' for some)"
 	@echo "make slides     - a reveal.js deck per notebook in _site/slides/, offline (needs npm for the pinned assets)"
 	@echo "make html       - the whole course as offline static HTML in _site/ (index.html), decks included"
+	@echo "make test-portable - nbval over every notebook under simulated CPUs (portable kernels, AVX2)"
 	@echo "make test-browser - the real-browser tests (JupyterLab, decks, site) with $(CHROMIUM)"
 	@echo "make benchmarks - run every script in benchmarks/ and print its RESULT line"
 	@echo "make lock       - regenerate requirements.lock from a fresh install of pyproject.toml"
@@ -53,6 +54,21 @@ test-lib: $(STAMP)
 
 test-notebooks: $(STAMP)
 	$(BIN)/python -m pytest -p no:cacheprovider $(PYTEST_NBVAL) $(NB)
+
+# The committed outputs must hold on any CPU, not only on the one that recorded them: nbval again
+# under simulated CPUs. Each entry is one CPU, as environment variables: PyTorch's portable kernels
+# with one thread (what an old or unusual CPU gets), and AVX2 (a typical laptop). CONTRIBUTING.md
+# gives the rule for outputs that pass on all of them.
+PORTABLE_CPUS ?= \
+  "ATEN_CPU_CAPABILITY=default ONEDNN_MAX_CPU_ISA=SSE41 MKL_ENABLE_INSTRUCTIONS=SSE4_2 OMP_NUM_THREADS=1" \
+  "ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2"
+
+test-portable: $(STAMP)
+	@for cpu in $(PORTABLE_CPUS); do \
+	  echo "== nbval under a simulated CPU: $$cpu"; \
+	  env $$cpu $(BIN)/python scripts/cpu_capability.py || exit 1; \
+	  env $$cpu $(BIN)/python -m pytest -p no:cacheprovider $(PYTEST_NBVAL) $(NB) || exit 1; \
+	done
 
 # The real-browser tests (tests/browser): JupyterLab runs every notebook, the decks and the site
 # are stepped through offline. Playwright drives $(CHROMIUM); it never downloads a browser.

@@ -45,3 +45,23 @@ def test_ci_runs_the_readme_test_command() -> None:
     ci = (ROOT / ".ci" / "run").read_text()
     assert "make test" in readme and "make lab" in readme
     assert re.search(r"^make test$", ci, re.M)
+
+
+def test_cpu_capability_script_checks_the_simulated_cpu() -> None:
+    import os
+    import subprocess
+    import sys
+
+    script = str(ROOT / "scripts" / "cpu_capability.py")
+    env = {**os.environ, "ATEN_CPU_CAPABILITY": "default", "OMP_NUM_THREADS": "1"}
+    ok = subprocess.run([sys.executable, script], env=env, capture_output=True, text=True, timeout=120)
+    assert ok.returncode == 0 and "capability: DEFAULT" in ok.stdout and "1 thread(s)" in ok.stdout
+    env["ATEN_CPU_CAPABILITY"] = "no-such-cpu"
+    bad = subprocess.run([sys.executable, script], env=env, capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 1 and "cannot simulate 'no-such-cpu'" in bad.stderr
+
+
+def test_ci_runs_the_portability_check_after_the_readme_command() -> None:
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert "make test\n" in ci and "make test-portable" in ci
+    assert ci.index("make test\n") < ci.index("make test-portable")
