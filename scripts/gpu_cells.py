@@ -1,0 +1,186 @@
+"""The notebooks' GPU-only cells: find them, run them live on a GPU, or dry-run their bodies on the CPU.
+
+Every GPU-only cell starts with ``if requires_gpu("what it shows"):`` (``course_lib.device``). On a
+machine without CUDA the guard prints what it skipped, so nbval alone never runs those bodies and
+an environment or API mistake inside one would ship unseen. This module serves two tools:
+
+* ``tests/test_gpu_cells.py`` runs each body on the CPU (device ``cuda`` mapped to ``cpu`` or, where
+  only shapes and placement matter, to ``meta``; ``nccl`` to ``gloo``; ``torch.cuda``'s timing and
+  memory calls to a CPU stand-in), in a kernel that ran the notebook's cells before it, and lists
+  the cells whose logic cannot run on a CPU (:data:`CANNOT_RUN_ON_CPU`).
+* ``scripts/gpu_check.py`` runs every notebook that has GPU cells on a real GPU and records what
+  each GPU cell printed.
+
+A GPU cell is named by the description string it passes to ``requires_gpu``.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import nbformat
+
+ROOT = Path(__file__).resolve().parents[1]
+GUARD = re.compile(r"^if requires_gpu\((?P<what>\"[^\"]*\"|'[^']*')(?P<rest>[^)]*)\):", re.M)
+
+# Where the body's device is mapped to "meta" instead of "cpu": what it checks is where tensors live
+# or that the calls compose (shapes only), and on the CPU everything already lives on the CPU, or the
+# real sizes would take minutes.
+ON_META = {
+    "model.cuda() moves parameters and buffers, not plain attributes":
+        "placement is the claim: on 'cpu' every tensor is already there, on 'meta' plain attributes stay behind",
+    "peak GPU memory of a training step, fp32 vs bf16 autocast":
+        "a width-4096 MLP on 8192 samples is ~1 TFLOP per step: meta runs the same calls on shapes only",
+}
+# Cells whose logic has no CPU meaning: the reason is printed by the test.
+CANNOT_RUN_ON_CPU = {
+    "fork after CUDA initialisation fails in the child":
+        "the error it shows is raised by CUDA itself; a CPU-only process forks without complaint",
+    "matmul throughput: fp32, TF32, fp16, bf16 on tensor cores":
+        "it times tensor cores with CUDA events; the same 4096^3 fp16 matmuls take minutes on a CPU",
+}
+# Cells that run on the CPU up to one call that needs a GPU: everything before it (environment,
+# process group, conversion) is checked, and the call must fail with exactly this message.
+CPU_STOPS_AT = {
+    "SyncBatchNorm inside DDP (one-process NCCL group)": "SyncBatchNorm layers only work with GPU modules",
+}
+
+# Run before the notebook's own cells: the marker the test looks for, and the CPU stand-in for the
+# parts of torch.cuda the GPU cells use (timing events, synchronize, memory counters).
+PREAMBLE = '''
+import time as _time
+
+
+def _gpu_dry_run(what, count=1):
+    print(f"[GPU cell dry run on CPU] {what}")
+    return True
+
+
+class _cuda_on_cpu:
+    """What the GPU cells call on torch.cuda, on the CPU: no-op synchronize, zero memory counters,
+    wall-clock events."""
+
+    @staticmethod
+    def synchronize(*args, **kwargs):
+        return None
+
+    @staticmethod
+    def reset_peak_memory_stats(*args, **kwargs):
+        return None
+
+    @staticmethod
+    def memory_allocated(*args, **kwargs):
+        return 0
+
+    max_memory_allocated = memory_allocated
+
+    @staticmethod
+    def is_available():
+        return True
+
+    @staticmethod
+    def device_count():
+        return 2
+
+    @staticmethod
+    def get_device_name(*args):
+        return "CPU standing in for CUDA"
+
+    class Event:
+        def __init__(self, enable_timing=False):
+            self.t = 0.0
+
+        def record(self, *args):
+            self.t = _time.perf_counter()
+
+        def elapsed_time(self, end):
+            return (end.t - self.t) * 1e3
+'''
+
+# Cells that start other processes: skipped in a dry run (nbval runs them), unless they are GPU cells.
+LAUNCHES = re.compile(r"\b(?:spawn|run_torchrun|run_script|start_processes)\(")
+
+
+@dataclass(frozen=True)
+class GpuCell:
+    notebook: str
+    index: int
+    what: str
+    source: str
+
+    @property
+    def mode(self) -> str:
+        """``cpu``, ``meta``, ``stops`` (runs until one GPU-only call) or ``cannot``."""
+        if self.what in CANNOT_RUN_ON_CPU:
+            return "cannot"
+        if self.what in CPU_STOPS_AT:
+            return "stops"
+        return "meta" if self.what in ON_META else "cpu"
+
+
+def notebooks() -> list[Path]:
+    return sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+
+
+def gpu_cells(path: Path) -> list[GpuCell]:
+    """The GPU-only cells of one notebook, in order."""
+    nb = nbformat.read(path, as_version=4)
+    found = []
+    for i, cell in enumerate(nb.cells):
+        if cell.cell_type != "code":
+            continue
+        m = GUARD.search(cell.source)
+        if m:
+            found.append(GpuCell(path.name, i, m.group("what")[1:-1], cell.source))
+    return found
+
+
+def on_cpu(source: str, device: str = "cpu") -> str:
+    """A GPU cell's source with the guard replaced by the dry-run marker and CUDA mapped to ``device``."""
+    if device not in ("cpu", "meta"):
+        raise ValueError(f"device must be 'cpu' or 'meta', got {device!r}")
+    m = GUARD.search(source)
+    if m is None:
+        raise ValueError("not a GPU cell: it has no 'if requires_gpu(...):' line")
+    head = source[: m.start()] + f"if _gpu_dry_run({m.group('what')}{m.group('rest')}):"
+    return head + _map_body(source[m.end():], device)
+
+
+def _map_body(src: str, device: str) -> str:
+    src = re.sub(r"\btorch\.cuda\.(?!amp\b)", "_cuda_on_cpu.", src)
+    src = re.sub(r"autocast\((['\"])cuda\1", 'autocast("cpu"', src)  # autocast has no meta device
+    src = re.sub(r"\.cuda\(\d*\)", f'.to("{device}")', src)
+    src = re.sub(r"(['\"])cuda(?::\d+)?\1", f'"{device}"', src)
+    src = src.replace(".is_cuda", f".is_{device}")
+    src = re.sub(r"(['\"])nccl\1", '"gloo"', src)
+    return re.sub(r"device_ids=\[0\]", "device_ids=None", src)
+
+
+def dry_run_notebook(path: Path) -> tuple[nbformat.NotebookNode, dict[int, GpuCell]]:
+    """A notebook to execute: the preamble, then every cell up to the last GPU cell, with GPU cells
+    rewritten for the CPU (those that cannot run keep their guard and skip) and launch cells left out.
+
+    Returns the notebook and, by position in it, the GPU cells it runs.
+    """
+    nb = nbformat.read(path, as_version=4)
+    cells = gpu_cells(path)
+    out = nbformat.v4.new_notebook()
+    out.metadata = nb.metadata
+    out.cells = [nbformat.v4.new_code_cell(PREAMBLE)]
+    by_index = {c.index: c for c in cells}
+    positions: dict[int, GpuCell] = {}
+    last = max(by_index) if by_index else -1
+    for i, cell in enumerate(nb.cells[: last + 1]):
+        if cell.cell_type != "code":
+            continue
+        gpu = by_index.get(i)
+        if gpu is None:
+            if LAUNCHES.search(cell.source):
+                continue
+            out.cells.append(nbformat.v4.new_code_cell(cell.source))
+            continue
+        source = gpu.source if gpu.mode == "cannot" else on_cpu(gpu.source, "meta" if gpu.mode == "meta" else "cpu")
+        positions[len(out.cells)] = gpu
+        out.cells.append(nbformat.v4.new_code_cell(source))
+    return out, positions

@@ -1,0 +1,103 @@
+"""Every GPU-only cell's body, run on the CPU as far as its logic allows.
+
+nbval runs the notebooks on a CPU, where ``requires_gpu`` skips each GPU cell; a wrong variable,
+a missing environment variable or a renamed API inside one would reach the first learner with a
+GPU. Here each notebook that has GPU cells runs (its cells up to the last GPU cell, launches of
+other processes left out) with every GPU cell's body mapped to the CPU by ``scripts/gpu_cells.py``.
+"""
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import pytest
+from nbclient import NotebookClient
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+
+import gpu_cells  # noqa: E402
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def _traceback(error) -> str:
+    return "\n".join(_ANSI.sub("", "\n".join(error.traceback)).splitlines()[-12:])
+
+
+WITH_GPU_CELLS = [p for p in gpu_cells.notebooks() if gpu_cells.gpu_cells(p)]
+
+
+def test_gpu_cells_are_found_and_classified() -> None:
+    cells = [c for p in WITH_GPU_CELLS for c in gpu_cells.gpu_cells(p)]
+    assert len(cells) >= 10, f"expected the course's GPU cells, found {len(cells)}"
+    names = {c.what for c in cells}
+    for table in (gpu_cells.ON_META, gpu_cells.CANNOT_RUN_ON_CPU, gpu_cells.CPU_STOPS_AT):
+        stale = set(table) - names
+        assert not stale, f"scripts/gpu_cells.py names GPU cells that no notebook has: {stale}"
+    cannot = [c for c in cells if c.mode == "cannot"]
+    print("GPU cells that cannot run on a CPU (compiled only):")
+    for c in cannot:
+        print(f"  {c.notebook} cell {c.index}: {c.what} -- {gpu_cells.CANNOT_RUN_ON_CPU[c.what]}")
+        compile(c.source, f"{c.notebook}[{c.index}]", "exec")
+
+
+def test_the_cpu_mapping() -> None:
+    src = ('if requires_gpu("x", count=2):\n    a = torch.randn(2, device="cuda").cuda(1)\n'
+           '    torch.cuda.synchronize()\n    dist.init_process_group("nccl")\n    assert a.is_cuda\n'
+           '    with torch.autocast("cuda", dtype=torch.bfloat16):\n        pass\n')
+    out = gpu_cells.on_cpu(src, "meta")
+    assert out.startswith('if _gpu_dry_run("x", count=2):')
+    assert 'device="meta").to("meta")' in out and "_cuda_on_cpu.synchronize()" in out
+    assert '"gloo"' in out and "a.is_meta" in out and 'torch.autocast("cpu"' in out
+    assert "cuda" not in out.replace("_cuda_on_cpu", "")
+    with pytest.raises(ValueError, match="device must be"):
+        gpu_cells.on_cpu(src, "xpu")
+
+
+@pytest.mark.parametrize("path", WITH_GPU_CELLS, ids=[p.stem for p in WITH_GPU_CELLS])
+def test_gpu_cells_run_on_cpu(path: Path, tmp_path: Path) -> None:
+    nb, positions = gpu_cells.dry_run_notebook(path)
+    client = NotebookClient(nb, kernel_name="python3", timeout=240, allow_errors=True,
+                            resources={"metadata": {"path": str(tmp_path)}})
+    client.execute()
+    for pos, cell in positions.items():
+        outputs = nb.cells[pos].outputs
+        text = "".join(o.get("text", "") for o in outputs if o.output_type == "stream")
+        errors = [o for o in outputs if o.output_type == "error"]
+        where = f"{cell.notebook} cell {cell.index} ({cell.what})"
+        if cell.mode == "cannot":
+            assert "[GPU cell skipped]" in text, f"{where}: expected the guard to skip it"
+            continue
+        assert "[GPU cell dry run on CPU]" in text, f"{where}: the body did not start: {text!r} {errors}"
+        if cell.mode == "stops":
+            expected = gpu_cells.CPU_STOPS_AT[cell.what]
+            assert errors and expected in errors[0].evalue, (
+                f"{where}: should run on the CPU until '{expected}', got: "
+                + (_traceback(errors[0]) if errors else "no error"))
+            continue
+        assert not errors, f"{where} failed on the CPU:\n" + _traceback(errors[0])
+        print(f"{where}: ran on {cell.mode}")
+
+
+def test_gpu_check_script_reports_each_gpu_cell_and_refuses_without_cuda(tmp_path: Path) -> None:
+    import subprocess
+
+    import nbformat
+    import gpu_check
+
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell('if requires_gpu("a"):\n    pass'),
+                nbformat.v4.new_code_cell('if requires_gpu("b"):\n    pass')]
+    nb.cells[0].outputs = [nbformat.v4.new_output("stream", name="stdout", text="42 TFLOP/s\n")]
+    nb.cells[1].outputs = [nbformat.v4.new_output("error", ename="RuntimeError", evalue="boom", traceback=[])]
+    cells = [gpu_cells.GpuCell("x.ipynb", i, w, "") for i, w in enumerate("ab")]
+    lines, failed = gpu_check.cell_report(nb, cells)
+    text = "\n".join(lines)
+    assert failed == 1 and "cell 0: a (ran)" in text and "42 TFLOP/s" in text and "RuntimeError: boom" in text
+    if not __import__("torch").cuda.is_available():
+        proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_check.py"), "--out", str(tmp_path / "r.md")],
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 2 and "no CUDA GPU" in proc.stderr
+        assert not (tmp_path / "r.md").exists()
