@@ -31,6 +31,7 @@ class NotebookFacts:
     images: int          # plot outputs
     widget_views: int    # widget outputs (tqdm bars, explorers)
     controls: int        # control widgets in the saved widget state (sliders, dropdowns, ...)
+    progress_bars: int   # progress bars (tqdm) in the saved widget state
     has_math: bool
     slides: int          # slide + subslide cells: the deck's pages
     fragments: int
@@ -48,6 +49,7 @@ def notebook_facts(path: Path) -> NotebookFacts:
         images=sum(1 for o in outputs if any(t in o.get("data", {}) for t in IMAGE_TYPES)),
         widget_views=sum(1 for o in outputs if WIDGET_VIEW in o.get("data", {})),
         controls=sum(1 for m in state.values() if m.get("model_name") in CONTROL_MODELS),
+        progress_bars=sum(1 for m in state.values() if m.get("model_name") in ("FloatProgressModel", "IntProgressModel")),
         has_math=any(c.cell_type == "markdown" and _MATH.search(_CODE.sub("", c.source)) for c in nb.cells),
         slides=sum(1 for k in kinds[1:] if k in ("slide", "subslide")) + 1,
         fragments=sum(1 for k in kinds if k == "fragment"),

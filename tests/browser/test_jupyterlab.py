@@ -1,9 +1,12 @@
-"""Every notebook, run the way a learner runs it: in JupyterLab, in a real browser.
+"""Every notebook, as a learner sees it in JupyterLab, in a real browser.
 
-For each notebook: open it in the session's JupyterLab, clear the outputs, run all cells, and check
-what the learner sees: no error output, every plot drawn as an image that decodes, every widget
-drawn as a live widget (not its text fallback), and, where the notebook has a control (slider,
-dropdown, ...), that moving it changes the output it drives. The page may not reach other machines.
+For each notebook: open it in the session's JupyterLab and check what the learner sees: no error
+output, every plot drawn as an image that decodes. nbval has already run every cell of every
+notebook in a kernel, so running them all again here would only repeat that work; what a browser
+adds is live widgets. So the notebooks that have them (progress bars, interactive explorers) are
+also cleared and run all cells here: every widget must be drawn live (not as its text fallback)
+and, where there is a control (slider, dropdown, ...), moving it must change the output it drives.
+The page may not reach other machines.
 """
 from __future__ import annotations
 
@@ -179,11 +182,36 @@ def move_one_control(page, name: str) -> str:
     pytest.fail(f"{name}: its saved widget state has controls, but none was found on the page")
 
 
+def check_saved_outputs(offline, facts: NotebookFacts) -> None:
+    """The committed outputs of a notebook opened, not run: no error, every plot an image that decodes."""
+    page = offline.page
+    errors = page.evaluate(RAISED_JS, OUTPUT)
+    assert not errors, f"{facts.name}: the committed notebook shows an error:\n" + "\n---\n".join(errors)
+    page.wait_for_function(f"sel => document.querySelectorAll(sel + ' img').length >= {facts.images}",
+                           arg=OUTPUT, timeout=30_000)
+    images = page.evaluate(IMAGES_JS, OUTPUT)
+    broken = [i["src"] for i in images if not i["ok"]]
+    assert not broken, f"{facts.name}: images that did not decode: {broken}"
+    texts = page.locator(OUTPUT).all_inner_texts()
+    fallback = [t for t in texts if t.startswith("<Figure size")]
+    assert not fallback, f"{facts.name}: a plot was shown as text, not an image: {fallback[:3]}"
+    offline.assert_offline(complete=False)
+
+
+def runs_in_lab(facts: NotebookFacts) -> bool:
+    """Run all cells in the browser only where a live kernel shows what nbval cannot: live widgets."""
+    return facts.widget_views > 0 and (facts.controls > 0 or facts.progress_bars > 0)
+
+
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
-def test_notebook_runs_in_jupyterlab(lab, offline_page, path: Path) -> None:
+def test_notebook_in_jupyterlab(lab, offline_page, path: Path) -> None:
     facts = notebook_facts(lab.root / path.name)  # the copy the server runs
     page = offline_page.page
     open_notebook(page, lab, path.name, workspace=path.stem.replace("_", "-"))
+    if not runs_in_lab(facts):
+        check_saved_outputs(offline_page, facts)
+        print(f"{path.name}: opened; its committed outputs render (nbval runs its cells)")
+        return
     seconds = run_all(page, facts)
     print(f"{path.name}: ran all {facts.code_cells} code cells in JupyterLab in ~{seconds:.1f} s")
     check_outputs(offline_page, facts)
@@ -214,7 +242,7 @@ def _write_probe(lab, name: str, sources) -> None:
 
 def test_harness_moves_a_slider_and_sees_the_plot_change(lab, offline_page) -> None:
     _write_probe(lab, "widget_probe.ipynb", PROBE_CELLS)
-    facts = NotebookFacts(name="widget_probe.ipynb", code_cells=3, images=1, widget_views=2, controls=2,
+    facts = NotebookFacts(name="widget_probe.ipynb", code_cells=3, images=1, widget_views=2, controls=2, progress_bars=0,
                           has_math=False, slides=1, fragments=0)
     page = offline_page.page
     open_notebook(page, lab, "widget_probe.ipynb", workspace="probe")
@@ -259,7 +287,7 @@ def test_rise_presents_a_notebook_as_live_slides(lab, offline_page) -> None:
 def test_harness_reports_a_cell_that_raises(lab, offline_page) -> None:
     """The run-all check stops at a raising cell at once (not at the timeout) and reports it."""
     _write_probe(lab, "raising_probe.ipynb", ("x = 1", "assert x == 2, 'planted failure'", "y = 3"))
-    facts = NotebookFacts(name="raising_probe.ipynb", code_cells=3, images=0, widget_views=0, controls=0,
+    facts = NotebookFacts(name="raising_probe.ipynb", code_cells=3, images=0, widget_views=0, controls=0, progress_bars=0,
                           has_math=False, slides=1, fragments=0)
     page = offline_page.page
     open_notebook(page, lab, "raising_probe.ipynb", workspace="raising")
@@ -267,3 +295,21 @@ def test_harness_reports_a_cell_that_raises(lab, offline_page) -> None:
     assert seconds < 60, f"the run-all wait noticed the error only after {seconds:.0f} s"
     with pytest.raises(AssertionError, match="planted failure"):
         check_outputs(offline_page, facts)
+
+
+def test_harness_reports_a_committed_error_in_an_opened_notebook(lab, offline_page) -> None:
+    """The opened-not-run check sees an error output that a notebook was saved with."""
+    nb = nbformat.v4.new_notebook()
+    cell = nbformat.v4.new_code_cell("1 / 0", execution_count=1)
+    cell.outputs = [nbformat.v4.new_output("error", ename="ZeroDivisionError", evalue="division by zero",
+                                           traceback=["Traceback (most recent call last)", "ZeroDivisionError: division by zero"])]
+    nb.cells = [cell]
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}
+    nbformat.write(nb, lab.root / "saved_error_probe.ipynb")
+    facts = NotebookFacts(name="saved_error_probe.ipynb", code_cells=1, images=0, widget_views=0, controls=0,
+                          progress_bars=0, has_math=False, slides=1, fragments=0)
+    page = offline_page.page
+    open_notebook(page, lab, "saved_error_probe.ipynb", workspace="saved-error")
+    page.wait_for_selector(OUTPUT, timeout=30_000)
+    with pytest.raises(AssertionError, match="shows an error"):
+        check_saved_outputs(offline_page, facts)
