@@ -5,17 +5,20 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
-NB     ?= $(sort $(wildcard notebooks/[0-9][0-9]_*.ipynb))
+# The notebooks, in course order, from the manifest (course.toml); expanded when a recipe runs,
+# after the venv exists.
+NB     ?= $(shell $(BIN)/python -m course_lib.manifest)
 PYTEST_NBVAL := --nbval --nbval-current-env --nbval-sanitize-with tests/sanitize.cfg
 CHROMIUM ?= /usr/bin/chromium
 NPM_STAMP := node_modules/.package-lock.json
 
-.PHONY: help venv lab test test-lib test-notebooks test-portable test-browser execute slides html lock benchmarks clean
+.PHONY: help venv lab test test-lib test-notebooks test-portable test-browser execute sync slides html lock benchmarks clean
 
 help:
 	@echo "make lab        - create $(VENV), install the pinned environment, open JupyterLab in notebooks/"
 	@echo "make test       - create/update $(VENV), run pytest over course_lib and nbval over every notebook"
 	@echo "make execute    - re-execute notebooks in place (NB='notebooks/01_*.ipynb' for some)"
+	@echo "make sync       - update notebooks/*.ipynb from their edited text sources in sources/ (FROM=ipynb: the reverse)"
 	@echo "make slides     - a reveal.js deck per notebook in _site/slides/, offline (needs npm for the pinned assets)"
 	@echo "make html       - the whole course as offline static HTML in _site/ (index.html), decks included"
 	@echo "make test-portable - nbval over every notebook under simulated CPUs (portable kernels, AVX2)"
@@ -90,6 +93,11 @@ html: $(STAMP) $(NPM_STAMP)
 
 execute: $(STAMP)
 	$(BIN)/python scripts/execute_notebooks.py $(NB)
+
+# Edit sources/NN_topic.py, then `make sync`: the notebook gets the new cells, keeps its cell ids and
+# outputs, and is re-executed only if code changed. FROM=ipynb writes the text sources from the notebooks.
+sync: $(STAMP)
+	$(BIN)/python scripts/sync_notebooks.py $(if $(filter ipynb,$(FROM)),--from-ipynb) $(NB)
 
 benchmarks: $(STAMP)
 	@for b in benchmarks/*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done

@@ -12,12 +12,13 @@ see scripts/build_slides.py), so the folder works with no network, opened from d
 from __future__ import annotations
 
 import html
-import re
 import shutil
 import sys
 from pathlib import Path
 
 import nbformat
+
+from course_lib.manifest import course
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from build_slides import (  # noqa: E402  (a sibling script, imported from its folder)
@@ -27,33 +28,16 @@ from build_slides import (  # noqa: E402  (a sibling script, imported from its f
     check_no_mermaid,
     check_offline,
     copy_assets,
-    course_notebooks,
     exporter_urls,
 )
 
 COURSE_TITLE = "PyTorch training internals, from the Tensor to multi-node DDP"
 
 
-def title_and_summary(nb: nbformat.NotebookNode, path: Path) -> tuple[str, str]:
-    """The first markdown cell's ``# `` heading, and its first paragraph after the heading."""
-    for cell in nb.cells:
-        if cell.cell_type != "markdown":
-            continue
-        lines = cell.source.strip().splitlines()
-        if lines and lines[0].startswith("# "):
-            title = lines[0][2:].strip()
-            paragraphs = [p.strip() for p in "\n".join(lines[1:]).split("\n\n") if p.strip()]
-            summary = paragraphs[0] if paragraphs else ""
-            return title, summary
-        break
-    return path.stem, ""
-
-
-def _plain(markdown: str) -> str:
-    """Markdown of one paragraph as safe HTML text (emphasis and code marks dropped)."""
-    text = re.sub(r"[*_`]", "", markdown)
-    text = re.sub(r"\[([^\]]+)\]\([^)]+\)", r"\1", text)
-    return html.escape(" ".join(text.split()))
+def summary_html(markdown: str) -> str:
+    """A manifest summary (one line, `code` spans) as safe HTML: escaped text, code spans as <code>."""
+    parts = markdown.split("`")
+    return "".join(f"<code>{html.escape(p)}</code>" if i % 2 else html.escape(p) for i, p in enumerate(parts))
 
 
 def build_page(path: Path, nb: nbformat.NotebookNode, out_dir: Path, nav: list[tuple[str, str]]) -> Path:
@@ -105,9 +89,8 @@ arrow keys or the space bar. Everything here works offline.</p>
 
 
 def main() -> int:
-    paths = course_notebooks()
-    if not paths:
-        sys.exit("error: no notebooks match notebooks/[0-9][0-9]_*.ipynb")
+    entries = course()
+    paths = [n.path for n in entries]
     copy_assets()
     out_dir = SITE / "notebooks"
     shutil.rmtree(out_dir, ignore_errors=True)
@@ -124,10 +107,10 @@ def main() -> int:
         nav.append(("Slides", f"../slides/{path.stem}.slides.html"))
         page = build_page(path, nb, out_dir, nav)
         shutil.copy2(path, out_dir / path.name)
-        title, summary = title_and_summary(nb, path)
+        title = f"{entries[i].number} · {entries[i].title}"
         items.append(
-            f'<li id="{path.stem}"><div class="name"><a href="notebooks/{page.name}">{html.escape(title)}</a></div>'
-            f'<div class="summary">{_plain(summary)}</div>'
+            f'<li id="{path.stem}"><div class="name"><a href="notebooks/{page.name}">{summary_html(title)}</a></div>'
+            f'<div class="summary">{summary_html(entries[i].summary)}</div>'
             f'<div class="links"><a href="notebooks/{page.name}">page</a>'
             f'<a href="slides/{path.stem}.slides.html">slides</a>'
             f'<a href="notebooks/{path.name}" download>notebook (.ipynb)</a></div></li>'

@@ -30,7 +30,6 @@ NODE_MODULES = ROOT / "node_modules"
 TEMPLATES = ROOT / "templates"
 SITE = ROOT / "_site"
 ASSETS = SITE / "assets"
-NOTEBOOK_GLOB = "notebooks/[0-9][0-9]_*.ipynb"
 
 # Relative to a page one folder below _site/ (_site/slides/*.html and _site/notebooks/*.html).
 ASSET_URL = "../assets"
@@ -75,7 +74,9 @@ def exporter_urls() -> dict[str, str]:
 
 def course_notebooks() -> list[Path]:
     """Every course notebook, in course order (the NN_ prefix)."""
-    return sorted(ROOT.glob(NOTEBOOK_GLOB))
+    from course_lib.manifest import notebook_paths
+
+    return notebook_paths()
 
 
 def pinned_versions() -> dict[str, str]:
@@ -174,11 +175,9 @@ def build_deck(path: Path, out_dir: Path) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("notebooks", nargs="*", type=Path, help="default: every notebooks/NN_*.ipynb")
+    parser.add_argument("notebooks", nargs="*", type=Path, help="default: every notebook of the course (course.toml)")
     args = parser.parse_args(argv)
     paths = [p.resolve() for p in args.notebooks] or course_notebooks()
-    if not paths:
-        sys.exit(f"error: no notebooks match {NOTEBOOK_GLOB}")
     copy_assets()
     out_dir = SITE / "slides"
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -187,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
         n = sum(1 for c in nbformat.read(path, as_version=4).cells
                 if c.metadata.get("slideshow", {}).get("slide_type") in ("slide", "subslide"))
         print(f"{out.relative_to(ROOT)}: {n} slides")
-    print(f"open _site/slides/<name>.slides.html in a browser (offline; arrows or space to step)")
+    print("open _site/slides/<name>.slides.html in a browser (offline; arrows or space to step)")
     return 0
 
 

@@ -7,11 +7,15 @@ with its working directory set to ``notebooks/``. Then it is cleaned so that re-
 no diff: notebook metadata is reduced to the kernel spec and the language name, per-cell
 execution timestamps are dropped, split stream outputs are merged, execution counts are renumbered 1..n, and widget model ids
 (random UUIDs) are replaced by stable ones, with the widget state kept so static HTML renders
-widgets. Prints each notebook's wall time; exits non-zero if any cell fails.
+widgets; these rewrites touch outputs and widget state only, never a cell's source. A cell whose new
+output equals its old one up to nbval's sanitizers (tests/sanitize.cfg: timings after '~', ...)
+keeps the old one, so a re-execution's diff shows only what changed. Prints each notebook's wall time; exits non-zero if any cell fails.
 """
 from __future__ import annotations
 
 import argparse
+import configparser
+import copy
 import json
 import re
 import shutil
@@ -25,6 +29,7 @@ from nbclient.exceptions import CellExecutionError
 
 KERNELSPEC = {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}
 CELL_TIMEOUT_S = 300
+SANITIZE_CFG = Path(__file__).resolve().parents[1] / "tests" / "sanitize.cfg"
 _TQDM_TIMES = re.compile(r"\[\d{2}:\d{2}(?:(?:<|&lt;)[^\]]*)?\]")
 
 
@@ -68,7 +73,6 @@ def clean(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
         nb.metadata["widgets"] = widgets
     # Stable widget ids: number the models in a deterministic order (the views shown in the cells,
     # in cell order, then the models each one references, depth first), replacing random UUIDs.
-    text = json.dumps(nb, sort_keys=True)
     state = (widgets or {}).get("application/vnd.jupyter.widget-state+json", {}).get("state", {})
     ids: dict[str, str] = {}
 
@@ -87,18 +91,58 @@ def clean(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
                 visit(view["model_id"])
     for key in sorted(state, key=lambda k: json.dumps(state[k], sort_keys=True)):
         visit(key)
-    # Replace through a temporary token so a new id can never collide with an old one.
-    for old, new in ids.items():
-        text = text.replace(old, "@@" + new)
-    text = text.replace("@@", "")
-    text = _TQDM_TIMES.sub("[elapsed]", text)
-    return nbformat.from_dict(json.loads(text))
+    # Rewrite the outputs and the widget state only, never a cell's source or metadata: replace each
+    # id through a temporary token (a new id can never collide with an old one), and tqdm's timings.
+    def rewrite(value: object) -> object:
+        text = json.dumps(value, sort_keys=True)
+        for old, new in ids.items():
+            text = text.replace(old, "@@" + new)
+        return json.loads(_TQDM_TIMES.sub("[elapsed]", text.replace("@@", "")))
+
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            cell.outputs = [nbformat.from_dict(rewrite(out)) for out in cell.outputs]
+    if widgets:
+        nb.metadata["widgets"] = nbformat.from_dict(rewrite(widgets))
+    return nb
+
+
+def _sanitizers() -> list[tuple[re.Pattern[str], str]]:
+    """nbval's sanitizers (tests/sanitize.cfg): what two runs may differ in and still print the same."""
+    config = configparser.ConfigParser()
+    config.read(SANITIZE_CFG)
+    return [(re.compile(config[s]["regex"]), config[s]["replace"]) for s in config.sections()]
+
+
+def _comparable(outputs: list, sanitizers: list[tuple[re.Pattern[str], str]]) -> str:
+    text = json.dumps(outputs, sort_keys=True)
+    for pattern, replace in sanitizers:
+        text = pattern.sub(replace, text)
+    return text
+
+
+def keep_unchanged_outputs(old: nbformat.NotebookNode, new: nbformat.NotebookNode) -> int:
+    """Where a cell (same id, same source) printed what it printed before, up to the sanitizers (the
+    timings after '~', addresses...), keep the old outputs, so that re-executing a notebook changes only
+    what really changed. Returns how many cells kept theirs."""
+    sanitizers = _sanitizers()
+    before = {c.get("id"): c for c in old.cells if c.cell_type == "code"}
+    kept = 0
+    for cell in new.cells:
+        was = before.get(cell.get("id")) if cell.cell_type == "code" else None
+        if was is None or was.source != cell.source or not was.outputs:
+            continue
+        if _comparable(was.outputs, sanitizers) == _comparable(cell.outputs, sanitizers):
+            cell.outputs = copy.deepcopy(was.outputs)
+            kept += 1
+    return kept
 
 
 def execute(path: Path) -> float:
     # Start from a clean scratch folder, as on a fresh clone (notebooks write their scripts there).
     shutil.rmtree(path.parent / "_runs", ignore_errors=True)
     nb = nbformat.read(path, as_version=4)
+    previous = copy.deepcopy(nb)
     nb.metadata["kernelspec"] = KERNELSPEC
     client = NotebookClient(
         nb,
@@ -111,7 +155,9 @@ def execute(path: Path) -> float:
     start = time.perf_counter()
     client.execute()
     elapsed = time.perf_counter() - start
-    nbformat.write(clean(nb), path)
+    cleaned = clean(nb)
+    keep_unchanged_outputs(previous, cleaned)
+    nbformat.write(cleaned, path)
     return elapsed
 
 

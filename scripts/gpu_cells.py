@@ -120,7 +120,9 @@ class GpuCell:
 
 
 def notebooks() -> list[Path]:
-    return sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+    from course_lib.manifest import notebook_paths
+
+    return notebook_paths()
 
 
 def gpu_cells(path: Path) -> list[GpuCell]:

@@ -7,8 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from course_lib.manifest import notebook_paths
+
 ROOT = Path(__file__).resolve().parents[1]
-NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+NOTEBOOKS = notebook_paths()
 ALLOWED_SLIDE_TYPES = {"slide", "subslide", "fragment", "skip", "notes", "-"}
 
 

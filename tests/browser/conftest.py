@@ -36,8 +36,10 @@ from urllib.parse import urlsplit
 
 import pytest
 
+from course_lib.manifest import notebook_paths
+
 ROOT = Path(__file__).resolve().parents[2]
-NOTEBOOKS = sorted(ROOT.glob("notebooks/[0-9][0-9]_*.ipynb"))
+NOTEBOOKS = notebook_paths()
 CHROMIUM = Path(os.environ.get("CHROMIUM", "/usr/bin/chromium"))
 ARTIFACTS = ROOT / "test-artifacts"
 SITE = ROOT / "_site"

@@ -7,8 +7,10 @@ from pathlib import Path
 
 import nbformat
 
+from course_lib.manifest import notebook_paths
+
 ROOT = Path(__file__).resolve().parents[2]
-NOTEBOOKS = sorted(ROOT.glob("notebooks/[0-9][0-9]_*.ipynb"))  # the course, in order
+NOTEBOOKS = notebook_paths()  # the course, in order (course.toml)
 
 IMAGE_TYPES = ("image/png", "image/svg+xml", "image/jpeg")
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"

@@ -1,0 +1,201 @@
+# %% [markdown] slideshow={"slide_type": "slide"}
+"""
+# 00 · Start here: how this course works
+
+**PyTorch training internals, from the Tensor to multi-node DDP** is a course you *run*. Every claim in the text is followed by code that shows it, every number is measured on your machine, and everything runs on a laptop CPU with 2 cores. Cells that need a GPU come alive where one exists and say what they skipped where it does not.
+
+By the end of this notebook you will be able to:
+- check that your environment has what the course needs;
+- read the course's conventions: checked claims, demonstrated errors, GPU cells, exercises and slides;
+- find your way through the eleven notebooks.
+
+This notebook assumes: you can run Python in Jupyter and have seen `torch.tensor` before. Nothing else.
+"""
+
+# %% [markdown] slideshow={"slide_type": "slide"}
+"""
+## 1. Your environment
+
+The first cell reports what this machine has. Its output differs from machine to machine (that is why the test suite does not compare it); the cell after it checks what the course actually needs.
+"""
+
+# %% slideshow={"slide_type": "-"} tags=["nbval-ignore-output"]
+import torch
+
+from course_lib.device import environment_report
+
+report = environment_report()
+print("\n".join(report.lines()))
+
+# %% slideshow={"slide_type": "fragment"}
+from packaging.version import Version
+
+assert Version(torch.__version__.split("+")[0]) >= Version("2.6"), "the course needs PyTorch >= 2.6"
+assert report.distributed and report.gloo, "the distributed notebooks need torch.distributed with gloo"
+assert report.cpu_cores >= 1
+print("Environment OK: PyTorch >= 2.6 with torch.distributed and the gloo backend.")
+
+# %% [markdown] slideshow={"slide_type": "slide"}
+"""
+## 2. Every claim is shown by running code
+
+A sentence such as *"PyTorch 2.x tensors track gradients only when asked"* is always followed by a cell that checks it. Most checks are an `assert`: if a future PyTorch changes the behaviour, the course's test suite fails and the text gets fixed.
+"""
+
+# %% slideshow={"slide_type": "fragment"}
+x = torch.ones(3)
+assert x.requires_grad is False      # the default: not tracked
+w = torch.ones(3, requires_grad=True)
+assert w.requires_grad is True       # tracked, because we asked
+print("claim checked:", x.requires_grad, w.requires_grad)
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+Every notebook seeds its random generators once at the top with `seed_everything`, so that a second run prints the same numbers, on your machine and in CI.
+"""
+
+# %% slideshow={"slide_type": "fragment"}
+from course_lib.seeding import seed_everything
+
+seed_everything(0)
+first = torch.rand(3)
+seed_everything(0)
+again = torch.rand(3)
+assert torch.equal(first, again)
+print("same numbers twice:", [round(v, 4) for v in first.tolist()])
+
+# %% [markdown] slideshow={"slide_type": "slide"}
+"""
+## 3. Errors are part of the lesson
+
+Some lessons are about an error: calling `backward()` twice, or a DDP launch that hangs. Those cells use `expect_error`: it prints the error message for you and **fails the notebook run if the error does not happen**, so the lesson cannot silently go stale.
+"""
+
+# %% slideshow={"slide_type": "fragment"}
+from course_lib.errors import expect_error
+
+with expect_error(RuntimeError, match="does not require grad"):
+    torch.ones(2).sum().backward()   # nothing in this graph requires grad
+
+# %% [markdown] slideshow={"slide_type": "slide"}
+"""
+## 4. GPU cells
+
+The course runs everywhere on the CPU. A few demonstrations only make sense on a GPU (tensor-core speed, NCCL, two devices). Each such cell starts with the same guard, `requires_gpu(...)`: on a machine with a CUDA GPU the cell runs; elsewhere it prints one line saying what it skipped.
+"""
+
+# %% slideshow={"slide_type": "fragment"}
+from course_lib.device import requires_gpu
+
+if requires_gpu("a matrix multiply on the GPU"):
+    a = torch.randn(1024, 1024, device="cuda")
+    print("GPU matmul OK:", (a @ a).shape)
+
+# %% [markdown] slideshow={"slide_type": "slide"}
+"""
+## 5. Exercises are checked for you
+
+Each notebook ends with a few exercises. You write code in the cell; a `check_…` function tells you **✅ Correct**, **❌ Not quite** with a hint, or **⏳ Not done yet** while the blank is still there. A wrong or unfinished answer never stops the notebook. Here is what a check says about a wrong answer and about a right one:
+"""
+
+# %% slideshow={"slide_type": "fragment"}
+from course_lib.exercises.start import check_leaf_tensor
+
+print(check_leaf_tensor(torch.ones(2, 3)))                      # forgot requires_grad
+print(check_leaf_tensor(torch.ones(2, 3, requires_grad=True)))  # right
+
+# %% [markdown] slideshow={"slide_type": "slide"}
+"""
+## 6. Slides, progress bars and widgets
+
+- **Slides.** Every cell carries slide metadata, so an instructor can present any notebook: in JupyterLab with the RISE extension (installed with the course, `View → Render as Reveal Slideshow` or `Alt+R`), or as a reveal.js deck.
+- **Progress bars.** Loops that take more than a few seconds show a `tqdm` bar.
+- **Widgets.** Interactive explorers use ipywidgets; each has a plain-text version right after it, so the notebook also reads well as a static page.
+"""
+
+# %% slideshow={"slide_type": "fragment"}
+from tqdm.auto import tqdm
+
+total = 0
+for i in tqdm(range(100), desc="a progress bar"):
+    total += i
+print("sum of 0..99 =", total)
+
+# %% [markdown] slideshow={"slide_type": "slide"}
+"""
+## 7. The map of the course
+
+Each notebook builds on the ones before it. The distributed notebooks (07–10) launch real processes that talk to each other over `gloo`, on your CPU.
+"""
+
+# %% slideshow={"slide_type": "fragment"}
+from course_lib.manifest import course, course_map
+
+print(course_map())  # from course.toml, the course's manifest: the same list as README's table
+
+# %% slideshow={"slide_type": "fragment"}
+from pathlib import Path
+
+present = sorted(p.stem for p in Path(".").glob("[0-9][0-9]_*.ipynb"))
+planned = [n.stem for n in course()]
+assert present == planned, f"notebooks here and on the map differ: {sorted(set(present) ^ set(planned))}"
+print(f"all {len(planned)} notebooks on the map are in this folder, and nothing else")
+
+# %% [markdown] slideshow={"slide_type": "slide"}
+"""
+## Summary
+
+- The course runs on a CPU; GPU cells are guarded by `requires_gpu` and print what they skip.
+- Claims are followed by code (`assert`, measurements, plots); errors are shown with `expect_error`.
+- Runs are seeded with `seed_everything`, so the outputs you see are the outputs you get.
+- Exercises are checked by `check_…` functions: correct, not quite (with a hint), or not done yet.
+"""
+
+# %% [markdown] slideshow={"slide_type": "slide"}
+"""
+## Exercises
+
+**1.** Make `w` a 2×3 tensor of ones that autograd tracks.
+"""
+
+# %% slideshow={"slide_type": "fragment"}
+w = ...  # your code here
+
+check_leaf_tensor(w)
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+**2.** Write `draw()` so that it returns the same three random numbers every time it is called: seed with `seed_everything(42)` inside it, then return `torch.rand(3)`.
+"""
+
+# %% slideshow={"slide_type": "fragment"}
+from course_lib.exercises.start import check_same_numbers
+
+
+def draw():
+    raise NotImplementedError("your code here")
+
+
+check_same_numbers(draw)
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+**3.** Write your first GPU cell: set `ran` to what `requires_gpu("my first GPU cell")` returns, and put a GPU computation under `if ran:`.
+"""
+
+# %% slideshow={"slide_type": "fragment"}
+from course_lib.exercises.start import check_gpu_guard
+
+ran = ...  # your code here
+
+check_gpu_guard(ran)
+
+# %% [markdown] slideshow={"slide_type": "slide"}
+"""
+## References
+
+- PyTorch documentation: [Reproducibility](https://pytorch.org/docs/stable/notes/randomness.html) — what seeding does and does not guarantee.
+- PyTorch documentation: [CUDA semantics](https://pytorch.org/docs/stable/notes/cuda.html) — devices and the default device.
+- [nbval](https://nbval.readthedocs.io/) — how the course's notebooks are tested cell by cell.
+- [RISE for JupyterLab](https://github.com/jupyterlab-contrib/rise) — notebooks as live slides.
+"""

@@ -1,0 +1,706 @@
+# %% [markdown] slideshow={"slide_type": "slide"}
+r"""
+# 03 · Custom autograd: Swish by hand, checked, and what it keeps in memory
+
+Autograd differentiates any composition of PyTorch operations for you. Sometimes you want to write the backward pass yourself: to save memory, to fuse work, to call code autograd cannot see, or simply to understand what `loss.backward()` does for one operation. That is what `torch.autograd.Function` is for.
+
+By the end of this notebook you will be able to:
+- write a `torch.autograd.Function` with `forward`/`backward` static methods, `ctx.save_for_backward` and `ctx.saved_tensors`, and call it with `.apply`;
+- derive the derivative of Swish, $x\,\sigma(x)$, by hand, check it with SymPy, and check your backward with `torch.autograd.gradcheck` in float64;
+- measure how many bytes a Function keeps for backward, and compare a hand-written Function with autograd's own graph and with `torch.nn.functional.silu`;
+- choose between saving a tensor and recomputing it (the trade-off behind gradient checkpointing);
+- recognise outdated API (`ctx.saved_variables`, non-static `forward`) and use the modern `setup_context` style.
+
+This notebook assumes: notebook 02 (the graph autograd builds, `grad_fn`, saved tensors, and that backward frees them) and the chain rule from calculus.
+"""
+
+# %% slideshow={"slide_type": "fragment"}
+import time
+import warnings
+
+import matplotlib.pyplot as plt
+import sympy as sp
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from course_lib.errors import expect_error
+from course_lib.graph_view import describe_graph
+from course_lib.saved_tensors import SavedTensorMeter
+from course_lib.seeding import seed_everything
+
+seed_everything(0)
+print("torch", torch.__version__.split("+")[0])
+
+# %% [markdown] slideshow={"slide_type": "slide"}
+r"""
+## 1. The anatomy of an `autograd.Function`
+
+A custom Function is a class with two **static** methods:
+
+- `forward(ctx, *inputs)` computes the output. Autograd does **not** record the operations inside it; instead, the whole call becomes *one* node of the graph. Whatever backward will need, `forward` stores on `ctx`: tensors with `ctx.save_for_backward(...)`, anything else (shapes, flags) as plain attributes.
+- `backward(ctx, grad_output)` receives $\partial L/\partial \text{output}$ and returns $\partial L/\partial \text{input}$ for each input (or `None` for an input that needs no gradient). It reads the saved tensors back with `ctx.saved_tensors`.
+
+You never call these methods yourself: `MyFunction.apply(x)` runs `forward`, creates the graph node, and connects it to the inputs. A first example, doubling a tensor:
+"""
+
+
+# %% slideshow={"slide_type": "fragment"}
+class Double(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return 2 * x
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        return 2 * grad_output          # d(2x)/dx = 2, times the incoming gradient (chain rule)
+
+
+x = torch.tensor([1.0, -3.0], requires_grad=True)
+y = Double.apply(x)
+y.sum().backward()
+print("y =", y.tolist(), "| y.grad_fn:", type(y.grad_fn).__name__, "| x.grad =", x.grad.tolist())
+assert x.grad.tolist() == [2.0, 2.0]
+# one node, wired straight to x: the multiplication inside forward was not recorded (forward runs with grad mode off)
+print("DoubleBackward's inputs:", [type(n).__name__ for n, _ in y.grad_fn.next_functions])
+assert [type(n).__name__ for n, _ in y.grad_fn.next_functions] == ["AccumulateGrad"]
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+### The seed's Swish, run on PyTorch 2.13
+
+The source material for this part writes Swish like this (reproduced in substance): `forward` saves its input `i` and returns `i * sigmoid(i)`; `backward` reads the input back with **`ctx.saved_variables[0]`**, recomputes the sigmoid and applies the derivative. `saved_variables` dates from before PyTorch 0.4, when tensors that tracked gradients were wrapped in `Variable`. What does PyTorch 2.13 do with it?
+"""
+
+
+# %% slideshow={"slide_type": "fragment"}
+class SeedSwish(torch.autograd.Function):          # as in the seed, with the deprecated accessor
+    @staticmethod
+    def forward(ctx, i):
+        result = i * torch.sigmoid(i)
+        ctx.save_for_backward(i)
+        return result
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        i = ctx.saved_variables[0]                 # deprecated: use ctx.saved_tensors
+        sigmoid_i = torch.sigmoid(i)
+        return grad_output * (sigmoid_i * (1 + i * (1 - sigmoid_i)))
+
+
+x = torch.linspace(-3, 3, 7, requires_grad=True)
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    SeedSwish.apply(x).sum().backward()
+for w in caught:
+    print(f"{w.category.__name__}: {w.message}")
+assert any(issubclass(w.category, DeprecationWarning) and "saved_tensors" in str(w.message) for w in caught)
+print("gradient still computed:", [round(v, 4) for v in x.grad.tolist()])
+
+# %% [markdown] slideshow={"slide_type": "fragment"}
+"""
+It still works in 2.13, with a `DeprecationWarning`. That warning is easy to miss: Python hides `DeprecationWarning`s by default unless they come from code in `__main__` (the notebook), so once the Function moves into an imported module, nothing is printed. And setups that turn warnings into errors (`pytest -W error`, `python -W error`) make the seed's code fail:
+"""
+
+# %% slideshow={"slide_type": "fragment"}
+x = torch.linspace(-3, 3, 7, requires_grad=True)
+with warnings.catch_warnings():
+    warnings.simplefilter("error", DeprecationWarning)
+    with expect_error(DeprecationWarning, match="saved_tensors"):
+        SeedSwish.apply(x).sum().backward()
+
+# %% [markdown] slideshow={"slide_type": "fragment"}
+"""
+Older tutorials go further back still and write `forward(self, x)` as an ordinary method and call `MyFunction()(x)`. That style was removed: PyTorch 2.13 refuses to run it.
+"""
+
+
+# %% slideshow={"slide_type": "fragment"}
+class LegacyDouble(torch.autograd.Function):       # pre-0.4 style: methods on an instance
+    def forward(self, x):
+        return 2 * x
+
+    def backward(self, grad_output):
+        return 2 * grad_output
+
+
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore", DeprecationWarning)   # instantiating a Function also warns
+    with expect_error(RuntimeError, match="non-static forward method"):
+        LegacyDouble()(torch.ones(2, requires_grad=True))
+
+# %% [markdown] slideshow={"slide_type": "slide"}
+r"""
+## 2. The derivative of Swish, by hand
+
+Swish (Ramachandran et al., 2017) is $f(x) = x\,\sigma(\beta x)$; with $\beta = 1$ it is the **SiLU** (named in Hendrycks & Gimpel's GELU paper, 2016, and studied by Elfwing et al., 2017), which PyTorch ships as `torch.nn.functional.silu` / `nn.SiLU` since version 1.7. The course uses $\beta = 1$.
+
+With $\sigma(x) = \dfrac{1}{1+e^{-x}}$, the sigmoid's derivative is
+$$\sigma'(x) = \frac{e^{-x}}{(1+e^{-x})^2} = \sigma(x)\,\bigl(1-\sigma(x)\bigr).$$
+The product rule on $f(x) = x\,\sigma(x)$ gives
+$$f'(x) = \sigma(x) + x\,\sigma(x)\bigl(1-\sigma(x)\bigr) = \sigma(x)\,\bigl(1 + x\,(1-\sigma(x))\bigr).$$
+Since $x\,\sigma(x) = f(x)$, the same derivative can also be written with the **output** instead of the input:
+$$f'(x) = f(x) + \sigma(x)\,\bigl(1 - f(x)\bigr).$$
+The first form needs $x$ (and recomputes $\sigma(x)$); the second needs $f(x)$ and $\sigma(x)$. Which tensors a backward needs is exactly what decides its memory, as §5 measures. SymPy confirms both forms:
+"""
+
+# %% slideshow={"slide_type": "fragment"}
+t = sp.symbols("x", real=True)
+sigma = 1 / (1 + sp.exp(-t))
+f = t * sigma
+df = sp.diff(f, t)
+
+by_hand = sigma * (1 + t * (1 - sigma))
+from_output = f + sigma * (1 - f)
+assert sp.simplify(sp.diff(sigma, t) - sigma * (1 - sigma)) == 0
+assert sp.simplify(df - by_hand) == 0
+assert sp.simplify(df - from_output) == 0
+print("SymPy: d/dx[x*sigmoid(x)] == sigmoid*(1 + x*(1 - sigmoid)) == f + sigmoid*(1 - f)")
+print("f'(0) =", df.subs(t, 0), "| limits: f'(-oo) =", sp.limit(df, t, -sp.oo), ", f'(+oo) =", sp.limit(df, t, sp.oo))
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+r"""
+Swish is not monotonic: it dips below zero before rising, and its slope briefly exceeds 1. Its minimum is where $f'(x) = 0$, that is $1 + x(1-\sigma) = 0$, so $\sigma = 1 + 1/x$ and $f = x\sigma = x + 1$ there: the lowest value of Swish is its position plus one.
+"""
+
+# %% slideshow={"slide_type": "fragment"}
+x_min = float(sp.nsolve(df, t, -1.0))
+f_min = float(f.subs(t, x_min))
+assert abs(f_min - (x_min + 1)) < 1e-12
+print(f"minimum of Swish at x = {x_min:.4f}, value {f_min:.4f} (= x + 1)")
+x_peak = float(sp.nsolve(sp.diff(df, t), t, 2.0))          # where the slope itself is largest
+slope_peak = float(df.subs(t, x_peak))
+assert slope_peak > 1
+print(f"largest slope f'({x_peak:.4f}) = {slope_peak:.4f}: unlike ReLU, the slope overshoots 1 before settling to 1")
+
+xs = torch.linspace(-6, 6, 241)
+fig, ax = plt.subplots(figsize=(7, 3.6))
+ax.plot(xs, xs * torch.sigmoid(xs), label="Swish  $x\\,\\sigma(x)$")
+ax.plot(xs, torch.sigmoid(xs) * (1 + xs * (1 - torch.sigmoid(xs))), label="derivative $f'(x)$")
+ax.plot(xs, torch.relu(xs), ":", color="grey", label="ReLU, for comparison")
+ax.scatter([x_min], [f_min], color="black", zorder=3, label=f"minimum ({x_min:.3f}, {f_min:.3f})")
+ax.axhline(0, color="black", lw=0.5)
+ax.set(title="Swish and its derivative", xlabel="input x (dimensionless)", ylabel="value (dimensionless)", ylim=(-0.6, 1.3))
+ax.legend(loc="upper left", fontsize=8)
+plt.show()
+
+# %% [markdown] slideshow={"slide_type": "slide"}
+"""
+## 3. Implement it, wrap it, check it
+
+Here is Swish written the current way: `ctx.saved_tensors` (a tuple, unpacked), and an `nn.Module` so it can sit in `nn.Sequential` like any activation.
+"""
+
+
+# %% slideshow={"slide_type": "fragment"}
+class Swish(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)              # keep only the input
+        return x * torch.sigmoid(x)
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        (x,) = ctx.saved_tensors              # the current API
+        s = torch.sigmoid(x)                  # recomputed rather than stored
+        return grad_output * (s * (1 + x * (1 - s)))
+
+
+class SwishModule(nn.Module):
+    def forward(self, x):
+        return Swish.apply(x)
+
+
+model = nn.Sequential(nn.Linear(4, 8), SwishModule(), nn.Linear(8, 1))
+print(model)
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+r"""
+### `gradcheck`: compare the backward with finite differences
+
+`torch.autograd.gradcheck` perturbs each input element by a tiny `eps` (1e-6), measures how the output moves, and compares that numerical Jacobian with the one your `backward` produces. Use **float64** inputs: in float32 the rounding error of $f(x+\epsilon) - f(x-\epsilon)$ is about as large as the difference itself, so even a correct backward fails.
+"""
+
+# %% slideshow={"slide_type": "fragment"}
+x64 = torch.randn(20, dtype=torch.float64, requires_grad=True)
+assert torch.autograd.gradcheck(Swish.apply, (x64,))
+print("float64 gradcheck: passed")
+
+x32 = x64.detach().float().requires_grad_()
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore", UserWarning)        # gradcheck itself warns about float32 inputs
+    ok32 = torch.autograd.gradcheck(Swish.apply, (x32,), raise_exception=False)
+assert not ok32
+print("float32 gradcheck on the same, correct backward:", ok32)
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+r"""
+`gradcheck` also catches real mistakes. Drop the $x\,\sigma(1-\sigma)$ term from the backward and it fails, and says where:
+"""
+
+
+# %% slideshow={"slide_type": "fragment"}
+class SwishMissingTerm(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x * torch.sigmoid(x)
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        (x,) = ctx.saved_tensors
+        return grad_output * torch.sigmoid(x)          # wrong: only the first term of the product rule
+
+
+from torch.autograd.gradcheck import GradcheckError
+
+with expect_error(GradcheckError, match="Jacobian mismatch"):
+    torch.autograd.gradcheck(SwishMissingTerm.apply, (x64,))
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+### Three ways to compute Swish agree
+
+Autograd's own `x * torch.sigmoid(x)`, the built-in `F.silu` and our Function give the same values and the same gradients. The course keeps a canonical copy in `course_lib.activations` (the notebooks after this one reuse it); it must agree with what we just wrote.
+"""
+
+# %% slideshow={"slide_type": "fragment"}
+from course_lib.activations import SwishModule as LibSwishModule
+from course_lib.activations import swish as lib_swish
+
+versions = {
+    "Swish.apply (ours)": Swish.apply,
+    "x * torch.sigmoid(x)": lambda x: x * torch.sigmoid(x),
+    "F.silu": F.silu,
+    "course_lib swish": lib_swish,
+    "course_lib SwishModule": LibSwishModule(),
+}
+x = torch.randn(1000, dtype=torch.float64) * 4
+g = torch.randn(1000, dtype=torch.float64)              # an arbitrary incoming gradient
+results = {}
+for name, fn in versions.items():
+    xi = x.clone().requires_grad_()
+    y = fn(xi)
+    y.backward(g)
+    results[name] = (y.detach(), xi.grad)
+
+y_ref, g_ref = results["Swish.apply (ours)"]
+for name, (y, grad) in results.items():
+    torch.testing.assert_close(y, y_ref)
+    torch.testing.assert_close(grad, g_ref)
+    print(f"{name:<24} max|y - ours| = {(y - y_ref).abs().max().item():.1e}   max|grad - ours| = {(grad - g_ref).abs().max().item():.1e}")
+
+# %% [markdown] slideshow={"slide_type": "slide"}
+"""
+## 4. What the graph looks like
+
+`.apply` puts **one** node in the graph, named after the class: `SwishBackward`. Autograd's `x * torch.sigmoid(x)` makes two nodes, and `F.silu` one built-in node. `course_lib.graph_view` lists each node with the tensors it saved (`= x` marks the input itself, not a copy):
+"""
+
+# %% slideshow={"slide_type": "fragment"}
+x = torch.randn(1000, requires_grad=True)
+for name, fn in [("custom Function", Swish.apply), ("plain autograd", lambda x: x * torch.sigmoid(x)), ("F.silu", F.silu)]:
+    print(f"--- {name}")
+    print(describe_graph(fn(x), {"x": x}))
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+The node of a custom Function is a real object: its class derives from `BackwardCFunction`, `next_functions` links it to the input's node, and `saved_tensors` hands back exactly what `forward` saved: here the input tensor itself, not a copy. After `backward()` autograd frees it; reading it again is an error.
+"""
+
+# %% slideshow={"slide_type": "fragment"}
+y = Swish.apply(x)
+node = y.grad_fn
+print("node:", type(node).__name__, "| base class:", type(node).__mro__[1].__name__)
+print("next_functions:", [type(n).__name__ for n, _ in node.next_functions])
+assert node.saved_tensors[0] is x
+print("saved_tensors[0] is x:", node.saved_tensors[0] is x)
+
+y.sum().backward()
+with expect_error(RuntimeError, match="already been freed"):
+    node.saved_tensors
+
+# %% [markdown] slideshow={"slide_type": "slide"}
+"""
+## 5. How much does each version keep for backward?
+
+`SavedTensorMeter` (from `course_lib.saved_tensors`) listens to `torch.autograd.graph.saved_tensors_hooks`: every tensor that any node saves for backward passes through it. It counts each storage once, so a tensor saved by two nodes costs its bytes once. We measure one million float32 inputs (4,000,000 bytes), and add a second variant of our Function that saves `sigmoid(x)` as well instead of recomputing it.
+"""
+
+
+# %% slideshow={"slide_type": "fragment"}
+class SwishSaveSigmoid(torch.autograd.Function):
+    """Same maths, but keeps sigmoid(x) so that backward does not recompute it."""
+
+    @staticmethod
+    def forward(ctx, x):
+        s = torch.sigmoid(x)
+        ctx.save_for_backward(x, s)
+        return x * s
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        x, s = ctx.saved_tensors
+        return grad_output * (s * (1 + x * (1 - s)))
+
+
+assert torch.autograd.gradcheck(SwishSaveSigmoid.apply, (x64,))
+
+N = 1_000_000
+x = torch.randn(N, requires_grad=True)
+candidates = {
+    "custom Function (saves x)": Swish.apply,
+    "custom, saves x and sigmoid(x)": SwishSaveSigmoid.apply,
+    "plain x * torch.sigmoid(x)": lambda x: x * torch.sigmoid(x),
+    "F.silu": F.silu,
+}
+saved = {}
+print(f"{'version':<32}{'tensors saved':>14}{'bytes kept':>12}{'per element':>13}")
+for name, fn in candidates.items():
+    with SavedTensorMeter() as meter:
+        y = fn(x)
+    saved[name] = meter.bytes
+    print(f"{name:<32}{meter.count:>14}{meter.bytes:>12,}{meter.bytes / N:>11.0f} B")
+
+assert saved["custom Function (saves x)"] == saved["F.silu"] == 4 * N
+assert saved["plain x * torch.sigmoid(x)"] == saved["custom, saves x and sigmoid(x)"] == 8 * N
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+r"""
+What the numbers say:
+
+- **Our Function** keeps the input only: 4 bytes per element. It pays for that by computing `sigmoid(x)` a second time in backward.
+- **Plain autograd** on `x * torch.sigmoid(x)` keeps two tensors: `SigmoidBackward0` saves its **result** $s$ (since $\sigma' = s(1-s)$), and `MulBackward0` saves both factors, $x$ and $s$. That is three saves of two storages, counted once each: 8 bytes per element, twice our Function. Autograd cannot know that $s$ is cheap to recompute; it saves what each elementary operation needs.
+- **`F.silu`** is a single fused operation whose backward (`SiluBackward0`) saves only its input (`self`) and recomputes the sigmoid, just like our hand-written Function: 4 bytes per element, with one C++ kernel each way instead of several.
+- **Saving `sigmoid(x)` too** brings our Function back to 8 bytes per element, the same as plain autograd.
+"""
+
+# %% [markdown] slideshow={"slide_type": "slide"}
+"""
+## 6. Is `ctx.save_for_backward(i)` "the activation" kept in memory?
+
+The seed asks this when it says training memory is parameters plus the activations stored in the graph. The answer is **yes, and it is not the only one**. "Activation memory" means every tensor that any node of the graph saves for backward, not just the outputs of activation functions. `save_for_backward(i)` is the part that *this* node adds. The Swish output `result` is not kept by Swish at all; it stays alive only if a later node saves it, and in a network the next `Linear` does, because it needs its input to compute its weight gradient.
+
+(The seed's list of what occupies memory in training is also short by two items: besides parameters and activations, there are the **gradients**, one per parameter, and the **optimizer state**, two more per parameter for Adam. Notebook 04 takes the full inventory; one Adam step shows the point:)
+"""
+
+# %% slideshow={"slide_type": "fragment"}
+layer = nn.Linear(256, 512)
+opt = torch.optim.Adam(layer.parameters())
+layer(torch.randn(64, 256)).square().mean().backward()
+opt.step()
+param_b = sum(p.numel() * p.element_size() for p in layer.parameters())
+grad_b = sum(p.grad.numel() * p.grad.element_size() for p in layer.parameters())
+state_b = sum(v.numel() * v.element_size() for st in opt.state.values() for v in st.values() if v.dim() > 0)
+print(f"parameters {param_b:,} B | gradients {grad_b:,} B | Adam state {state_b:,} B (exp_avg + exp_avg_sq)")
+assert grad_b == param_b and state_b == 2 * param_b
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+Back to activations. We measure a small block, `Linear(256→512) → activation → Linear(512→10)` on a batch of 64, with the parameters excluded from the count so that only activations remain:
+"""
+
+
+# %% slideshow={"slide_type": "fragment"}
+def run_block(act):
+    """Linear(256->512) -> act -> Linear(512->10) on a batch of 64; returns output, named tensors, meter."""
+    torch.manual_seed(0)
+    lin1, lin2 = nn.Linear(256, 512), nn.Linear(512, 10)
+    inp = torch.randn(64, 256)
+    params = [*lin1.parameters(), *lin2.parameters()]
+    with SavedTensorMeter(exclude=params) as meter:
+        h = lin1(inp)
+        a = act(h)
+        out = lin2(a)
+    names = {"input": inp, "h": h, "act_out": a, **{f"lin1.{k}": v for k, v in lin1.named_parameters()},
+             **{f"lin2.{k}": v for k, v in lin2.named_parameters()}}
+    return out, names, meter
+
+
+out, names, meter = run_block(Swish.apply)
+print(describe_graph(out, names))
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+Reading the graph (`h` is the first layer's output, `act_out` the Swish output): the first `AddmmBackward0` saves the block's input, `SwishBackward` saves `h` (the seed's `i`), and the second `AddmmBackward0` saves `act_out` and a view of its weight. Now the totals, compared with no activation at all:
+"""
+
+# %% slideshow={"slide_type": "fragment"}
+per_tensor = 64 * 512 * 4                       # one hidden tensor, 64 x 512 float32
+rows = {
+    "no activation (Linear -> Linear)": lambda h: h,
+    "custom Swish (saves its input)": Swish.apply,
+    "F.silu": F.silu,
+    "plain x * torch.sigmoid(x)": lambda h: h * torch.sigmoid(h),
+    "custom, saves x and sigmoid(x)": SwishSaveSigmoid.apply,
+}
+block_bytes = {name: run_block(act)[2].bytes for name, act in rows.items()}
+base = block_bytes["no activation (Linear -> Linear)"]
+print(f"input: {64 * 256 * 4:,} bytes; one hidden tensor: {per_tensor:,} bytes")
+for name, b in block_bytes.items():
+    print(f"{name:<34} {b:>9,} bytes   (+{(b - base) // per_tensor} hidden tensors over no activation)")
+assert base == 64 * 256 * 4 + per_tensor                  # input + what the second Linear keeps
+assert block_bytes["custom Swish (saves its input)"] - base == per_tensor
+assert block_bytes["plain x * torch.sigmoid(x)"] - base == 2 * per_tensor
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+r"""
+So in this block:
+
+- the activation memory is input + `h` + `act_out`;
+- `ctx.save_for_backward(i)` accounts for exactly one of those tensors, `h`: the cost of putting Swish between the two layers (+1 hidden tensor). Plain autograd adds two, because it also keeps $\sigma(h)$;
+- the Swish output `result` is kept by the *next* layer, not by Swish.
+
+This is why memory-saving techniques look at the whole graph: gradient checkpointing (notebook 04) drops *all* the tensors saved inside a segment and recomputes them during backward; mixed precision (notebook 05) stores many of them in 16 bits instead of 32.
+"""
+
+# %% [markdown] slideshow={"slide_type": "slide"}
+"""
+## 7. Save or recompute? A first taste of checkpointing
+
+`Swish` and `SwishSaveSigmoid` compute the same gradient. One keeps 4 bytes per element and evaluates the sigmoid twice; the other keeps 8 bytes per element and evaluates it once. Here is forward + backward on 200,000 elements, the best of 15 runs (the numbers after `~` depend on the machine and on what else it is doing):
+"""
+
+
+# %% slideshow={"slide_type": "fragment"}
+def fwd_bwd_ms(fn, x, repeats=15):
+    g = torch.ones_like(x)
+    fn(x).backward(g)                          # warm-up
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn(x).backward(g)
+        best = min(best, time.perf_counter() - start)
+    return best * 1e3
+
+
+x = torch.randn(200_000, requires_grad=True)
+for name, fn in candidates.items():
+    print(f"{name:<32} keeps {saved[name] // N} B/element   forward+backward ~{fwd_bwd_ms(fn, x):.3f} ms")
+
+# %% [markdown] slideshow={"slide_type": "fragment"}
+"""
+On a CPU the gap between the two custom variants is small and noisy: one sigmoid over 200,000 numbers is a fraction of a millisecond, and both variants spend most of their time on several separate elementwise passes over memory. `F.silu` is usually the fastest because it does each direction in one fused kernel. Run the cell again and the timings move; the memory column does not. Where activation memory limits the batch size (on a GPU, typically), paying one recomputed sigmoid to halve this layer's memory is usually the better deal, which is why `F.silu` works this way.
+
+Gradient checkpointing (`torch.utils.checkpoint`, notebook 04) applies the same idea to whole blocks of layers: keep only the block's input, and run its forward again during backward. It is built from the tools of this notebook. The seed's `CheckpointFunction` (still in `torch.utils.checkpoint`, used when you pass `use_reentrant=True`) is an `autograd.Function` whose `forward` runs the block under `no_grad`, so nothing inside is saved, and whose `backward` re-runs it with grad enabled. The variant PyTorch now recommends, `use_reentrant=False`, is built on `saved_tensors_hooks` instead, the same hooks `SavedTensorMeter` listens to.
+"""
+
+# %% [markdown] slideshow={"slide_type": "slide"}
+r"""
+## 8. More of the API
+
+### `ctx.needs_input_grad`: skip gradients nobody wants
+
+The Swish paper also has a trainable $\beta$: $f(x, \beta) = x\,\sigma(\beta x)$, with $\partial f/\partial x = \sigma + \beta x\,\sigma(1-\sigma)$ and $\partial f/\partial \beta = x^2\,\sigma(1-\sigma)$. `ctx.needs_input_grad` is a tuple of booleans, one per input of `forward`, so backward can skip work and return `None` for an input that does not need a gradient.
+"""
+
+# %% slideshow={"slide_type": "fragment"}
+needs_seen = []                                 # what backward was told, call by call
+
+
+class SwishBeta(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, beta):
+        ctx.save_for_backward(x, beta)
+        return x * torch.sigmoid(beta * x)
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        x, beta = ctx.saved_tensors
+        needs_seen.append(ctx.needs_input_grad)
+        s = torch.sigmoid(beta * x)
+        grad_x = grad_beta = None
+        if ctx.needs_input_grad[0]:
+            grad_x = grad_output * (s + beta * x * s * (1 - s))
+        if ctx.needs_input_grad[1]:
+            grad_beta = (grad_output * x * x * s * (1 - s)).sum().reshape(beta.shape)   # beta was broadcast: sum
+        return grad_x, grad_beta
+
+
+x = torch.randn(5, dtype=torch.float64, requires_grad=True)
+SwishBeta.apply(x, torch.tensor(1.0, dtype=torch.float64)).sum().backward()
+print("beta fixed:     needs_input_grad =", needs_seen[-1])
+assert needs_seen[-1] == (True, False)
+
+beta = torch.tensor(1.5, dtype=torch.float64, requires_grad=True)
+SwishBeta.apply(x, beta).sum().backward()
+print("beta trainable: needs_input_grad =", needs_seen[-1], "| beta.grad =", round(beta.grad.item(), 4))
+assert torch.autograd.gradcheck(SwishBeta.apply, (x, beta))
+print("gradcheck with a trainable beta: passed")
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+### Double backward, and the trap of `once_differentiable`
+
+Our `backward` is written with differentiable PyTorch operations, so autograd can differentiate *it*: second derivatives (`create_graph=True`, Hessians, gradient penalties) work. `torch.autograd.gradgradcheck` checks them, and the result matches SymPy's $f''$.
+
+Decorating `backward` with `@torch.autograd.function.once_differentiable` runs it under `no_grad`. The documentation says a second differentiation then raises an error, but in PyTorch 2.13 that only happens when the incoming gradient itself requires grad. In the common case it does not, and the dependence of $f'$ on $x$ is **silently dropped**:
+"""
+
+# %% slideshow={"slide_type": "fragment"}
+from torch.autograd.function import once_differentiable
+
+
+class SwishOnce(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x * torch.sigmoid(x)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_output):
+        (x,) = ctx.saved_tensors
+        s = torch.sigmoid(x)
+        return grad_output * (s * (1 + x * (1 - s)))
+
+
+assert torch.autograd.gradgradcheck(Swish.apply, (x64,))
+x = torch.tensor([0.5, -1.0], dtype=torch.float64, requires_grad=True)
+d2f = sp.diff(f, t, 2)
+exact = [float(d2f.subs(t, v)) + 6 * v for v in x.tolist()]       # d2/dx2 of f(x) + x**3
+for name, fn in [("Swish", Swish.apply), ("SwishOnce", SwishOnce.apply)]:
+    (gx,) = torch.autograd.grad((fn(x) + x**3).sum(), x, create_graph=True)
+    (ggx,) = torch.autograd.grad(gx.sum(), x)
+    print(f"{name:<10} second derivative {[round(v, 4) for v in ggx.tolist()]}   exact {[round(v, 4) for v in exact]}")
+    if name == "Swish":
+        assert torch.allclose(ggx, torch.tensor(exact, dtype=torch.float64))
+    else:
+        assert torch.allclose(ggx, torch.tensor([6 * v for v in x.tolist()], dtype=torch.float64))  # Swish's part is missing
+
+with expect_error(RuntimeError, match="once_differentiable"):
+    v = torch.ones(2, dtype=torch.float64, requires_grad=True)     # an incoming gradient that requires grad
+    (gx,) = torch.autograd.grad(SwishOnce.apply(x), x, grad_outputs=v, create_graph=True)
+    gx.sum().backward()
+
+# %% [markdown] slideshow={"slide_type": "fragment"}
+"""
+Use `once_differentiable` only when backward truly cannot be differentiated (it calls NumPy or a custom kernel), and then do not use the Function where second derivatives are needed. Two more tools exist for Functions with several outputs: `ctx.mark_non_differentiable(out)` for outputs that carry no gradient (indices, masks), and `ctx.set_materialize_grads(False)` to receive `None` instead of zero-filled gradients for unused outputs.
+"""
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+### The modern style: `forward` without `ctx`, plus `setup_context`
+
+Since PyTorch 2.0, `forward` may take only the inputs, and a separate `setup_context(ctx, inputs, output)` saves what backward needs. Both styles run under ordinary autograd, but only this one works with `torch.func` transforms (`grad`, `vmap`, `jacrev`, `hessian`):
+"""
+
+
+# %% slideshow={"slide_type": "fragment"}
+class SwishModern(torch.autograd.Function):
+    generate_vmap_rule = True                 # let torch.func.vmap batch it automatically
+
+    @staticmethod
+    def forward(x):
+        return x * torch.sigmoid(x)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        (x,) = inputs
+        ctx.save_for_backward(x)
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        (x,) = ctx.saved_tensors
+        s = torch.sigmoid(x)
+        return grad_output * (s * (1 + x * (1 - s)))
+
+
+x = torch.randn(6, dtype=torch.float64)
+assert torch.autograd.gradcheck(SwishModern.apply, (x.clone().requires_grad_(),))
+grad_modern = torch.func.grad(lambda v: SwishModern.apply(v).sum())(x)
+torch.testing.assert_close(grad_modern, torch.func.grad(lambda v: F.silu(v).sum())(x))
+batched = torch.func.vmap(SwishModern.apply)(x.reshape(3, 2))
+print("torch.func.grad and vmap work with setup_context:", [round(v, 4) for v in grad_modern.tolist()[:3]], tuple(batched.shape))
+
+with expect_error(RuntimeError, match="setup_context"):
+    torch.func.grad(lambda v: Swish.apply(v).sum())(x)        # the classic style is refused
+
+# %% [markdown] slideshow={"slide_type": "fragment"}
+"""
+`course_lib.activations.Swish` is written in this modern style (with a `jvp` for forward-mode AD too), which is why later notebooks can use it anywhere.
+"""
+
+# %% [markdown] slideshow={"slide_type": "slide"}
+r"""
+## Summary
+
+- A custom `torch.autograd.Function` has static `forward` and `backward` methods and is called with `.apply`; it becomes **one** node of the graph (`SwishBackward`), whose `saved_tensors` are exactly what `forward` saved.
+- Save tensors with `ctx.save_for_backward` and read them with `ctx.saved_tensors`. The seed's `ctx.saved_variables` still works in 2.13 but raises a `DeprecationWarning` (an error under `-W error`); non-static, instance-style Functions are refused outright.
+- Swish's derivative is $\sigma(x)\,(1 + x(1-\sigma(x)))$, which equals $f + \sigma(1-f)$; SymPy confirms both, and `gradcheck` (in **float64**; float32 fails even a correct backward) confirms the code.
+- For one million float32 inputs, our Function and `F.silu` keep 4,000,000 bytes for backward (the input); plain `x * torch.sigmoid(x)` and the save-the-sigmoid variant keep 8,000,000 (input and sigmoid).
+- `save_for_backward(i)` is activation memory, but only this node's share: in `Linear → Swish → Linear` the next `Linear` keeps the Swish output. Activation memory is everything any node saves.
+- Saving versus recomputing trades memory for compute; gradient checkpointing does this for whole blocks. `needs_input_grad` skips unneeded gradients; `once_differentiable` can silently drop second-derivative terms; `setup_context` is needed for `torch.func`.
+"""
+
+# %% [markdown] slideshow={"slide_type": "slide"}
+r"""
+## Exercises
+
+**1. Softplus by hand.** $\text{softplus}(x) = \log(1 + e^x)$ and its derivative is $\sigma(x)$. Fill in `MySoftplus` (use `F.softplus` in `forward` for numerical stability).
+"""
+
+# %% slideshow={"slide_type": "fragment"}
+from course_lib.exercises.custom_autograd import check_softplus_function
+
+
+class MySoftplus(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        raise NotImplementedError("your code here")
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        raise NotImplementedError("your code here")
+
+
+check_softplus_function(MySoftplus)
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+r"""
+**2. Save nothing extra.** LeCun's scaled tanh is $f(x) = A \tanh(Bx)$ with $A = 1.7159$, $B = 2/3$ (`LECUN_A`, `LECUN_B`). Write it so that `Linear → LeanScaledTanh → Linear` keeps **no more bytes** than the two `Linear`s alone. Hint: which tensor does the next `Linear` already keep, and can you write $f'$ with it?
+"""
+
+# %% slideshow={"slide_type": "fragment"}
+from course_lib.exercises.custom_autograd import LECUN_A, LECUN_B, check_lean_scaled_tanh
+
+
+class LeanScaledTanh(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        raise NotImplementedError("your code here")
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        raise NotImplementedError("your code here")
+
+
+check_lean_scaled_tanh(LeanScaledTanh)
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+**3. A backward checker.** Write `backward_is_correct(fn)`: it returns `True` when the single-input function `fn` (e.g. `Swish.apply`) has a correct backward and `False` otherwise, using `torch.autograd.gradcheck`. The check tries it on three right and three wrong backwards.
+"""
+
+# %% slideshow={"slide_type": "fragment"}
+from course_lib.exercises.custom_autograd import check_backward_checker
+
+
+def backward_is_correct(fn):
+    raise NotImplementedError("your code here")
+
+
+check_backward_checker(backward_is_correct)
+
+# %% [markdown] slideshow={"slide_type": "slide"}
+r"""
+## References
+
+- PyTorch documentation: [Extending torch.autograd](https://pytorch.org/docs/stable/notes/extending.html) — `Function`, `save_for_backward`, `needs_input_grad`, `mark_non_differentiable`, `once_differentiable`.
+- PyTorch documentation: [Extending torch.func with autograd.Function](https://pytorch.org/docs/stable/notes/extending.func.html) — `setup_context`, `generate_vmap_rule`, `jvp`.
+- PyTorch documentation: [`torch.autograd.gradcheck`](https://pytorch.org/docs/stable/generated/torch.autograd.gradcheck.gradcheck.html) and [Autograd mechanics: saved tensors](https://pytorch.org/docs/stable/notes/autograd.html#saved-tensors) (`saved_tensors_hooks`).
+- P. Ramachandran, B. Zoph, Q. V. Le, [Searching for Activation Functions](https://arxiv.org/abs/1710.05941) (2017) — Swish.
+- S. Elfwing, E. Uchibe, K. Doya, [Sigmoid-Weighted Linear Units for Neural Network Function Approximation in Reinforcement Learning](https://arxiv.org/abs/1702.03118) (2017) — SiLU; D. Hendrycks, K. Gimpel, [Gaussian Error Linear Units](https://arxiv.org/abs/1606.08415) (2016).
+- Y. LeCun, L. Bottou, G. Orr, K.-R. Müller, *Efficient BackProp* (1998) — the scaled tanh $1.7159\tanh(2x/3)$.
+- T. Chen, B. Xu, C. Zhang, C. Guestrin, [Training Deep Nets with Sublinear Memory Cost](https://arxiv.org/abs/1604.06174) (2016) — gradient checkpointing, notebook 04.
+"""

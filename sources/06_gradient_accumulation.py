@@ -1,0 +1,565 @@
+# %% [markdown] slideshow={"slide_type": "slide"}
+"""
+# 06 · Gradient accumulation: a big batch from small ones
+
+A batch that does not fit in memory can still be trained on: run it as `k` micro-batches, let `backward()` add their gradients into `.grad`, and step the optimizer once. This notebook proves when that is *exactly* the big batch, and shows each place where it is not.
+
+By the end you will be able to:
+- write an accumulation loop whose gradients equal the big batch's (checked with `allclose`), with the loss scaled correctly for a `mean` or a `sum` loss;
+- handle a short last micro-batch and the end of an epoch without leaking gradients into the next step;
+- explain why BatchNorm breaks the equivalence, and measure how memory and time change with the micro-batch size;
+- combine accumulation with a loss scaler (`torch.amp.GradScaler`): scale every micro-batch, one `unscale_`/`step`/`update` per optimizer step.
+
+This notebook assumes: notebooks 01–03 (autograd accumulates into `.grad`; what autograd saves for backward, measured with `SavedTensorMeter`) and notebook 05 (loss scaling), and a basic training loop with `torch.optim`.
+"""
+
+# %% slideshow={"slide_type": "-"}
+import copy
+import time
+
+import matplotlib.pyplot as plt
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+from course_lib.data import digits
+from course_lib.errors import expect_error
+from course_lib.saved_tensors import SavedTensorMeter, format_bytes
+from course_lib.seeding import seed_everything
+
+seed_everything(0)
+torch.set_num_threads(1)   # one thread: timings are steadier on a shared 2-core machine
+train, test = digits()
+X, Y = train.flat(), train.y
+print(f"digits: {len(train)} training and {len(test)} test images, {X.shape[1]} pixels each, 10 classes")
+
+# %% [markdown] slideshow={"slide_type": "slide"}
+"""
+## 1. Accumulated micro-batches equal one big batch
+
+`backward()` does not overwrite `.grad`, it **adds** to it. With a `mean` loss, the big batch's gradient is the average of the per-sample gradients. Split a batch of `B` samples into `k` equal micro-batches of `B/k`: each micro-batch's mean loss has the average over its own `B/k` samples, so dividing each micro-batch loss by `k` before `backward()` makes the sum in `.grad` equal the big-batch average.
+"""
+
+
+# %% slideshow={"slide_type": "-"}
+def make_mlp() -> nn.Module:
+    seed_everything(0)
+    return nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 10))
+
+
+loss_fn = nn.CrossEntropyLoss()  # reduction="mean" (the default)
+B, k = 128, 4
+xb, yb = X[:B], Y[:B]
+
+big = make_mlp()
+loss_fn(big(xb), yb).backward()
+
+acc = make_mlp()
+for xm, ym in zip(xb.chunk(k), yb.chunk(k)):
+    (loss_fn(acc(xm), ym) / k).backward()  # .grad += d(loss/k)/dp
+
+for (name, p), q in zip(big.named_parameters(), acc.parameters()):
+    torch.testing.assert_close(q.grad, p.grad)
+max_diff = max((p.grad - q.grad).abs().max().item() for p, q in zip(big.parameters(), acc.parameters()))
+assert max_diff < 1e-6  # float32 rounding: the sums are taken in another order
+print(f"{k} micro-batches of {B // k} == one batch of {B}: every gradient allclose, largest difference < 1e-6 "
+      f"(~{max_diff:.0e}: the last bits depend on this CPU's kernels)")
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+The difference is not exactly zero: the additions happen in another order, and float32 rounding depends on the order. It is at the level of float32 rounding (about `1e-8` here), far below anything training notices.
+
+The equivalence holds for whole training runs too. Below, one epoch of SGD with momentum on the digits: batches of 128 against micro-batches of 32 accumulated 4 at a time, same sample order. The parameters at the end agree to rounding, and so do the test accuracies.
+"""
+
+
+# %% slideshow={"slide_type": "fragment"}
+def train_epoch(micro: int, k: int, seed: int = 0) -> nn.Module:
+    model = make_mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    order = torch.randperm(len(Y), generator=torch.Generator().manual_seed(seed))
+    big_batch = micro * k
+    n_full = len(Y) // big_batch * big_batch  # equal micro-batches only, for now (section 3 fixes the rest)
+    for start in range(0, n_full, big_batch):
+        idx = order[start : start + big_batch]
+        for part in idx.chunk(k):
+            (loss_fn(model(X[part]), Y[part]) / k).backward()
+        opt.step()
+        opt.zero_grad()
+    return model
+
+
+def accuracy(model: nn.Module) -> float:
+    with torch.no_grad():
+        return (model(test.flat()).argmax(1) == test.y).float().mean().item()
+
+
+m_big, m_acc = train_epoch(micro=128, k=1), train_epoch(micro=32, k=4)
+drift = max((p - q).abs().max().item() for p, q in zip(m_big.parameters(), m_acc.parameters()))
+assert drift < 1e-4
+assert accuracy(m_big) == accuracy(m_acc)
+print(f"after 11 optimizer steps: largest parameter difference < 1e-4; the same test accuracy for batch 128 "
+      f"and 4 x 32: {accuracy(m_big) == accuracy(m_acc)} (~{accuracy(m_big):.4f})")
+
+# %% [markdown] slideshow={"slide_type": "slide"}
+"""
+## 2. Where the scale factor comes from: `mean` versus `sum`
+
+Dividing by `k` is right for a `mean` loss only. The rule is: **the accumulated loss must be the loss you would have computed on the big batch.**
+- `reduction="mean"`: each micro-batch mean must be multiplied by `n_i / N` (`1/k` when the micro-batches are equal). Forgetting it gives gradients `k` times too large, which with SGD is a `k` times larger learning rate.
+- `reduction="sum"`: the big-batch sum *is* the sum of the micro-batch sums, so no factor at all. Dividing by `k` here makes the gradients `k` times too small.
+"""
+
+
+# %% slideshow={"slide_type": "-"}
+def grads_of(model: nn.Module) -> torch.Tensor:
+    return torch.cat([p.grad.reshape(-1) for p in model.parameters()])
+
+
+def accumulated(loss: nn.Module, scale: float) -> torch.Tensor:
+    model = make_mlp()
+    for xm, ym in zip(xb.chunk(k), yb.chunk(k)):
+        (loss(model(xm), ym) * scale).backward()
+    return grads_of(model)
+
+
+def big_batch(loss: nn.Module) -> torch.Tensor:
+    model = make_mlp()
+    loss(model(xb), yb).backward()
+    return grads_of(model)
+
+
+mean_loss, sum_loss = nn.CrossEntropyLoss(), nn.CrossEntropyLoss(reduction="sum")
+cases = {
+    "mean loss, divided by k": (accumulated(mean_loss, 1 / k), big_batch(mean_loss)),
+    "mean loss, not divided": (accumulated(mean_loss, 1.0), big_batch(mean_loss)),
+    "sum loss, not divided": (accumulated(sum_loss, 1.0), big_batch(sum_loss)),
+    "sum loss, divided by k": (accumulated(sum_loss, 1 / k), big_batch(sum_loss)),
+}
+for name, (g_acc, g_big) in cases.items():
+    ratio = (g_acc.norm() / g_big.norm()).item()
+    print(f"{name:<24} |accumulated| / |big batch| = {ratio:.4f}  exact: {torch.allclose(g_acc, g_big, atol=1e-6)}")
+assert torch.allclose(*cases["sum loss, not divided"], atol=1e-5)
+assert abs((cases["mean loss, not divided"][0].norm() / cases["mean loss, not divided"][1].norm()).item() - k) < 1e-4
+
+# %% [markdown] slideshow={"slide_type": "slide"}
+"""
+## 3. The seed's accumulation loop, run as written
+
+One of the course's source posts gives this loop (reformatted; the logic is untouched). Its two claims are right: divide the loss by the number of accumulation steps *if the loss is averaged*, and reset the gradients once before the loop and after every `optimizer.step()`, never at the top of every iteration.
+
+We run it on the digits with `TARGET_BATCH_SIZE, BATCH_FIT_IN_MEMORY = 256, 32`, the post's numbers.
+"""
+
+
+# %% slideshow={"slide_type": "-"}
+def seed_003_loop(network: nn.Module, optim: torch.optim.Optimizer, dataloader, accumulation_steps: int) -> int:
+    """The post's loop; returns how many optimizer steps it took."""
+    steps = 0
+    network.zero_grad()                            # Reset gradients tensors
+    for i, (imgs, labels) in enumerate(dataloader):
+        preds = network(imgs)                      # Forward pass
+        loss = loss_fn(preds, labels)              # Compute loss function
+        loss = loss / accumulation_steps           # Normalize our loss (if averaged)
+        loss.backward()                            # Backward pass
+        if (i + 1) % accumulation_steps == 0:      # Wait for several backward steps
+            optim.step()                           # Perform an optimizer step
+            network.zero_grad()                    # Reset gradients tensors
+            steps += 1
+    return steps
+
+
+TARGET_BATCH_SIZE, BATCH_FIT_IN_MEMORY = 256, 32
+accumulation_steps = int(TARGET_BATCH_SIZE / BATCH_FIT_IN_MEMORY)
+loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(X, Y), batch_size=BATCH_FIT_IN_MEMORY)
+net = make_mlp()
+opt = torch.optim.SGD(net.parameters(), lr=0.1)
+steps = seed_003_loop(net, opt, loader, accumulation_steps)
+n_batches = len(loader)
+leftover = n_batches % accumulation_steps
+print(f"{len(Y)} samples -> {n_batches} micro-batches (the last has {len(Y) - (n_batches - 1) * 32} samples), "
+      f"{steps} optimizer steps")
+print(f"micro-batches never stepped this epoch: {leftover}; their gradients are still in .grad: "
+      f"{all(p.grad is not None and p.grad.abs().sum() > 0 for p in net.parameters())}")
+assert leftover == 5 and net[0].weight.grad.abs().sum() > 0
+
+# %% [markdown] slideshow={"slide_type": "fragment"}
+"""
+The post presents accumulation as the simplest way "to split a batch between GPUs". It uses no second GPU at all: it splits the batch *in time* on one device, trading time for memory. Across GPUs, the same sum of gradients is what all-reduce computes (notebook 07).
+"""
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+Three things go wrong when the dataset is not a multiple of `256`, which is the usual case:
+
+1. **The tail of the epoch is never stepped.** The last 5 micro-batches (158 samples) add their gradients to `.grad`, the loop ends, and nothing calls `step()`.
+2. **The leftover gradients leak into the next epoch.** `zero_grad()` only runs after a step, so the first step of the next epoch sums 13 micro-batches (8 new + 5 stale, computed with older parameters).
+3. **The short last micro-batch is over-weighted.** It holds 30 samples but counts 1/8 of the step, as much as a full one of 32. With a dataloader whose last batch is tiny (say 1 sample), that one sample would weigh as much as 32.
+
+Below, the leak: the first step of epoch 2 sees gradients larger than any single group of 8 produces.
+"""
+
+# %% slideshow={"slide_type": "fragment"}
+stale = grads_of(net).clone()
+clean = copy.deepcopy(net)
+clean.zero_grad()
+for model in (net, clean):             # epoch 2's first 8 micro-batches, as the seed's loop runs them
+    for _, (imgs, labels) in zip(range(accumulation_steps), loader):
+        (loss_fn(model(imgs), labels) / accumulation_steps).backward()
+fresh, stepped = grads_of(clean), grads_of(net)
+torch.testing.assert_close(stepped, fresh + stale)   # .grad was never cleared: the stale tail rides along
+print(f"|first group of epoch 2| = {fresh.norm():.4f}, |stale tail of epoch 1| = {stale.norm():.4f}, "
+      f"|what the seed's loop steps with| = {stepped.norm():.4f}")
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+The fix, in three lines of the loop: weight each micro-batch's mean loss by `n_i / N` where `N` is the number of samples in its accumulation group, and step after the last micro-batch of the epoch even when the group is short. The function below does that and its gradient for the short final group equals the gradient of that group taken as one batch.
+
+Moving `optimizer.zero_grad()` to the top of every iteration, a common "fix", would be wrong in the other direction: it clears the gradients of the previous micro-batches, so each step only sees the last micro-batch. That is shown after.
+"""
+
+
+# %% slideshow={"slide_type": "-"}
+def accumulate_epoch(model: nn.Module, opt: torch.optim.Optimizer, loader, k: int, stop_before_step: bool = False) -> int:
+    """Gradient accumulation that is exact for every group, including a short last one."""
+    batches, steps = list(loader), 0   # inputs only: cheap; the activations are what accumulation saves
+    for start in range(0, len(batches), k):
+        group = batches[start : start + k]
+        n_group = sum(len(y) for _, y in group)
+        for x, y in group:
+            (loss_fn(model(x), y) * (len(y) / n_group)).backward()
+        if stop_before_step and start + k >= len(batches):
+            return steps                # leave the last group's gradient in .grad for inspection
+        opt.step()
+        opt.zero_grad()
+        steps += 1
+    return steps
+
+
+net_fixed = make_mlp()
+opt_fixed = torch.optim.SGD(net_fixed.parameters(), lr=0.1)
+steps = accumulate_epoch(net_fixed, opt_fixed, loader, accumulation_steps, stop_before_step=True)
+tail_x, tail_y = X[steps * 256 :], Y[steps * 256 :]
+ref = copy.deepcopy(net_fixed)
+ref.zero_grad()
+loss_fn(ref(tail_x), tail_y).backward()
+torch.testing.assert_close(grads_of(net_fixed), grads_of(ref))
+print(f"short last group: {len(tail_y)} samples in {len(loader) - steps * accumulation_steps} micro-batches; "
+      "its accumulated gradient equals the gradient of those samples as one batch")
+
+
+# %% slideshow={"slide_type": "fragment"}
+def zero_grad_every_iteration(model: nn.Module) -> torch.Tensor:
+    model.zero_grad()
+    for i, (xm, ym) in enumerate(zip(xb.chunk(k), yb.chunk(k))):
+        model.zero_grad()                         # the misplaced reset
+        (loss_fn(model(xm), ym) / k).backward()
+    return grads_of(model)
+
+
+wrong = zero_grad_every_iteration(make_mlp())
+last_only = make_mlp()
+(loss_fn(last_only(xb.chunk(k)[-1]), yb.chunk(k)[-1]) / k).backward()
+torch.testing.assert_close(wrong, grads_of(last_only))
+print("zero_grad() inside the loop: the stepped gradient is the last micro-batch's alone (divided by k)")
+
+# %% [markdown] slideshow={"slide_type": "slide"}
+"""
+## 4. BatchNorm: the one layer that sees the batch
+
+Every layer so far treats samples independently, so splitting the batch changes nothing but rounding. `BatchNorm` in training mode normalizes with the **mean and variance of the current batch**: a micro-batch of 32 uses its own statistics, not those of the 128. The forward pass differs, so the gradients differ, and no loss scaling can repair it. The running statistics differ too: they are updated `k` times with micro-batch estimates instead of once.
+"""
+
+
+# %% slideshow={"slide_type": "-"}
+def make_norm_mlp(norm: type[nn.Module]) -> nn.Module:
+    seed_everything(0)
+    return nn.Sequential(nn.Linear(64, 128), norm(128), nn.ReLU(), nn.Linear(128, 10))
+
+
+for norm in (nn.BatchNorm1d, nn.LayerNorm):
+    m_big, m_acc = make_norm_mlp(norm), make_norm_mlp(norm)
+    loss_fn(m_big(xb), yb).backward()
+    for xm, ym in zip(xb.chunk(k), yb.chunk(k)):
+        (loss_fn(m_acc(xm), ym) / k).backward()
+    g_big, g_acc = grads_of(m_big), grads_of(m_acc)
+    rel = ((g_acc - g_big).norm() / g_big.norm()).item()
+    close = torch.allclose(g_acc, g_big, atol=1e-6)
+    if norm is nn.BatchNorm1d:
+        rm = (m_acc[1].running_mean - m_big[1].running_mean).abs().max().item()
+        line = f"{norm.__name__:<12} relative gradient difference {rel:.2f}  allclose: {close}; running_mean differs by up to {rm:.2f}"
+        assert rel > 1e-3
+    else:
+        line = f"{norm.__name__:<12} relative gradient difference < 1e-5  allclose: {close}"
+        assert rel < 1e-5
+    print(line)
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+What to do about it:
+- Accept it. With micro-batches of 16–32 or more, BatchNorm's statistics are noisy estimates of the big batch's, and training usually behaves well; just do not expect the big-batch numbers.
+- Use a normalization that does not mix samples (`LayerNorm`, `GroupNorm`): accumulation is exact again, as shown above.
+- Across GPUs the same problem has a fix, `SyncBatchNorm`, which computes the statistics over all ranks' samples (notebook 08). Across *time* (accumulation) there is no such fix: the other micro-batches have not been computed yet.
+"""
+
+# %% [markdown] slideshow={"slide_type": "slide"}
+"""
+## 5. Memory and time against the micro-batch size
+
+Why accumulate at all: autograd keeps the activations of the forward pass until `backward()` (notebook 03), and they grow linearly with the batch. With accumulation only one micro-batch's activations are alive at a time. The parameters, their gradients and the optimizer state do not shrink.
+
+We measure the activations a small CNN saves for backward with `SavedTensorMeter` (deterministic: it adds up tensor sizes), for an effective batch of 256 split into micro-batches from 256 down to 8.
+"""
+
+
+# %% slideshow={"slide_type": "-"}
+def make_cnn() -> nn.Module:
+    seed_everything(0)
+    return nn.Sequential(
+        nn.Conv2d(1, 32, 3, padding=1), nn.ReLU(),
+        nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(),
+        nn.Flatten(), nn.Linear(64 * 8 * 8, 10),
+    )
+
+
+cnn = make_cnn()
+param_bytes = sum(p.numel() * p.element_size() for p in cnn.parameters())
+x256, y256 = train.x[:256], train.y[:256]
+micro_sizes = [256, 128, 64, 32, 16, 8]
+saved = {}
+for mb in micro_sizes:
+    with SavedTensorMeter(exclude=cnn.parameters()) as meter:
+        xm, ym = x256[:mb].clone(), y256[:mb].clone()   # own storage, as a DataLoader's batch has
+        loss = loss_fn(cnn(xm), ym)
+    loss.backward()
+    saved[mb] = meter.bytes
+print(f"parameters: {format_bytes(param_bytes)} (+ the same again for .grad, kept for every micro-batch size)")
+for mb in micro_sizes:
+    print(f"micro-batch {mb:>3} x {256 // mb:>2} steps: activations saved for backward {format_bytes(saved[mb]):>10}"
+          f"  ({saved[mb] // mb} bytes per sample)")
+per_sample = {saved[mb] // mb for mb in micro_sizes}
+assert len(per_sample) == 1, "saved bytes are exactly proportional to the micro-batch size"
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+The saved activations are exactly proportional to the micro-batch: the same bytes per sample at every size. Cutting the micro-batch from 256 to 32 divides them by 8, which is the whole point of accumulation.
+
+Saved activations are not the whole peak: backward allocates gradients of the activations, temporaries come and go, and the `.grad` buffers stay. `course_lib.memory.measure_peak` reads every allocation and free from the CPU allocator (through `torch.profiler`: the same from run to run on one machine, but it includes the temporary workspace of the kernels, which differs between CPUs, so those peaks are printed after `~`) and reports the highest point of one accumulation step. Micro-batches 2 to `k` of a step are identical, so the peak of the first two is the peak of the whole step (checked for one size; it keeps the cell fast).
+"""
+
+# %% slideshow={"slide_type": "fragment"}
+from course_lib.memory import measure_peak
+
+
+def accumulation_peak(mb: int, n_micro: int | None = None) -> int:
+    cnn.zero_grad(set_to_none=True)                  # .grad is allocated inside the step, and counts
+    pieces = list(zip(x256.split(mb), y256.split(mb)))[:n_micro]
+
+    def step() -> None:
+        for xm, ym in pieces:
+            (loss_fn(cnn(xm), ym) * (len(ym) / 256)).backward()
+
+    return measure_peak(step).peak_bytes
+
+
+assert accumulation_peak(64) == accumulation_peak(64, n_micro=2)   # 4 micro-batches or the first 2: same peak
+peaks = {mb: accumulation_peak(mb, n_micro=2) for mb in micro_sizes}
+for mb in micro_sizes:  # the peak includes kernel workspace, which differs between CPUs: printed last, after '~'
+    print(f"micro-batch {mb:>3}: saved activations {format_bytes(saved[mb]):>10}, allocator peak of the step "
+          f"~{format_bytes(peaks[mb])}")
+assert all(peaks[a] > peaks[b] for a, b in zip(micro_sizes, micro_sizes[1:]))
+assert peaks[8] > param_bytes          # the floor: at least the gradient buffers
+assert peaks[256] / peaks[8] > 10
+print(f"256 -> 8 samples per micro-batch: the peak falls more than 10x (~{peaks[256] / peaks[8]:.0f}x), "
+      f"towards the fixed floor of the .grad buffers ({format_bytes(param_bytes)})")
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+The peak falls with the micro-batch, but less than proportionally: the gradient buffers (and, in a real step, the optimizer state) do not shrink. Accumulation cannot go below that floor; notebook 04's checkpointing attacks the activations differently, and sharded optimizers (ZeRO, FSDP) attack the floor.
+
+The price is time: many small matrix products use the CPU (or GPU) less well than one big one. Timings below are volatile (marked `~`, the best of 3 runs, one thread) and on a busy 2-core machine they jump around; on an idle machine the smallest micro-batches are clearly slowest per step.
+"""
+
+
+# %% slideshow={"slide_type": "fragment"}
+def time_effective_batch(mb: int, repeats: int = 3) -> float:
+    model = make_cnn()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for xm, ym in zip(x256.split(mb), y256.split(mb)):
+            (loss_fn(model(xm), ym) * (len(ym) / 256)).backward()
+        opt.step()
+        opt.zero_grad()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+times = {mb: time_effective_batch(mb) for mb in tqdm(micro_sizes, desc="micro-batch sizes")}
+for mb in micro_sizes:
+    print(f"micro-batch {mb:>3}: one optimizer step on 256 samples takes ~{times[mb] * 1e3:.1f} ms")
+
+# %% slideshow={"slide_type": "fragment"}
+fig, ax1 = plt.subplots(figsize=(7, 3.6))
+ax1.plot(micro_sizes, [saved[mb] / 2**20 for mb in micro_sizes], "o-", label="activations saved (MiB)")
+ax1.plot(micro_sizes, [peaks[mb] / 2**20 for mb in micro_sizes], "^-", label="allocator peak of the step (MiB)")
+ax1.axhline(2 * param_bytes / 2**20, color="grey", ls="--", label="parameters + gradients (MiB)")
+ax1.set_xscale("log", base=2)
+ax1.set_xlabel("micro-batch size (samples; effective batch fixed at 256)")
+ax1.set_ylabel("memory (MiB)")
+ax2 = ax1.twinx()
+ax2.plot(micro_sizes, [times[mb] * 1e3 for mb in micro_sizes], "s:", color="tab:red", label="time per step (ms)")
+ax2.set_ylabel("time per optimizer step (ms)")
+ax1.set_title("Gradient accumulation trades time for activation memory")
+fig.legend(loc="upper center", bbox_to_anchor=(0.45, 0.88), fontsize=8)
+fig.tight_layout()
+plt.show()
+print(f"activations at 256: {format_bytes(saved[256])}; at 8: {format_bytes(saved[8])} (32 x less)")
+
+# %% [markdown] slideshow={"slide_type": "slide"}
+"""
+## 6. Accumulation with a loss scaler
+
+With float16 on a GPU, small gradients underflow, so the loss is multiplied by a large scale before `backward()` and the gradients divided by it before the step (notebook 05). `torch.amp.GradScaler` does this. With accumulation the rule is:
+
+- every micro-batch: `scaler.scale(loss * weight).backward()`: all micro-batches must use the **same** scale, so the scale may only change between optimizer steps;
+- once per optimizer step: `scaler.unscale_(opt)` (only if you need true gradients, e.g. for clipping), `scaler.step(opt)`, `scaler.update()`, `opt.zero_grad()`.
+
+`GradScaler("cpu")` works on CPU, so we can check the arithmetic here: the scaled loop ends with the same parameters as plain accumulation.
+"""
+
+
+# %% slideshow={"slide_type": "-"}
+def scaled_step(model: nn.Module, opt: torch.optim.Optimizer, scaler: torch.amp.GradScaler, micro) -> None:
+    n_total = sum(len(y) for _, y in micro)
+    for x, y in micro:
+        scaler.scale(loss_fn(model(x), y) * (len(y) / n_total)).backward()   # same scale for every micro-batch
+    scaler.unscale_(opt)                                                      # once: .grad now holds true gradients
+    nn.utils.clip_grad_norm_(model.parameters(), max_norm=1.0)                # clipping needs unscaled gradients
+    scaler.step(opt)                                                          # skips the step if any grad is inf/nan
+    scaler.update()                                                           # the scale changes only here
+    opt.zero_grad()
+
+
+micro = list(zip(xb.chunk(k), yb.chunk(k)))
+m_plain, m_scaled = make_mlp(), make_mlp()
+opt_plain = torch.optim.SGD(m_plain.parameters(), lr=0.1)
+opt_scaled = torch.optim.SGD(m_scaled.parameters(), lr=0.1)
+scaler = torch.amp.GradScaler("cpu", init_scale=2.0**14)
+
+for x, y in micro:
+    (loss_fn(m_plain(x), y) / k).backward()
+nn.utils.clip_grad_norm_(m_plain.parameters(), max_norm=1.0)
+opt_plain.step()
+scaled_step(m_scaled, opt_scaled, scaler, micro)
+for p, q in zip(m_plain.parameters(), m_scaled.parameters()):
+    torch.testing.assert_close(p, q)
+print(f"scale {scaler.get_scale():.0f}: parameters after one scaled, accumulated step equal the plain step's (allclose)")
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+Two ways to get it wrong, both caught by PyTorch or by the numbers:
+- calling `unscale_` twice in one step (say, once per micro-batch) raises an error;
+- a micro-batch that produces `inf` makes `scaler.step` **skip the whole accumulated step** and halve the scale: with accumulation, one bad micro-batch costs all `k`.
+"""
+
+# %% slideshow={"slide_type": "fragment"}
+m = make_mlp()
+opt = torch.optim.SGD(m.parameters(), lr=0.1)
+scaler = torch.amp.GradScaler("cpu", init_scale=2.0**14)
+scaler.scale(loss_fn(m(micro[0][0]), micro[0][1]) / k).backward()
+scaler.unscale_(opt)
+with expect_error(RuntimeError, match="unscale_\\(\\) has already been called"):
+    scaler.unscale_(opt)
+
+# %% slideshow={"slide_type": "fragment"}
+m = make_mlp()
+before = [p.detach().clone() for p in m.parameters()]
+opt = torch.optim.SGD(m.parameters(), lr=0.1)
+scaler = torch.amp.GradScaler("cpu", init_scale=2.0**14)
+bad = [(x.clone(), y) for x, y in micro]
+bad[2][0][0, 0] = float("inf")          # one corrupted input in micro-batch 2 of 4
+scaled_step(m, opt, scaler, bad)
+unchanged = all(torch.equal(p, q) for p, q in zip(m.parameters(), before))
+assert unchanged and scaler.get_scale() == 2.0**13
+print(f"one inf in 1 of {k} micro-batches: step skipped (parameters unchanged: {unchanged}), scale 16384 -> {scaler.get_scale():.0f}")
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+On CPU, mixed precision uses `bfloat16`, which has float32's exponent range, so it does not underflow like float16 and needs no scaler: the CPU scaler above is for checking the arithmetic, not something CPU training needs.
+"""
+
+# %% slideshow={"slide_type": "fragment"}
+print(f"largest float16: {torch.finfo(torch.float16).max:.0f}; smallest normal float16: {torch.finfo(torch.float16).tiny:.1e}")
+print(f"largest bfloat16: {torch.finfo(torch.bfloat16).max:.2e}; smallest normal bfloat16: {torch.finfo(torch.bfloat16).tiny:.1e}")
+assert torch.finfo(torch.bfloat16).tiny == torch.finfo(torch.float32).tiny
+
+# %% [markdown] slideshow={"slide_type": "slide"}
+"""
+## Summary
+
+- `backward()` adds into `.grad`; `k` micro-batches with the loss scaled right give the big batch's gradient to rounding (checked with `allclose`, and over a whole epoch of training).
+- The scale comes from the loss: a `mean` loss needs `n_i / N` per micro-batch (`1/k` when they are equal); a `sum` loss needs none. Getting it wrong multiplies the learning rate by `k` or divides it by `k`.
+- The seed's loop is right about dividing by the accumulation steps and about where `zero_grad()` goes, but it silently drops the tail of each epoch into the next one and over-weights a short last batch: step the last group and weight by sample counts.
+- BatchNorm makes accumulation inexact (micro-batch statistics); LayerNorm/GroupNorm do not.
+- Accumulation divides the activation memory by `k` and costs time; parameters, gradients and optimizer state stay.
+- With a loss scaler: scale every micro-batch, then one `unscale_`/`step`/`update` per optimizer step; one `inf` anywhere skips the whole step.
+- Across several processes, DDP's `no_sync()` avoids communicating during the first `k-1` micro-batches (notebook 08).
+"""
+
+# %% [markdown] slideshow={"slide_type": "slide"}
+"""
+## Exercises
+
+**1.** Write `micro_batch_weights(sizes)`: given the number of samples in each micro-batch of one accumulation group, return the factor for each micro-batch's *mean* loss so that the accumulated gradient is the big batch's.
+"""
+
+# %% slideshow={"slide_type": "-"}
+from course_lib.exercises.accumulation import check_accumulate, check_micro_batch_weights, check_scaled_accumulation_step
+
+
+def micro_batch_weights(sizes: list[int]) -> list[float]:
+    raise NotImplementedError  # your code here
+
+
+check_micro_batch_weights(micro_batch_weights)
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+**2.** Write `accumulate(model, micro_batches)`: run forward and backward on each `(x, y)` micro-batch with `nn.functional.cross_entropy` so that `.grad` ends up holding the big batch's mean-loss gradient. The check uses micro-batches of unequal size. Do not step or zero the gradients.
+"""
+
+
+# %% slideshow={"slide_type": "-"}
+def accumulate(model: nn.Module, micro_batches: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+    raise NotImplementedError  # your code here
+
+
+check_accumulate(accumulate)
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+**3.** Write `my_scaled_step(model, optimizer, scaler, micro_batches)`: one optimizer step over the micro-batches with a `GradScaler` (cross-entropy, mean). The check compares your parameters with one plain SGD step on the big batch, and counts your `update()` calls.
+"""
+
+
+# %% slideshow={"slide_type": "-"}
+def my_scaled_step(model, optimizer, scaler, micro_batches) -> None:
+    raise NotImplementedError  # your code here
+
+
+check_scaled_accumulation_step(my_scaled_step)
+
+# %% [markdown] slideshow={"slide_type": "slide"}
+"""
+## References
+
+- PyTorch, *Automatic Mixed Precision examples*, section "Gradient accumulation": https://pytorch.org/docs/stable/notes/amp_examples.html#gradient-accumulation
+- PyTorch, `torch.amp.GradScaler`: https://pytorch.org/docs/stable/amp.html#gradient-scaling
+- PyTorch, `torch.optim.Optimizer.zero_grad` (`set_to_none=True` by default since 2.0): https://pytorch.org/docs/stable/generated/torch.optim.Optimizer.zero_grad.html
+- P. Goyal et al., *Accurate, Large Minibatch SGD: Training ImageNet in 1 Hour*, 2017 (batch size and learning rate): https://arxiv.org/abs/1706.02677
+- S. Ioffe, C. Szegedy, *Batch Normalization*, 2015: https://arxiv.org/abs/1502.03167
+- Y. Wu, K. He, *Group Normalization*, 2018 (normalization independent of the batch size): https://arxiv.org/abs/1803.08494
+- P. Micikevicius et al., *Mixed Precision Training*, 2018 (loss scaling): https://arxiv.org/abs/1710.03740
+"""

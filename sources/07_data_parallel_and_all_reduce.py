@@ -1,0 +1,689 @@
+# %% [markdown] slideshow={"slide_type": "slide"}
+"""
+# 07 · Data parallelism and all-reduce
+
+Data parallelism runs the same model on several devices, each on its own slice of the data, and averages the gradients so that every copy takes the same step. The averaging is a *collective* operation, and how it moves bytes decides how well training scales. This notebook takes apart PyTorch's old one-process answer, `nn.DataParallel`, then builds the communication that `DistributedDataParallel` relies on: parameter server versus ring all-reduce, the collectives of `torch.distributed` run for real in several processes, and a ring all-reduce written by hand.
+
+By the end you will be able to:
+- say what `nn.DataParallel` does in each forward pass (scatter, replicate, parallel apply, gather), why it is slow, and what it does on a machine without GPUs;
+- step through a ring all-reduce and count the bytes each worker sends, against a parameter server;
+- use `broadcast`, `reduce`, `all_reduce`, `gather`, `all_gather`, `reduce_scatter` and `barrier` in real processes on the gloo backend;
+- write a ring all-reduce from point-to-point `isend`/`recv` and check it against `dist.all_reduce`.
+
+This notebook assumes: notebook 06 (gradients add up over samples; accumulation), and that you can run a training step. Processes are started with `course_lib.launch`, which notebook 08 explains in full.
+"""
+
+# %% slideshow={"slide_type": "-"}
+import copy
+import inspect
+import threading
+import time
+from pathlib import Path
+
+import ipywidgets as widgets
+import matplotlib.pyplot as plt
+import torch
+from IPython.display import display
+from torch import nn
+
+from course_lib.allreduce_sim import (
+    parameter_server_all_reduce,
+    parameter_server_bytes_formula,
+    render_snapshot,
+    ring_all_reduce,
+    ring_bytes_formula,
+)
+from course_lib.data import digits
+from course_lib.device import gpu_available, requires_gpu
+from course_lib.errors import expect_error
+from course_lib.launch import spawn
+from course_lib.seeding import seed_everything
+
+seed_everything(0)
+torch.set_num_threads(1)   # one thread: steadier timings on a shared 2-core machine
+train, test = digits()
+print(f"GPUs visible: {torch.cuda.device_count()}; digits: {len(train)} training images")
+
+# %% [markdown] slideshow={"slide_type": "slide"}
+"""
+## 1. `nn.DataParallel`: one process, one thread per GPU
+
+`model = nn.DataParallel(model)` is one line, and for years it was the first thing people tried. Its forward pass does four things, every step:
+
+1. **scatter**: cut the input batch into one chunk per GPU and copy each chunk to its GPU;
+2. **replicate**: copy the model (parameters and buffers) from GPU 0 to every other GPU;
+3. **parallel_apply**: run each replica on its chunk, one Python *thread* per GPU;
+4. **gather**: copy all outputs back to GPU 0 and concatenate them.
+
+In backward, the replicas' gradients flow back through the copy of step 2 and are **summed onto GPU 0**, where the one optimizer updates the one real model. The source of `DataParallel.forward` in the installed PyTorch says exactly that:
+"""
+
+# %% slideshow={"slide_type": "fragment"}
+src = inspect.getsource(nn.DataParallel.forward)
+steps = ["self.scatter(", "self.replicate(", "self.parallel_apply(", "self.gather("]
+positions = [src.index(s) for s in steps]
+assert positions == sorted(positions), "the four steps appear in this order"
+assert "if not self.device_ids:\n                return self.module(*inputs, **kwargs)" in src
+print("DataParallel.forward calls, in order:", ", ".join(s.rstrip("(") for s in steps))
+print("and when device_ids is empty it only calls: self.module(*inputs, **kwargs)")
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+### On a machine without GPUs, DataParallel is the module itself
+
+With no GPU, `DataParallel` sets `device_ids = []` (even if you pass some) and its forward is a plain call of the wrapped module: one call, on the whole batch, no threads. The only visible change is the `module.` prefix it adds to every key of the `state_dict`, a classic source of "missing keys" errors when a checkpoint saved from a wrapped model is loaded into a bare one.
+"""
+
+
+# %% slideshow={"slide_type": "fragment"}
+def make_mlp() -> nn.Module:
+    seed_everything(0)
+    return nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 10))
+
+
+model = make_mlp()
+if gpu_available():
+    print("This machine has a GPU: DataParallel would scatter to it; see the GPU cell at the end of this section.")
+else:
+    calls = []
+    model.register_forward_hook(lambda mod, inputs, output: calls.append(tuple(inputs[0].shape)))
+    dp = nn.DataParallel(model, device_ids=[0, 1])
+    x = train.flat()[:96]
+    out = dp(x)
+    assert dp.device_ids == [] and calls == [(96, 64)]          # one call, on the whole batch
+    torch.testing.assert_close(out, model(x))
+    print(f"device_ids={dp.device_ids} (asked for [0, 1]); the module ran once, on the whole batch of shape {calls[0]}")
+dp = nn.DataParallel(model)
+print("state_dict keys:", list(dp.state_dict())[:2], "vs", list(model.state_dict())[:2])
+with expect_error(RuntimeError, match="Missing key"):
+    make_mlp().load_state_dict(dp.state_dict())
+make_mlp().load_state_dict(dp.module.state_dict())   # the fix: save or load the wrapped module's state
+print("loading dp.module.state_dict() works")
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+The four building blocks are public functions in `torch.nn.parallel`. In PyTorch 2.13 none of them runs on CPU devices: each checks for an accelerator.
+"""
+
+# %% slideshow={"slide_type": "fragment"}
+from torch.nn.parallel import gather, parallel_apply, replicate, scatter
+
+x = train.flat()[:96]
+cpu2 = [torch.device("cpu"), torch.device("cpu")]
+with expect_error(ValueError, match="non cpu device"):
+    scatter(x, cpu2)
+with expect_error(ValueError, match="non cpu device"):
+    replicate(model, cpu2)
+with expect_error(ValueError, match="cuda device"):
+    parallel_apply([model, model], [(x[:48],), (x[48:],)], devices=cpu2)
+with expect_error(AssertionError, match="not implemented for CPU tensors"):
+    gather([x[:48], x[48:]], "cpu")
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+### The four steps by hand, on CPU
+
+So we write them ourselves, with CPU "devices": `chunk` for scatter, a copy of the module with a differentiable copy of every parameter for replicate (as `Broadcast` is on GPUs, so that gradients flow back), one thread per replica for parallel_apply, `cat` for gather. `torch.func.functional_call` runs the module with the replica's parameters. The output and the gradients equal the single-device ones: the replicas' gradients are summed back into the original parameters by autograd.
+"""
+
+# %% slideshow={"slide_type": "fragment"}
+from torch.func import functional_call
+
+
+def data_parallel_forward(module: nn.Module, x: torch.Tensor, n_devices: int) -> torch.Tensor:
+    chunks = x.chunk(n_devices)                                                    # 1. scatter
+    params = dict(module.named_parameters())
+    replicas = [(copy.deepcopy(module), {k: p.clone() for k, p in params.items()})   # 2. replicate: a module
+                for _ in chunks]                                                     #    and a differentiable copy
+    outputs: list[torch.Tensor | None] = [None] * len(chunks)                        #    of its parameters
+
+    def run(i: int) -> None:
+        replica, replica_params = replicas[i]
+        outputs[i] = functional_call(replica, replica_params, (chunks[i],))
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(chunks))]  # 3. parallel_apply
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return torch.cat(outputs)                                                       # 4. gather
+
+
+loss_fn = nn.CrossEntropyLoss()
+y = train.y[:96]
+single, parallel = make_mlp(), make_mlp()
+loss_fn(single(x), y).backward()
+out_dp = data_parallel_forward(parallel, x, n_devices=3)
+loss_fn(out_dp, y).backward()
+torch.testing.assert_close(out_dp, single(x))
+for p, q in zip(single.parameters(), parallel.parameters()):
+    torch.testing.assert_close(q.grad, p.grad)
+print("3 threads, by hand: outputs and gradients equal the single-device step (allclose)")
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+### Why one process with threads is slow
+
+- **The GIL.** Only one thread runs Python at a time. PyTorch releases the GIL inside large kernels, so big matrix products can overlap, but the Python part of every layer (module calls, hooks, autograd bookkeeping) is serialized. The more small layers, the less the threads help. Below, two jobs run one after the other and then in two threads. On an idle 2-core machine the tiny-operation jobs gain nothing from threads (speed-up near 1x) while the matrix products overlap (up to 2x). PyTorch is pinned to one thread per operation, so any overlap comes from our threads. The timings (marked `~`) are volatile: on a busy machine, such as a CI runner shared with other jobs, they are noise, which is also why this notebook asserts nothing about them.
+- **Replicate, every step.** The model is copied from GPU 0 to every other GPU at *every* forward pass, and the gradients are reduced back, because only GPU 0 keeps the real parameters and the optimizer.
+- **GPU 0 does more.** It holds the model, the optimizer state, the gathered outputs and the loss, and it receives all gradients: it runs out of memory first, and the others wait for it.
+"""
+
+
+# %% slideshow={"slide_type": "fragment"}
+def run_in_threads(work, n: int) -> float:
+    threads = [threading.Thread(target=work) for _ in range(n)]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return time.perf_counter() - t0
+
+
+def run_sequential(work, n: int) -> float:
+    t0 = time.perf_counter()
+    for _ in range(n):
+        work()
+    return time.perf_counter() - t0
+
+
+small, big = torch.ones(8), torch.randn(384, 384)
+
+
+def tiny_ops() -> None:      # Python-bound: 3000 operations on 8 numbers
+    t = small
+    for _ in range(3000):
+        t = t * 1.0001 + 0.0001
+
+
+def big_matmuls() -> None:   # kernel-bound: the GIL is released inside each product
+    for _ in range(12):
+        big @ big
+
+
+for name, work in [("tiny ops (Python-bound)", tiny_ops), ("big matmuls (kernel-bound)", big_matmuls)]:
+    seq = min(run_sequential(work, 2) for _ in range(3))
+    par = min(run_in_threads(work, 2) for _ in range(3))
+    print(f"{name:<27} 2 jobs one after the other ~{seq * 1e3:.0f} ms, in 2 threads ~{par * 1e3:.0f} ms, speed-up ~{seq / par:.2f}x")
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+What crosses between devices in one `DataParallel` step, counted for a model of `P` parameter bytes on `N` GPUs (the counts follow from the four steps; the real transfers run over PCIe or NVLink):
+"""
+
+
+# %% slideshow={"slide_type": "fragment"}
+def dp_traffic(param_bytes: int, batch_in_bytes: int, batch_out_bytes: int, n: int) -> dict[str, float]:
+    return {
+        "scatter inputs (from GPU 0)": batch_in_bytes * (n - 1) / n,
+        "replicate parameters (from GPU 0)": param_bytes * (n - 1),
+        "gather outputs (to GPU 0)": batch_out_bytes * (n - 1) / n,
+        "reduce gradients (to GPU 0)": param_bytes * (n - 1),
+    }
+
+
+P = 25_557_032 * 4   # a ResNet-50's parameters in float32
+for name, b in dp_traffic(P, 256 * 3 * 224 * 224 * 4, 256 * 1000 * 4, n=4).items():
+    print(f"{name:<36} {b / 2**20:8.1f} MiB")
+print(f"GPU 0's link carries {2 * 3 * P / 2**20:.0f} MiB of parameters and gradients per step; each other GPU's carries {2 * P / 2**20:.0f} MiB")
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+### What the source posts said about DataParallel, checked
+
+- *"DataParallel is single-process, multi-threaded, so the GIL limits it"*: **true** (shown above).
+- *"Its parameter update uses a parameter server"*: **essentially true**, with GPU 0 as the server: it broadcasts the weights and receives the summed gradients every step (`replicate` and the reduction in backward go through `torch.nn.parallel.comm.broadcast_coalesced` / `reduce_add_coalesced`, NCCL when available). There is no separate server machine.
+- *"It only works on one machine"*: **true**, threads cannot cross machines.
+- *"`output_device` is the GPU that sums the gradients, give it the most memory"*: **not quite.** `output_device` is where the outputs are gathered (so where the loss is computed). The parameters live on `device_ids[0]` (`src_device_obj`), and the replicas' gradients are summed there, because that is where the model was broadcast from. By default both are `device_ids[0]`. (The same post's loop reads `images = images.cuda(...)` where the loader yields `data`: a `NameError` as written.)
+- *"It does not support mixed precision"*: **not true today.** Autocast's on/off state is thread-local, so a model whose forward runs in a new thread would lose it, and older advice said to put `autocast` inside `forward`. In current PyTorch `parallel_apply` reads the autocast state in the calling thread and re-enters it in each worker thread, and the installed source does:
+"""
+
+# %% slideshow={"slide_type": "fragment"}
+seen = {}
+with torch.autocast("cpu", dtype=torch.bfloat16):
+    seen["main thread"] = torch.is_autocast_enabled("cpu")
+    t = threading.Thread(target=lambda: seen.update({"new thread": torch.is_autocast_enabled("cpu")}))
+    t.start()
+    t.join()
+print("autocast enabled:", seen)
+assert seen == {"main thread": True, "new thread": False}   # thread-local
+pa_src = inspect.getsource(parallel_apply)
+assert "torch.is_autocast_enabled()" in pa_src and "torch.amp.autocast(device_type, enabled=autocast_enabled)" in pa_src
+print("parallel_apply re-enters the caller's autocast state in each worker thread: DataParallel + autocast works")
+init_src = inspect.getsource(nn.DataParallel.__init__)
+assert "self.src_device_obj = torch.device(device_type, self.device_ids[0])" in init_src
+assert "output_device = device_ids[0]" in init_src and "on device {self.src_device_obj} (device_ids[0])" in src
+print("parameters (and the summed gradients) live on device_ids[0]; output_device only receives the outputs")
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+PyTorch's own documentation recommends `DistributedDataParallel` over `DataParallel` even on a single machine: one process per GPU, no GIL contention, no per-step model copy, and gradient averaging overlapped with backward. The rest of this notebook builds the communication it uses.
+
+The real thing, on a machine with two or more GPUs:
+"""
+
+# %% slideshow={"slide_type": "fragment"}
+if requires_gpu("nn.DataParallel on 2 GPUs: same result as one GPU, and its step time", count=2):
+    net = make_mlp().cuda()
+    dp_net = nn.DataParallel(copy.deepcopy(net))
+    xb, yb = train.flat()[:1024].cuda(), train.y[:1024].cuda()
+    loss_fn(net(xb), yb).backward()
+    loss_fn(dp_net(xb), yb).backward()
+    for p, q in zip(net.parameters(), dp_net.module.parameters()):
+        torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-5)
+    for name, m in [("1 GPU", net), ("DataParallel", dp_net)]:
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(20):
+            loss_fn(m(xb), yb).backward()
+        torch.cuda.synchronize()
+        print(f"{name:<13} ~{(time.perf_counter() - t0) / 20 * 1e3:.2f} ms per forward+backward")
+
+# %% [markdown] slideshow={"slide_type": "slide"}
+"""
+## 2. Averaging gradients: parameter server versus ring all-reduce
+
+Each of `N` workers has computed a gradient of `S` bytes on its own data. All of them need the average. Two ways:
+
+- **Parameter server**: every worker sends its gradient to a server, the server sums, and sends the result back to every worker. Each worker sends `S` and receives `S`, but the server receives `N·S` and sends `N·S`: its link is the bottleneck and it grows with `N`.
+- **Ring all-reduce**: workers form a ring; each gradient is cut into `N` chunks. In `N-1` **scatter-reduce** steps every worker passes one chunk to its right neighbour, which adds it to its own copy; afterwards each worker holds one chunk summed over everyone. In `N-1` **all-gather** steps the summed chunks travel around the ring. Each worker sends `2(N-1)` chunks of `S/N`: **`2(N-1)/N · S`**, less than `2S` whatever `N` is.
+
+Here is a ring simulated in one process, written out in full. Messages of one step are sent at the same time, so each step first collects what everyone sends, then delivers it.
+"""
+
+
+# %% slideshow={"slide_type": "-"}
+def ring_sim(grads: list[torch.Tensor]) -> tuple[list[torch.Tensor], list[int]]:
+    n = len(grads)
+    chunks = [list(g.clone().tensor_split(n)) for g in grads]   # chunks[worker][c]: views into that worker's copy
+    sent = [0] * n
+    for phase in ("scatter-reduce", "all-gather"):
+        for s in range(n - 1):
+            messages = []
+            for i in range(n):
+                c = (i - s) % n if phase == "scatter-reduce" else (i + 1 - s) % n
+                messages.append(((i + 1) % n, c, chunks[i][c].clone()))
+                sent[i] += chunks[i][c].numel() * chunks[i][c].element_size()
+            for dst, c, payload in messages:
+                if phase == "scatter-reduce":
+                    chunks[dst][c] += payload      # add to my partial sum
+                else:
+                    chunks[dst][c].copy_(payload)  # overwrite with the finished sum
+    return [torch.cat(c) for c in chunks], sent
+
+
+def parameter_server_sim(grads: list[torch.Tensor]) -> tuple[list[torch.Tensor], list[int], int]:
+    total = torch.stack(grads).sum(0)                           # the server receives N gradients and sums
+    s = grads[0].numel() * grads[0].element_size()
+    return [total.clone() for _ in grads], [s] * len(grads), len(grads) * s   # and sends N copies back
+
+
+grads = [torch.randn(10, generator=torch.Generator().manual_seed(w)) for w in range(4)]
+ring_out, ring_sent = ring_sim(grads)
+ps_out, ps_sent, server_sent = parameter_server_sim(grads)
+expected = torch.stack(grads).sum(0)
+for a, b in zip(ring_out, ps_out):
+    torch.testing.assert_close(a, expected)
+    torch.testing.assert_close(b, expected)
+lib = ring_all_reduce(grads)                      # course_lib's version, used from here on
+assert lib.sent_bytes == ring_sent and all(torch.allclose(a, b) for a, b in zip(lib.outputs, ring_out))
+print(f"4 workers, 10 floats (40 bytes) each: ring sends {ring_sent} bytes per worker "
+      f"(chunks of 3,3,2,2 floats; formula 2(N-1)/N*S = {ring_bytes_formula(40, 4):.0f});")
+print(f"parameter server: each worker sends {ps_sent[0]}, the server sends {server_sent}")
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+### Step through it
+
+Move the slider to walk through the 6 steps of a ring of 4 workers. Each cell says whose gradients that worker's copy of that chunk holds summed; `*` marks a chunk summed over all 4. After step 3 (the end of scatter-reduce) each worker owns one complete chunk; the all-gather then copies them around. (Below the slider, the same steps as static text.)
+"""
+
+# %% slideshow={"slide_type": "fragment"}
+demo = ring_all_reduce([torch.ones(8) for _ in range(4)])
+slider = widgets.IntSlider(value=0, min=0, max=len(demo.snapshots) - 1, description="step")
+view = widgets.HTML()
+
+
+def show_step(change=None) -> None:
+    view.value = f"<pre>{render_snapshot(demo.snapshots[slider.value])}</pre>"
+
+
+slider.observe(show_step, names="value")
+show_step()
+display(widgets.VBox([slider, view]))
+
+# %% slideshow={"slide_type": "fragment"}
+for snap in demo.snapshots:
+    print(render_snapshot(snap), end="\n\n")
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+### Bytes against the number of workers
+
+Measured with the simulation (a gradient whose size every `N` divides, so chunks are equal) and drawn next to the formulas. The ring's per-worker traffic approaches `2S` and stays there; the server's grows linearly.
+"""
+
+# %% slideshow={"slide_type": "fragment"}
+ns = [2, 3, 4, 6, 8, 12, 16]
+S = 4 * 480                      # 480 float32 numbers: divisible by every N above
+rows = []
+for n in ns:
+    g = [torch.ones(480) for _ in range(n)]
+    r, p = ring_all_reduce(g), parameter_server_all_reduce(g)
+    assert r.sent_bytes == [ring_bytes_formula(S, n)] * n
+    assert p.server_sent_bytes == p.server_received_bytes == parameter_server_bytes_formula(S, n)["server"]
+    rows.append((n, r.sent_bytes[0] / S, p.sent_bytes[0] / S, p.server_sent_bytes / S, r.steps))
+print(" N | ring, per worker | PS, per worker | PS, server | ring steps")
+for n, ring_w, ps_w, ps_s, steps in rows:
+    print(f"{n:>2} | {ring_w:>13.3f} S | {ps_w:>12.3f} S | {ps_s:>8.0f} S | {steps:>4}")
+
+fig, ax = plt.subplots(figsize=(6.5, 3.6))
+grid = torch.linspace(2, 16, 100)
+ax.plot(grid, 2 * (grid - 1) / grid, "-", color="tab:blue", alpha=0.5, label="ring formula 2(N-1)/N")
+ax.plot(ns, [r[1] for r in rows], "o", color="tab:blue", label="ring, measured per worker")
+ax.plot(grid, grid, "-", color="tab:red", alpha=0.5, label="server formula N")
+ax.plot(ns, [r[3] for r in rows], "s", color="tab:red", label="parameter server, measured at the server")
+ax.plot(ns, [r[2] for r in rows], "^", color="grey", label="parameter server, measured per worker")
+ax.set_xlabel("number of workers N  (S = the gradient size in bytes)")
+ax.set_ylabel("bytes sent per all-reduce (x S)")
+ax.set_title("Who sends how much: ring all-reduce vs parameter server")
+ax.legend(fontsize=8)
+fig.tight_layout()
+plt.show()
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+Bytes are not the whole story. The ring needs `2(N-1)` steps one after the other, and each step pays the network's latency, so for small messages or very many workers it loses to tree-shaped algorithms. NCCL picks ring or tree per message size; gloo has several all-reduce algorithms too. "DDP uses ring all-reduce", as the source post says, is a good mental model, not a precise description: DDP calls the backend's `all_reduce`, and the backend chooses.
+
+### "Effective batch size": what the source post mixed up
+
+The post says that with a parameter server "the effective batch size is the batch size" but with ring all-reduce "the effective batch is batch × 5" (for 5 GPUs). The communication algorithm has nothing to do with it: both compute the same average of the same gradients. What differs is the API convention: `DataParallel` splits **one** batch across the GPUs (global batch = the batch you pass), while with `DistributedDataParallel` each process loads **its own** batch (global batch = per-process batch × N). Below, 4 workers with 32 digits each: ring and parameter server give the same averaged gradient, and it equals the gradient of one batch of 128.
+"""
+
+
+# %% slideshow={"slide_type": "fragment"}
+def flat_grad(model: nn.Module, xs: torch.Tensor, ys: torch.Tensor) -> torch.Tensor:
+    model.zero_grad()
+    loss_fn(model(xs), ys).backward()
+    return torch.cat([p.grad.reshape(-1) for p in model.parameters()])
+
+
+net = make_mlp()
+xs, ys = train.flat()[:128], train.y[:128]
+per_worker = [flat_grad(net, xc, yc) for xc, yc in zip(xs.chunk(4), ys.chunk(4))]   # 4 workers x 32 samples
+ring_avg = ring_all_reduce(per_worker, op="mean").outputs[0]
+ps_avg = parameter_server_all_reduce(per_worker, op="mean").outputs[0]
+torch.testing.assert_close(ring_avg, ps_avg)
+torch.testing.assert_close(ring_avg, flat_grad(net, xs, ys))
+print(f"{per_worker[0].numel()} gradient numbers: ring average == parameter-server average == gradient of the batch of 128")
+
+# %% [markdown] slideshow={"slide_type": "slide"}
+"""
+## 3. The collectives, for real: several processes on gloo
+
+`torch.distributed` gives each process a **rank** in a **world** of `world_size` processes, connected by a backend: `gloo` on CPUs (and GPUs), `nccl` between NVIDIA GPUs, `mpi` where PyTorch was built with it. Every process must call the same collectives in the same order; a call returns when this rank's part is done, which usually means waiting for the others.
+
+A function defined in a notebook cell cannot run in a freshly started process (the new process cannot import the notebook), so the worker code is written to a file with `%%writefile`, into `_runs/` (git ignores it), and launched with `course_lib.launch.spawn`, which starts the processes, sets up the process group on a free port, prints each rank's output prefixed by its rank, returns what each rank returned, and kills everything on error or timeout.
+"""
+
+# %% slideshow={"slide_type": "-"}
+runs = Path("_runs")
+runs.mkdir(exist_ok=True)
+for old in ("collectives.py", "ring.py", "handoff.txt"):
+    (runs / old).unlink(missing_ok=True)   # so that %%writefile always says "Writing"
+
+# %% slideshow={"slide_type": "-"}
+# %%writefile _runs/collectives.py
+"""Each collective of torch.distributed once, on tensors whose values say where they came from."""
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+
+def show(name: str, t) -> list:
+    values = [round(v, 2) for v in t.tolist()] if isinstance(t, torch.Tensor) else t
+    print(f"{name:<15} {values}")
+    return values
+
+
+def demo(rank: int, world_size: int) -> dict:
+    out = {}
+    # broadcast: rank 0's tensor overwrites everyone's
+    t = torch.tensor([42.0, 43.0]) if rank == 0 else torch.zeros(2)
+    dist.broadcast(t, src=0)
+    out["broadcast"] = show("broadcast", t)
+
+    # reduce: the sum arrives on dst only (other ranks' tensors are left unspecified)
+    t = torch.tensor([float(rank + 1)])
+    dist.reduce(t, dst=0, op=dist.ReduceOp.SUM)
+    out["reduce"] = show("reduce", t) if rank == 0 else show("reduce", "(not the destination)")
+
+    # all_reduce: everyone gets the sum; ReduceOp.AVG gives the mean (gloo supports it)
+    t = torch.tensor([float(rank + 1)])
+    dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    out["all_reduce"] = show("all_reduce", t)
+    t = torch.tensor([float(rank + 1)])
+    dist.all_reduce(t, op=dist.ReduceOp.AVG)
+    out["all_reduce avg"] = show("all_reduce avg", t)
+
+    # gather: rank 0 receives one tensor from each rank
+    t = torch.tensor([float(10 * rank)])
+    bucket = [torch.zeros(1) for _ in range(world_size)] if rank == 0 else None
+    dist.gather(t, bucket, dst=0)
+    out["gather"] = show("gather", torch.cat(bucket)) if rank == 0 else show("gather", "(not the destination)")
+
+    # all_gather: everyone receives everyone's tensor
+    bucket = [torch.zeros(1) for _ in range(world_size)]
+    dist.all_gather(bucket, torch.tensor([float(10 * rank)]))
+    out["all_gather"] = show("all_gather", torch.cat(bucket))
+
+    # reduce_scatter: rank r contributes inputs[i] = 10*r + i for every i; rank i gets the sum of the i-th ones
+    inputs = [torch.tensor([float(10 * rank + i)]) for i in range(world_size)]
+    t = torch.zeros(1)
+    dist.reduce_scatter(t, inputs, op=dist.ReduceOp.SUM)
+    out["reduce_scatter"] = show("reduce_scatter", t)
+
+    # reduce_scatter, then all_gather of the shards, is an all_reduce of the whole vector
+    shards = [torch.zeros(1) for _ in range(world_size)]
+    dist.all_gather(shards, t)
+    whole = torch.cat(inputs)
+    dist.all_reduce(whole)
+    out["rs+ag == all_reduce"] = show("rs+ag == ar", [bool(torch.equal(torch.cat(shards), whole))])
+
+    # barrier: nobody passes until everyone has arrived. Rank 1 writes a file late; rank 0 reads it after the barrier
+    handoff = Path(__file__).with_name("handoff.txt")
+    if rank == 1:
+        time.sleep(0.5)
+        handoff.write_text("written by rank 1 before the barrier")
+    dist.barrier()
+    out["barrier"] = show("barrier", handoff.read_text())
+    return out
+
+
+# %% slideshow={"slide_type": "fragment"}
+results = spawn("_runs/collectives.py:demo", nprocs=3, timeout=90, echo="grouped")
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+What each rank printed is what the collectives promise. The notebook checks the returned values:
+"""
+
+# %% slideshow={"slide_type": "fragment"}
+N = 3
+for rank, r in enumerate(results):
+    assert r["broadcast"] == [42.0, 43.0]
+    assert r["all_reduce"] == [N * (N + 1) / 2] and r["all_reduce avg"] == [(N + 1) / 2]
+    assert r["all_gather"] == [10.0 * q for q in range(N)]
+    assert r["reduce_scatter"] == [sum(10 * q + rank for q in range(N))]
+    assert r["rs+ag == all_reduce"] == [True]
+    assert r["barrier"] == "written by rank 1 before the barrier"
+assert results[0]["reduce"] == [N * (N + 1) / 2] and results[0]["gather"] == [10.0 * q for q in range(N)]
+print(f"all {N} ranks agree with the definitions; reduce_scatter gave {[r['reduce_scatter'][0] for r in results]}")
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+Notes on the current API, checked on PyTorch 2.13:
+- gloo supports `reduce_scatter` and `ReduceOp.AVG`. Older PyTorch raised `RuntimeError: ProcessGroupGloo does not support reduce_scatter`; support came in 2025 (pytorch/pytorch#149869) as a simple implementation, one all-reduce per rank, so on gloo it is there for correctness and testing, not speed.
+- The variants that work on one flat buffer instead of a list of tensors, `dist.reduce_scatter_tensor` and `dist.all_gather_into_tensor`, are what sharded training uses on GPUs, and most current tutorials show them; in 2.13 both are marked deprecated (a `FutureWarning`) in favour of `dist.reduce_scatter_single` and `dist.all_gather_single` (checked in the cell after this list).
+- `reduce_scatter` followed by `all_gather` **is** an all-reduce (checked above on every rank): that is exactly the ring's two phases, and what sharded training (ZeRO, FSDP) splits apart to keep only a shard of the gradients and optimizer state per rank.
+"""
+
+# %% slideshow={"slide_type": "fragment"}
+import torch.distributed as dist
+
+for old, new in [("reduce_scatter_tensor", "reduce_scatter_single"), ("all_gather_into_tensor", "all_gather_single")]:
+    note = getattr(getattr(dist, old), "__deprecated__", None)
+    assert note is not None and new in note and callable(getattr(dist, new))
+    print(note)
+
+# %% [markdown] slideshow={"slide_type": "slide"}
+"""
+## 4. A ring all-reduce from point-to-point messages
+
+`dist.isend`/`dist.irecv` (non-blocking) and `dist.send`/`dist.recv` (blocking) move one tensor between two ranks. With them, the ring of section 2 becomes real code, one process per worker: each step, send one chunk to the right and receive one from the left.
+
+The send must not block before the receive is posted. On gloo a blocking `send` returns only once the neighbour has posted the matching receive, so if every rank called `send` first, each would wait for its neighbour, in a cycle: a deadlock, even for a 10-float tensor. (We tried it while writing this notebook: 3 ranks hung until `course_lib.launch` killed them at its timeout. It is not re-run here because a deadlock costs the whole timeout. Some MPI libraries buffer small messages, which is why such code can seem to work elsewhere.) `isend` returns at once; we `recv`, then `wait()` for our send.
+"""
+
+# %% slideshow={"slide_type": "-"}
+# %%writefile _runs/ring.py
+"""Ring all-reduce (sum) with point-to-point messages, checked against dist.all_reduce."""
+import torch
+import torch.distributed as dist
+
+
+def ring_all_reduce(t: torch.Tensor) -> int:
+    """Sum ``t`` over all ranks, in place. Returns the number of bytes this rank sent."""
+    rank, n = dist.get_rank(), dist.get_world_size()
+    right, left = (rank + 1) % n, (rank - 1) % n
+    chunks = t.view(-1).tensor_split(n)          # views: writing a chunk writes t
+    sent = 0
+    for step in range(n - 1):                    # scatter-reduce
+        send_c, recv_c = (rank - step) % n, (rank - step - 1) % n
+        incoming = torch.empty_like(chunks[recv_c])
+        request = dist.isend(chunks[send_c], dst=right)
+        dist.recv(incoming, src=left)
+        request.wait()
+        chunks[recv_c].add_(incoming)
+        sent += chunks[send_c].numel() * t.element_size()
+    for step in range(n - 1):                    # all-gather
+        send_c, recv_c = (rank + 1 - step) % n, (rank - step) % n
+        request = dist.isend(chunks[send_c], dst=right)
+        dist.recv(chunks[recv_c], src=left)      # receive straight into place
+        request.wait()
+        sent += chunks[send_c].numel() * t.element_size()
+    return sent
+
+
+def check(rank: int, world_size: int, sizes: list) -> list:
+    rows = []
+    for numel in sizes:
+        x = torch.randn(numel, generator=torch.Generator().manual_seed(100 + rank))
+        mine, reference = x.clone(), x.clone()
+        sent = ring_all_reduce(mine)
+        dist.all_reduce(reference)
+        ints = torch.arange(numel, dtype=torch.float32) * (rank + 1)   # integers: exact in any order
+        ints_ref = ints.clone()
+        ring_all_reduce(ints)
+        dist.all_reduce(ints_ref)
+        close = torch.allclose(mine, reference, rtol=1e-5, atol=1e-6)
+        exact = torch.equal(ints, ints_ref)
+        print(f"{numel:>6} floats: sent {sent:>6} bytes; allclose to dist.all_reduce: {close}; integer data identical: {exact}")
+        rows.append({"numel": numel, "sent": sent, "close": close, "exact": exact})
+    return rows
+
+
+# %% slideshow={"slide_type": "fragment"}
+sizes = [3, 10, 1000, 65536]
+ring_results = spawn("_runs/ring.py:check", nprocs=3, args=(sizes,), timeout=90, echo="grouped")
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+Every rank's result matches `dist.all_reduce`. The bytes each rank sent are exactly those of the single-process simulation of section 2 (uneven chunks included: 10 floats over 3 ranks are chunks of 4, 3 and 3), and they match the formula `2(N-1)/N · S` when `N` divides the size.
+"""
+
+# %% slideshow={"slide_type": "fragment"}
+n = 3
+for rank, rows in enumerate(ring_results):
+    for row in rows:
+        assert row["close"] and row["exact"]
+        sim = ring_all_reduce([torch.zeros(row["numel"]) for _ in range(n)])
+        assert row["sent"] == sim.sent_bytes[rank]
+for row in ring_results[0]:
+    s = row["numel"] * 4
+    print(f"{row['numel']:>6} floats (S = {s:>6} B): rank 0 sent {row['sent']:>6} B, formula 2(N-1)/N*S = {ring_bytes_formula(s, n):>9.1f} B")
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+How fast is it? `benchmarks/all_reduce.py` times this ring against `dist.all_reduce` on gloo for several sizes with 2 and 4 processes. On a 2-core machine the processes share the cores, so the times say more about the machine than about the algorithms; the byte counts are exact.
+"""
+
+# %% [markdown] slideshow={"slide_type": "slide"}
+"""
+## Summary
+
+- `nn.DataParallel` scatters the batch, replicates the model from GPU 0, runs the replicas in threads and gathers the outputs on GPU 0, every step; gradients are summed back onto GPU 0. Without GPUs it is just the module (plus a `module.` prefix on the `state_dict` keys).
+- It is slow because of the GIL, the per-step model copy and the load on GPU 0. It does support autocast today (the thread-local state is carried into the worker threads). Prefer DDP, even on one machine.
+- A parameter server's link carries `N·S` per step; a ring all-reduce sends `2(N-1)/N·S` per worker, in `2(N-1)` steps (scatter-reduce then all-gather). Both compute the same average; the "effective batch" depends on how the data is split, not on the algorithm.
+- The collectives (`broadcast`, `reduce`, `all_reduce`, `gather`, `all_gather`, `reduce_scatter`, `barrier`) run on gloo on CPU; `reduce_scatter` + `all_gather` = `all_reduce`.
+- A ring all-reduce from `isend`/`recv` matches `dist.all_reduce`, byte for byte as predicted.
+"""
+
+# %% [markdown] slideshow={"slide_type": "slide"}
+"""
+## Exercises
+
+**1.** Write `ring_bytes(nbytes, n)`: how many bytes each of `n` workers sends in a ring all-reduce of a gradient of `nbytes` bytes (assume `n` divides it).
+"""
+
+# %% slideshow={"slide_type": "-"}
+from course_lib.exercises.all_reduce import COLLECTIVE_TASKS, check_collective_choice, check_ring_bytes, check_ring_schedule
+
+
+def ring_bytes(nbytes: int, n: int) -> float:
+    raise NotImplementedError  # your code here
+
+
+check_ring_bytes(ring_bytes)
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+**2.** Write `send_chunk(worker, step, n)`: in scatter-reduce step `step` (0 to `n-2`), which chunk does `worker` send to worker `(worker + 1) % n`? The check runs a ring with your schedule and tests that every chunk ends up summed over all workers.
+"""
+
+
+# %% slideshow={"slide_type": "-"}
+def send_chunk(worker: int, step: int, n: int) -> int:
+    raise NotImplementedError  # your code here
+
+
+check_ring_schedule(send_chunk)
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+**3.** For each task, name the collective that fits best (`"broadcast"`, `"reduce"`, `"all_reduce"`, `"gather"`, `"all_gather"`, `"reduce_scatter"` or `"barrier"`).
+"""
+
+# %% slideshow={"slide_type": "-"}
+choices = {task: ... for task in COLLECTIVE_TASKS}   # replace each ... with a name
+for task in COLLECTIVE_TASKS:
+    print("-", task)
+check_collective_choice(choices)
+
+# %% [markdown] slideshow={"slide_type": "slide"}
+"""
+## References
+
+- PyTorch, `torch.nn.DataParallel` (and the note recommending DDP instead): https://pytorch.org/docs/stable/generated/torch.nn.DataParallel.html
+- PyTorch, *Automatic Mixed Precision examples*, "DataParallel in a single process": https://pytorch.org/docs/stable/notes/amp_examples.html#dataparallel-in-a-single-process
+- PyTorch, *Distributed communication package* (collectives, backends, point-to-point): https://pytorch.org/docs/stable/distributed.html
+- PyTorch tutorial, *Writing Distributed Applications with PyTorch* (includes a ring all-reduce): https://pytorch.org/tutorials/intermediate/dist_tuto.html
+- P. Patarasuk, X. Yuan, *Bandwidth optimal all-reduce algorithms for clusters of workstations*, JPDC 2009: https://doi.org/10.1016/j.jpdc.2008.09.002
+- A. Sergeev, M. Del Balso, *Horovod: fast and easy distributed deep learning in TensorFlow*, 2018 (ring all-reduce for deep learning): https://arxiv.org/abs/1802.05799
+- M. Li et al., *Scaling Distributed Machine Learning with the Parameter Server*, OSDI 2014: https://www.usenix.org/conference/osdi14/technical-sessions/presentation/li_mu
+- pytorch/pytorch#149869, *ProcessGroupGloo: support reduce_scatter* (2025): https://github.com/pytorch/pytorch/pull/149869
+- S. Li et al., *PyTorch Distributed: Experiences on Accelerating Data Parallel Training*, VLDB 2020: https://arxiv.org/abs/2006.15704
+"""

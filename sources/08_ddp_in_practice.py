@@ -1,0 +1,788 @@
+# %% [markdown] slideshow={"slide_type": "slide"}
+"""
+# 08 · DDP in practice: launching, sharding, checkpoints, and why it is correct
+
+Notebook 07 ran the collectives by hand. Here the same machinery trains a model: one training script, launched **for real** from this notebook in every way people launch it (`torch.multiprocessing.spawn`, `torchrun`, the legacy `python -m torch.distributed.launch`, and two `torchrun` agents forming a two-node job), on CPU processes talking over gloo. Each process's output streams into the cell, prefixed with its rank.
+
+By the end you will be able to:
+- launch a DDP script with `mp.spawn`, `torchrun` (one node or several) and recognise the legacy launcher, and say why a worker defined in a notebook cell cannot be spawned;
+- write the parts of a DDP script that people get wrong: `init_process_group` (`env://`, `tcp://`), backend choice, `DistributedSampler` with `set_epoch`, seeding, rank-0-only I/O behind a barrier, checkpoints, metrics gathered with collectives, `SyncBatchNorm`, `no_sync()`;
+- prove that 2-process DDP computes the same training as one process on the full batch;
+- explain what DDP does inside (parameter broadcast, gradient buckets, overlap) and measure `bucket_cap_mb` and `no_sync`.
+
+This notebook assumes: notebook 06 (gradient accumulation) and 07 (all-reduce and the collectives), and a training loop you could write yourself. No GPU: every distributed run here is CPU processes with the gloo backend; GPU-only cells say what they skipped.
+"""
+
+# %% slideshow={"slide_type": "-"}
+import os
+import re
+import socket
+import sys
+import warnings
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn as nn
+from torch.utils.data import DistributedSampler
+
+from course_lib.errors import expect_error
+from course_lib.device import requires_gpu
+from course_lib.launch import (LaunchError, child_stderr, free_port, port_in_use, run_script, run_torchrun, spawn,
+                               torchrun_command)
+from course_lib.seeding import seed_everything
+
+
+
+def shown(cmd, port=None):
+    """A launch command as one would type it (program name only, the free port as <PORT>)."""
+    text = " ".join(["torchrun" if os.path.basename(cmd[0]) == "torchrun" else "python", *cmd[1:]])
+    return text.replace(f"={port}", "=<PORT>") if port else text
+
+
+seed_everything(0)
+os.makedirs("_runs", exist_ok=True)  # scratch folder for the scripts this notebook writes (git ignores it)
+sys.path.insert(0, os.path.abspath("_runs"))
+print(f"torch {torch.__version__.split('+')[0]}, gloo available: {dist.is_gloo_available()}, CUDA GPUs: {torch.cuda.device_count()}")
+
+# %% [markdown] slideshow={"slide_type": "slide"}
+"""
+## 1. The training script
+
+One file, written by the next cell so you can read all of it. It is launcher-agnostic: `torchrun` and the legacy launcher set `RANK`, `LOCAL_RANK`, `WORLD_SIZE`, `MASTER_ADDR` and `MASTER_PORT` in each process's environment, and `init_process_group()` with the default `init_method="env://"` reads them; `mp.spawn` calls `train(rank, world_size)` after initialising the group itself (section 3).
+
+What to look for, in order: **backend choice** (nccl for GPUs, gloo for CPUs); **seeding**; **rank-0-only I/O behind `dist.barrier()`** (rank 0 "downloads" the data, the others wait, then all read it); **`DistributedSampler`** and **`set_epoch`**; **metrics summed with `all_reduce`** (every rank must call it); the **checkpoint** written by rank 0 and loaded by everyone with `torch.load(weights_only=True)`; a final check that the parameters are **equal on every rank**. `log()` prefixes each line with `[rankN]:` so the launcher can sort the output by rank.
+"""
+
+# %% slideshow={"slide_type": "-"}
+# %%writefile _runs/ddp_train.py
+"""Train a small MLP on the digits with DistributedDataParallel; launch with torchrun, the legacy launcher or mp.spawn."""
+import argparse
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+from course_lib.data import digits_datasets
+from course_lib.seeding import seed_everything
+
+
+def log(*parts):
+    # one write per line: processes that share a pipe (mp.spawn's children) cannot cut into each other's lines
+    sys.stdout.write(f"[rank{dist.get_rank()}]: {' '.join(map(str, parts))}\n")
+    sys.stdout.flush()
+
+
+def make_model():
+    return nn.Sequential(nn.Flatten(), nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 10))
+
+
+def train(rank, world_size, epochs=2, batch_size=32, lr=0.1, out="_runs/ddp"):
+    use_cuda = torch.cuda.is_available()
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank))) if use_cuda else torch.device("cpu")
+    # The same seed on every rank: the same initial weights (DDP also broadcasts rank 0's) and the same
+    # sampler seed. Randomness that should differ per rank (augmentation) would add the rank to the seed.
+    seed_everything(0)
+
+    # Rank-0-only I/O: one process fetches/prepares, the others wait at the barrier, then everyone reads.
+    if rank == 0:
+        os.makedirs(out, exist_ok=True)
+        train_set, _ = digits_datasets()
+        torch.save({"x": train_set.tensors[0], "y": train_set.tensors[1]}, f"{out}/train.pt")
+        log(f"prepared {len(train_set)} training images in {out}/train.pt")
+    dist.barrier()
+    data = torch.load(f"{out}/train.pt", weights_only=True)
+    dataset = TensorDataset(data["x"], data["y"])
+
+    sampler = DistributedSampler(dataset, shuffle=True, seed=0)  # rank and world size come from the group
+    loader = DataLoader(dataset, batch_size=batch_size, sampler=sampler)
+    model = DDP(make_model().to(device), device_ids=[device.index] if use_cuda else None)
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+
+    for epoch in range(epochs):
+        sampler.set_epoch(epoch)  # without it every epoch repeats epoch 0's order
+        log(f"epoch {epoch}: {len(sampler)} samples, first indices {list(sampler)[:4]}")
+        stats = torch.zeros(3, device=device)  # loss sum, correct, count
+        for x, y in loader:
+            x, y = x.to(device), y.to(device)
+            opt.zero_grad()
+            logits = model(x)
+            loss = F.cross_entropy(logits, y)
+            loss.backward()  # DDP averages the gradients over the ranks here
+            opt.step()
+            stats += torch.stack([loss.detach() * len(y), (logits.argmax(1) == y).sum().float(), torch.tensor(float(len(y)), device=device)])
+        dist.all_reduce(stats)  # a collective: every rank calls it, or they all hang
+        if rank == 0:
+            log(f"epoch {epoch}: loss {stats[0] / stats[2]:.4f}, accuracy {stats[1] / stats[2]:.4f} over {int(stats[2])} samples (all ranks)")
+
+    # Checkpoint: rank 0 writes, the barrier makes sure the file is complete, then every rank loads it.
+    if rank == 0:
+        torch.save(model.module.state_dict(), f"{out}/checkpoint.pt")
+    dist.barrier()
+    state = torch.load(f"{out}/checkpoint.pt", map_location=device, weights_only=True)
+    fresh = make_model().to(device)
+    fresh.load_state_dict(state)
+    loaded_ok = all(torch.equal(a, b) for a, b in zip(fresh.parameters(), model.module.parameters()))
+
+    flat = torch.cat([p.detach().flatten() for p in model.module.parameters()])
+    everyone = [torch.empty_like(flat) for _ in range(world_size)]
+    dist.all_gather(everyone, flat)
+    same = all(torch.equal(t, everyone[0]) for t in everyone)
+    log(f"checkpoint loaded = my parameters: {loaded_ok}; parameters identical on all {world_size} ranks: {same}")
+
+
+if __name__ == "__main__":  # started by torchrun or python -m torch.distributed.launch
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--out", default="_runs/ddp")
+    # Only the legacy launcher passes this (as --local-rank since torch 2.0); torchrun does not. Accept both spellings.
+    parser.add_argument("--local-rank", "--local_rank", type=int, default=None)
+    args = parser.parse_args()
+    local_rank = int(os.environ["LOCAL_RANK"])  # what both launchers set: use this, not the argument
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if backend == "nccl":
+        torch.cuda.set_device(local_rank)
+    dist.init_process_group(backend)  # init_method="env://": MASTER_ADDR/PORT, RANK, WORLD_SIZE from the environment
+    r, n = dist.get_rank(), dist.get_world_size()
+    log(f"backend={backend} RANK={r} LOCAL_RANK={local_rank} WORLD_SIZE={n} GROUP_RANK={os.environ.get('GROUP_RANK')}")
+    try:
+        train(r, n, epochs=args.epochs, out=args.out)
+        dist.barrier()  # every rank done communicating before anyone tears the group down
+    finally:
+        dist.destroy_process_group()
+
+# %% [markdown] slideshow={"slide_type": "slide"}
+"""
+## 2. `torchrun --nproc_per_node=2`
+
+`torchrun` (the same program as `python -m torch.distributed.run`) starts an *agent* that starts `nproc_per_node` workers, sets their environment, watches them, and tears the whole group down when one fails. `course_lib.launch.run_torchrun` builds the command (printed below), picks a free port, streams each rank's lines as they arrive, and kills every process if the job fails or exceeds its `timeout`. (While the job runs the lines appear live, in arrival order; when it ends they are printed again grouped by rank, so the cell's final output does not depend on which process printed first.)
+"""
+
+# %% slideshow={"slide_type": "-"}
+print(shown(torchrun_command("_runs/ddp_train.py", nproc_per_node=2, master_port=29500, tee=False)))
+single_node = run_torchrun("_runs/ddp_train.py", nproc_per_node=2, args=["--out", "_runs/ddp"], timeout=120)
+print(f"wall time ~{single_node.wall_time:.1f} s")
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+Read the output against the script. Both ranks saw **719** of the 1,438 images per epoch (disjoint halves), their epoch-1 indices differ from epoch 0's because of `set_epoch`, the loss and accuracy printed by rank 0 are over all **1,438** samples because `all_reduce` summed the two ranks' counts, and both ranks hold identical parameters at the end.
+"""
+
+# %% slideshow={"slide_type": "-"}
+for rank in (0, 1):
+    assert "719 samples" in single_node.output(rank)
+    assert "parameters identical on all 2 ranks: True" in single_node.output(rank)
+assert "over 1438 samples" in single_node.output(0)
+print("checked: disjoint halves of 719, metrics over 1438, identical parameters")
+
+# %% [markdown] slideshow={"slide_type": "slide"}
+"""
+## 3. `torch.multiprocessing.spawn`, and why a notebook cell cannot be spawned
+
+`mp.spawn(fn, args, nprocs)` starts `nprocs` **fresh Python interpreters** (start method *spawn*) and calls `fn(i, *args)` in each. The child receives `fn` pickled, and a function pickles *by reference*: its module and name. A function defined in a notebook cell lives in the kernel's `__main__`, which a fresh interpreter does not have, so the child cannot find it. The parent only sees that the child died; the child's own error goes to the stderr it inherited (collected here with `child_stderr()` to show its last line).
+"""
+
+
+# %% slideshow={"slide_type": "-"}
+def worker(rank):
+    print("hello from", rank)
+
+
+with child_stderr() as err:
+    with expect_error(mp.ProcessExitedException, match="terminated with exit code 1"):
+        mp.spawn(worker, nprocs=1)
+print("the child said:", err[0].strip().splitlines()[-1])
+assert "Can't get attribute 'worker' on <module '__main__'" in err[0]
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+Asking `mp.spawn` for the fork start method does not help: it warns and spawns anyway. `mp.start_processes(..., start_method="fork")` does fork, and then the notebook function works, because a forked child is a copy of the kernel, `__main__` included. Fork is the wrong habit all the same: a process that has initialised CUDA cannot be forked (the child fails with *"Cannot re-initialize CUDA in forked subprocess"*), and forking a process with threads (a Jupyter kernel has several) copies locks in whatever state they were in.
+"""
+
+# %% slideshow={"slide_type": "-"}
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    with child_stderr() as err, expect_error(mp.ProcessExitedException, match="terminated with exit code 1"):
+        mp.spawn(worker, nprocs=1, start_method="fork")
+assert "Can't get attribute 'worker'" in err[0]  # spawned after all
+print("warning:", str(caught[0].message).splitlines()[0])
+
+out = torch.zeros(2).share_memory_()  # forked children write into shared memory
+
+
+def fill(rank, out):
+    out[rank] = 10.0 * (rank + 1)
+
+
+mp.start_processes(fill, args=(out,), nprocs=2, start_method="fork")
+print("filled by 2 forked children:", out.tolist())
+assert out.tolist() == [10.0, 20.0]
+
+# %% slideshow={"slide_type": "-"}
+if requires_gpu("fork after CUDA initialisation fails in the child"):
+    torch.zeros(1, device="cuda")  # initialises CUDA in this process
+
+
+    def use_cuda(rank):
+        torch.zeros(1, device="cuda")
+
+
+    with expect_error(mp.ProcessRaisedException, match="Cannot re-initialize CUDA in forked subprocess"):
+        mp.start_processes(use_cuda, nprocs=1, start_method="fork")
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+So the spawn entry point lives in a file, guarded by `if __name__ == "__main__":` (each spawned child imports the file; without the guard every child would spawn again). It initialises the group itself, here with `init_method="tcp://host:port"` instead of environment variables, on a free port. The world size is a number we choose: the seeds' `torch.cuda.device_count()` is **0** on this machine, and `mp.spawn(..., nprocs=0)` silently does nothing at all.
+"""
+
+# %% slideshow={"slide_type": "-"}
+print("torch.cuda.device_count() here:", torch.cuda.device_count())
+assert mp.spawn(worker, nprocs=0) is None  # no process, no error, no training
+print("mp.spawn(nprocs=0) returned at once, having trained nothing")
+
+# %% slideshow={"slide_type": "-"}
+# %%writefile _runs/spawn_train.py
+import sys
+
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from course_lib.launch import free_port
+from ddp_train import train  # importable: this file's folder is on sys.path
+
+
+def worker(rank, world_size, port, out):
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
+    try:
+        train(rank, world_size, epochs=2, out=out)
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    world_size = 2  # a choice, not torch.cuda.device_count() (0 on a CPU machine)
+    mp.spawn(worker, args=(world_size, free_port(), sys.argv[1]), nprocs=world_size, join=True)
+
+# %% slideshow={"slide_type": "-"}
+spawned = run_script(["python", "_runs/spawn_train.py", "_runs/ddp_spawn"], timeout=120)
+a = torch.load("_runs/ddp/checkpoint.pt", weights_only=True)
+b = torch.load("_runs/ddp_spawn/checkpoint.pt", weights_only=True)
+assert all(torch.equal(a[k], b[k]) for k in a)
+print(f"mp.spawn + tcp:// gives the same weights as torchrun + env://, bit for bit; wall time ~{spawned.wall_time:.1f} s")
+
+# %% [markdown] slideshow={"slide_type": "slide"}
+"""
+## 4. The legacy `python -m torch.distributed.launch` and `--local_rank`
+
+PyTorch 2.13 still ships `torch.distributed.launch`, deprecated in favour of `torchrun`. Unlike `torchrun` it passes the local rank as a **command-line argument**, and since PyTorch 2.0 it spells it `--local-rank=N`. The seeds' scripts parse `--local_rank` (underscore), so as written they now die in `argparse`:
+"""
+
+# %% slideshow={"slide_type": "-"}
+# %%writefile _runs/seed_local_rank.py
+import argparse
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--local_rank", default=-1, type=int, help="node rank for distributed training")
+args = parser.parse_args()
+print("local rank", args.local_rank)
+
+# %% slideshow={"slide_type": "-"}
+port = free_port()
+print(shown(torchrun_command("_runs/seed_local_rank.py", nproc_per_node=2, module="launch", master_port=port, tee=False), port))
+legacy_cmd = torchrun_command("_runs/seed_local_rank.py", nproc_per_node=2, module="launch", master_port=port)
+with expect_error(LaunchError, match="unrecognized arguments: --local-rank=", quiet=True) as seen:
+    run_script(legacy_cmd, timeout=60, echo="none")
+argparse_error = next(line for line in str(seen.error).splitlines() if "unrecognized arguments" in line)
+print("LaunchError, the script says:", re.sub(r"rank=\d", "rank=N", argparse_error.split("] ")[-1]))
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+The training script of section 1 accepts both spellings but reads `LOCAL_RANK` from the environment, which both launchers set: that is the current way. Run under the legacy launcher, it trains exactly as before, and the launcher itself prints its deprecation notice:
+"""
+
+# %% slideshow={"slide_type": "-"}
+legacy = run_script(torchrun_command("_runs/ddp_train.py", module="launch", master_port=free_port(),
+                                     args=["--out", "_runs/ddp_legacy"]), timeout=120)
+notice = next(line for line in legacy.output("agent").splitlines() if "deprecated" in line)
+print("launcher says:", notice[notice.index("FutureWarning"):].strip())
+c = torch.load("_runs/ddp_legacy/checkpoint.pt", weights_only=True)
+assert all(torch.equal(a[k], c[k]) for k in a)
+print("same weights as torchrun: True")
+
+# %% [markdown] slideshow={"slide_type": "slide"}
+"""
+## 5. Multi-node, for real: two `torchrun` agents
+
+On two machines you type one command on each, identical except `--node_rank`; they meet at `--master_addr:--master_port` (a port on node 0). Here both "machines" are this one, so the master address is `127.0.0.1`. With `--nnodes=2 --nproc_per_node=1` the world size is 2, so the job must produce exactly the weights of section 2.
+"""
+
+# %% slideshow={"slide_type": "-"}
+port = free_port()
+for node in (0, 1):
+    print(f"node {node}:", shown(torchrun_command("_runs/ddp_train.py", nnodes=2, node_rank=node, nproc_per_node=1,
+                                                  master_port=port, tee=False, args=["--out", "_runs/ddp_2nodes"]), port))
+two_nodes = run_torchrun("_runs/ddp_train.py", nnodes=2, nproc_per_node=1, master_port=port,
+                         args=["--out", "_runs/ddp_2nodes"], timeout=120)
+d = torch.load("_runs/ddp_2nodes/checkpoint.pt", weights_only=True)
+assert all(torch.equal(a[k], d[k]) for k in a)
+assert "GROUP_RANK=1" in two_nodes.output(1)
+print(f"2 nodes x 1 process = 1 node x 2 processes, bit for bit; wall time ~{two_nodes.wall_time:.1f} s")
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+r"""
+On a real cluster (node 0 at 10.0.0.1, 4 GPUs per node), the same two commands with real addresses:
+
+```bash
+# on node 0                                           # on node 1
+torchrun --nnodes=2 --node_rank=0 --nproc_per_node=4 \    torchrun --nnodes=2 --node_rank=1 --nproc_per_node=4 \
+  --master_addr=10.0.0.1 --master_port=29500 train.py      --master_addr=10.0.0.1 --master_port=29500 train.py
+```
+
+or, without fixed node ranks, the elastic rendezvous: `torchrun --nnodes=2 --nproc_per_node=4 --rdzv-backend=c10d --rdzv-endpoint=10.0.0.1:29500 --rdzv-id=job42 train.py` on every node. Under SLURM, one `torchrun` per node started by `srun`:
+
+```bash
+#!/bin/bash
+#SBATCH --nodes=2
+#SBATCH --ntasks-per-node=1          # one torchrun agent per node
+#SBATCH --gpus-per-node=4
+head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
+srun torchrun --nnodes="$SLURM_NNODES" --nproc_per_node=4 \
+     --rdzv-backend=c10d --rdzv-endpoint="$head:29500" --rdzv-id="$SLURM_JOB_ID" train.py
+```
+
+Seed 003's two-node commands say `--nnodes=1` on both nodes (each would then form its own one-node job, and node 1's `--node_rank=1` is out of range) and glue `--node_rank=0--master_port` together; the cell below checks that our generator gets both right.
+"""
+
+# %% slideshow={"slide_type": "-"}
+cmd = torchrun_command("train.py", nnodes=2, node_rank=1, nproc_per_node=4, master_addr="10.0.0.1", master_port=1234, tee=False)
+assert "--nnodes=2" in cmd and "--node_rank=1" in cmd and "--master_port=1234" in cmd
+with expect_error(ValueError, match="node_rank must be"):
+    torchrun_command("train.py", nnodes=1, node_rank=1)  # seed 003's second node
+print("node 1 of 2:", shown(cmd))
+
+# %% [markdown] slideshow={"slide_type": "slide"}
+"""
+## 6. `init_process_group`: what it does, `env://` versus `tcp://`, and the fixed port
+
+`init_process_group` **returns** once every rank has joined (the seed says the process is destroyed when it completes: it is not, it goes on with a live group until `destroy_process_group()`). A one-process group in this kernel shows it, and shows the seeds' fixed `MASTER_PORT=29500` failing the moment something else holds the port (another job, or one that did not exit):
+"""
+
+# %% slideshow={"slide_type": "-"}
+with socket.socket() as busy:
+    busy.bind(("127.0.0.1", 0))
+    busy.listen()
+    taken = busy.getsockname()[1]
+    assert port_in_use(taken)
+    with expect_error(dist.DistNetworkError, match="EADDRINUSE.*address already in use", quiet=True) as busy_error:
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{taken}", rank=0, world_size=1)
+print("Raised as expected -> DistNetworkError: ...", str(busy_error.error).split("code: ")[-1])
+
+pid = os.getpid()
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+dist.init_process_group("gloo", init_method="env://", rank=0, world_size=1)
+assert dist.is_initialized() and os.getpid() == pid
+print(f"after init_process_group: same process, group alive, backend={dist.get_backend()}, world size {dist.get_world_size()}")
+for key in ("MASTER_ADDR", "MASTER_PORT"):
+    os.environ.pop(key)  # keep this kernel's environment clean for the launches below
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+**Backend choice.** `gloo` runs collectives on CPU tensors (and on GPU tensors, slowly); `nccl` runs them GPU-to-GPU and is the choice for CUDA training; `mpi` needs PyTorch built against MPI. Use `"nccl" if torch.cuda.is_available() else "gloo"`, as the script does.
+
+**SyncBatchNorm.** `nn.SyncBatchNorm.convert_sync_batchnorm(model)` swaps every BatchNorm for one whose batch statistics are all-reduced over the ranks (seed 003's advice). DDP accepts it only for GPU modules; on CPU it refuses at construction:
+"""
+
+# %% slideshow={"slide_type": "-"}
+print("backends here: gloo", dist.is_gloo_available(), "| nccl", dist.is_nccl_available(), "| mpi", dist.is_mpi_available())
+bn_model = nn.Sequential(nn.Linear(8, 8), nn.BatchNorm1d(8))
+sync_model = nn.SyncBatchNorm.convert_sync_batchnorm(bn_model)
+print("converted:", type(sync_model[1]).__name__)
+with expect_error(ValueError, match="SyncBatchNorm layers only work with GPU modules"):
+    nn.parallel.DistributedDataParallel(sync_model)
+dist.destroy_process_group()
+assert not dist.is_initialized()
+
+# %% slideshow={"slide_type": "-"}
+if requires_gpu("SyncBatchNorm inside DDP (one-process NCCL group)"):
+    # env:// needs both: the cell above removed MASTER_ADDR and MASTER_PORT from this kernel
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    dist.init_process_group("nccl", rank=0, world_size=1)
+    try:
+        ddp_bn = nn.parallel.DistributedDataParallel(sync_model.cuda(), device_ids=[0])
+        print("SyncBatchNorm DDP output:", tuple(ddp_bn(torch.randn(4, 8, device="cuda")).shape))
+    finally:
+        dist.destroy_process_group()
+        for key in ("MASTER_ADDR", "MASTER_PORT"):
+            os.environ.pop(key)
+
+# %% [markdown] slideshow={"slide_type": "slide"}
+"""
+## 7. `DistributedSampler`: shards, `set_epoch`, padding
+
+The sampler needs only `num_replicas` and `rank` (taken from the process group when not given), so it can be studied right here. Without `set_epoch`, every epoch replays the same order (the seeds copy a training seed to all ranks but never call it):
+"""
+
+# %% slideshow={"slide_type": "-"}
+ds = list(range(10))
+s = DistributedSampler(ds, num_replicas=2, rank=0, shuffle=True, seed=0)
+epoch0, again = list(s), list(s)
+s.set_epoch(1)
+epoch1 = list(s)
+print("rank 0, epoch 0:", epoch0, "| no set_epoch:", again, "| set_epoch(1):", epoch1)
+assert epoch0 == again and epoch0 != epoch1
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+When the dataset does not divide by the world size, every rank still gets the same number of samples (so all ranks run the same number of steps and no one waits forever in an all-reduce): the index list is **padded by repeating from its start**, so a few samples count twice per epoch. `drop_last=True` drops the tail instead.
+"""
+
+# %% slideshow={"slide_type": "-"}
+shards = {r: list(DistributedSampler(ds, num_replicas=3, rank=r, shuffle=False)) for r in range(3)}
+print("10 samples on 3 ranks:", shards)
+flat = sorted(i for v in shards.values() for i in v)
+assert all(len(v) == 4 for v in shards.values()) and flat.count(0) == 2 and flat.count(1) == 2
+dropped = {r: list(DistributedSampler(ds, num_replicas=3, rank=r, shuffle=False, drop_last=True)) for r in range(3)}
+print("with drop_last=True:   ", dropped)
+assert sum(len(v) for v in dropped.values()) == 9
+
+# %% [markdown] slideshow={"slide_type": "slide"}
+"""
+## 8. Proof: 2-process DDP = 1 process on the full batch
+
+Each DDP step, rank *r* computes the mean loss over its 32 samples and DDP **averages** the two ranks' gradients. With equal shard sizes that average is the gradient of the mean loss over the 64-sample global batch (notebook 06: mean of equal means). So one process that trains on the *union* of the two ranks' batches, in the same order, must end with the same weights, up to float rounding (the sums are taken in another order). The reference below rebuilds the ranks' batches from the same `DistributedSampler`s.
+"""
+
+# %% slideshow={"slide_type": "-"}
+import torch.nn.functional as F
+from ddp_train import make_model
+from course_lib.data import digits_datasets
+
+train_set, _ = digits_datasets()
+x_all, y_all = train_set.tensors
+seed_everything(0)
+ref = make_model()
+opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+samplers = [DistributedSampler(train_set, num_replicas=2, rank=r, shuffle=True, seed=0) for r in (0, 1)]
+for epoch in range(2):
+    orders = []
+    for smp in samplers:
+        smp.set_epoch(epoch)
+        orders.append(list(smp))
+    for start in range(0, len(orders[0]), 32):
+        idx = orders[0][start:start + 32] + orders[1][start:start + 32]  # rank 0's batch + rank 1's batch
+        opt.zero_grad()
+        F.cross_entropy(ref(x_all[idx]), y_all[idx]).backward()
+        opt.step()
+
+worst = max((ref.state_dict()[k] - a[k]).abs().max().item() for k in a)
+assert all(torch.allclose(ref.state_dict()[k], a[k], atol=1e-5) for k in a)
+assert worst < 1e-6
+print(f"DDP (2 processes) vs 1 process on the 64-sample global batch: allclose, largest difference < 1e-6 (~{worst:.0e})")
+seed_everything(0)
+assert not all(torch.allclose(make_model().state_dict()[k], a[k], atol=1e-3) for k in a), "training did move the weights"
+
+# %% [markdown] slideshow={"slide_type": "slide"}
+"""
+## 9. Inside DDP: broadcast, buckets, overlap, `no_sync`
+
+- **Construction** broadcasts rank 0's parameters and buffers to every rank, so the replicas start equal even when each rank initialised differently (the seeds' "same seed or wrong gradients" is too strong: the seed still matters for the sampler and dropout, not for the initial weights).
+- **Backward**: DDP registers a hook on every parameter. Gradients are grouped into **buckets** of about `bucket_cap_mb` (default 25 MB), filled in reverse layer order; as soon as a bucket is full its all-reduce starts, **overlapping** communication with the rest of the backward pass. Fewer, bigger buckets mean fewer messages; smaller buckets start communicating earlier.
+- **`no_sync()`**: inside it, backward only accumulates local gradients; the next backward outside it all-reduces the sum. For k-step accumulation that is one all-reduce instead of k.
+
+The worker below checks each point in a real 2-process job and times the step on rank 0.
+"""
+
+# %% slideshow={"slide_type": "-"}
+# %%writefile _runs/ddp_internals.py
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+def counting_hook(state, bucket):
+    """A DDP communication hook: note the bucket's size, then do the default all-reduce (average)."""
+    state.append(bucket.buffer().numel())
+    return allreduce_hook(None, bucket)
+
+
+def mlp(width=256, depth=4):
+    layers, d = [], 64
+    for _ in range(depth):
+        layers += [nn.Linear(d, width), nn.ReLU()]
+        d = width
+    return nn.Sequential(*layers, nn.Linear(d, 10))
+
+
+def flat_grad(model):
+    return torch.cat([p.grad.flatten() for p in model.parameters()])
+
+
+def internals(rank, world_size, steps=10):
+    report = {}
+    torch.manual_seed(rank)  # deliberately different initial weights on each rank
+    model = mlp()
+    first = model[0].weight.detach().clone()
+    theirs = [torch.empty_like(first) for _ in range(world_size)]
+    dist.all_gather(theirs, first)
+    report["differ_before"] = not torch.equal(theirs[0], theirs[1])
+    ddp = DDP(model)  # broadcasts rank 0's parameters
+    dist.all_gather(theirs, model[0].weight.detach().clone())
+    report["equal_after"] = torch.equal(theirs[0], theirs[1])
+
+    # the gradient after backward is the mean of the ranks' local gradients
+    torch.manual_seed(100 + rank)
+    x, y = torch.randn(64, 64), torch.randint(0, 10, (64,))
+    with ddp.no_sync():
+        F.cross_entropy(ddp(x), y).backward()  # local only
+    local = flat_grad(model).clone()
+    ddp.zero_grad()
+    F.cross_entropy(ddp(x), y).backward()  # all-reduced
+    locals_ = [torch.empty_like(local) for _ in range(world_size)]
+    dist.all_gather(locals_, local)
+    report["grad_is_mean"] = torch.allclose(flat_grad(model), torch.stack(locals_).mean(0), atol=1e-6)
+
+    # no_sync accumulation = syncing every micro-batch (same sum of averages)
+    micro = [(torch.randn(16, 64), torch.randint(0, 10, (16,))) for _ in range(4)]
+    ddp.zero_grad()
+    for mx, my in micro:
+        F.cross_entropy(ddp(mx), my).backward()
+    every = flat_grad(model).clone()
+    ddp.zero_grad()
+    for i, (mx, my) in enumerate(micro):
+        if i < len(micro) - 1:
+            with ddp.no_sync():
+                F.cross_entropy(ddp(mx), my).backward()
+        else:
+            F.cross_entropy(ddp(mx), my).backward()
+    report["no_sync_same_grad"] = torch.allclose(flat_grad(model), every, atol=1e-6)
+    report["params_mb"] = sum(p.numel() * 4 for p in model.parameters()) / 2**20
+
+    # bucket size against step time
+    xb, yb = torch.randn(256, 64), torch.randint(0, 10, (256,))
+    report["buckets"] = {}
+    for cap in (0.05, 0.5, 25.0):
+        torch.manual_seed(0)
+        m = DDP(mlp(), bucket_cap_mb=cap)
+        seen = []
+        m.register_comm_hook(seen, counting_hook)
+        opt = torch.optim.SGD(m.parameters(), lr=0.01)
+        times = []
+        for step in range(steps + 3):
+            dist.barrier()
+            t0 = time.perf_counter()
+            opt.zero_grad()
+            F.cross_entropy(m(xb), yb).backward()
+            opt.step()
+            times.append(time.perf_counter() - t0)
+            if step < steps + 2:
+                seen.clear()  # keep the last step's buckets (DDP rebuilds them after the first step)
+        report["buckets"][cap] = (len(seen), 1000 * sorted(times[3:])[len(times[3:]) // 2])
+
+    # no_sync: a 4-micro-batch accumulation step with and without it
+    m = DDP(mlp(), bucket_cap_mb=0.5)
+    chunks = [(xb[i::4], yb[i::4]) for i in range(4)]
+    for mode in ("sync every micro-batch", "no_sync for the first 3"):
+        times = []
+        for step in range(steps + 3):
+            dist.barrier()
+            t0 = time.perf_counter()
+            m.zero_grad()
+            for i, (cx, cy) in enumerate(chunks):
+                if mode.startswith("no_sync") and i < 3:
+                    with m.no_sync():
+                        F.cross_entropy(m(cx), cy).backward()
+                else:
+                    F.cross_entropy(m(cx), cy).backward()
+            times.append(time.perf_counter() - t0)
+        report[mode] = 1000 * sorted(times[3:])[len(times[3:]) // 2]
+    return report
+
+
+# %% slideshow={"slide_type": "-"}
+from ddp_internals import internals
+
+reports = spawn(internals, nprocs=2, timeout=120)
+r0 = reports[0]
+assert all(r[key] for r in reports for key in ("differ_before", "equal_after", "grad_is_mean", "no_sync_same_grad"))
+print("initial weights differ across ranks before DDP(model):", r0["differ_before"])
+print("equal after DDP(model) broadcast rank 0's:            ", r0["equal_after"])
+print("gradient after backward = mean of local gradients:    ", r0["grad_is_mean"])
+print("no_sync accumulation = syncing every micro-batch:     ", r0["no_sync_same_grad"])
+print(f"\nmodel: {r0['params_mb']:.2f} MB of float32 parameters; step = forward+backward+SGD on 256 samples, median of 10, rank 0")
+print(f"{'bucket_cap_mb':>14} {'buckets (all-reduces per step)':>31}    step ms")
+for cap, (n, ms) in r0["buckets"].items():
+    print(f"{cap:>14} {n:>31}    ~{ms:.2f}")  # the timing last, so its width cannot shift a column
+sync_ms, nosync_ms = r0["sync every micro-batch"], r0["no_sync for the first 3"]
+print(f"\n4-micro-batch accumulation step: sync every micro-batch ~{sync_ms:.2f} ms, no_sync for the first 3 ~{nosync_ms:.2f} ms")
+assert r0["buckets"][0.05][0] > r0["buckets"][25.0][0] == 1
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+What 2 cores allow: the two processes share two cores with their own compute, so the overlap DDP buys on GPUs (communication over the network while the GPU computes) has little to overlap with here, and each extra bucket is one more small message. On this machine the timing differences between rows are within the noise (other work on the same two cores moves them by tens of percent from run to run), which is why the cell asserts only the bucket counts, which are exact. On GPUs with NCCL the default 25 MB is the usual choice, and `no_sync` saves one all-reduce of the whole gradient per skipped micro-batch. `benchmarks/ddp_step.py` measures 1 versus 2 processes and more bucket sizes.
+"""
+
+# %% [markdown] slideshow={"slide_type": "slide"}
+"""
+## 10. Metrics with collectives, and the hang in seed 003
+
+Logging a loss averaged over ranks needs a collective, and **every rank must call every collective**, in the same order. Seed 003 reduces the loss inside `if args.local_rank == 0:`, so rank 0 waits in `reduce` for a rank 1 that never comes: a hang, not an error. The launcher's timeout turns it into one, and kills both processes.
+"""
+
+# %% slideshow={"slide_type": "-"}
+# %%writefile _runs/seed003_logging.py
+import time
+
+import torch
+import torch.distributed as dist
+
+
+def get_reduced_loss(loss, dest_rank):
+    loss_tensor = loss.clone()
+    dist.reduce(loss_tensor, dst=dest_rank)  # a collective: every rank must call it
+    return loss_tensor
+
+
+def seed_003_logging(rank, world_size):
+    loss = torch.tensor(float(rank + 1))
+    if rank == 0:  # as in the seed: only rank 0 calls reduce -> waits forever
+        return get_reduced_loss(loss, 0).item()
+    time.sleep(60)  # the other ranks skip the reduce and go on training (stand-in: 60 s of work)
+    return None
+
+
+# %% slideshow={"slide_type": "-"}
+with expect_error(LaunchError, match="did not finish within the timeout of 4 s") as hung:
+    spawn("_runs/seed003_logging.py:seed_003_logging", nprocs=2, timeout=4, echo="none")
+print("reason:", hung.error.reason)
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+The fix: call the collective on every rank, print on one. `reduce` leaves the sum on `dst` only; `all_reduce` leaves it everywhere (what the training script uses, so that every rank could, e.g., stop early on the same condition). The names are `dist.all_reduce` and `dist.all_gather`, not the seed's `allreduce`/`allgather`:
+"""
+
+# %% slideshow={"slide_type": "-"}
+assert not hasattr(dist, "allgather") and not hasattr(dist, "allreduce")
+print("dist has all_gather and all_reduce:", hasattr(dist, "all_gather"), hasattr(dist, "all_reduce"))
+
+# %% [markdown] slideshow={"slide_type": "slide"}
+"""
+## 11. DataParallel versus DistributedDataParallel
+
+`nn.DataParallel` is one process with one thread per GPU: each step it scatters the batch, **replicates the model** from GPU 0 to the others, runs the replicas in threads, gathers the outputs on GPU 0 and reduces the gradients there (notebook 07). Without GPUs it does nothing at all: it calls the wrapped module.
+"""
+
+# %% slideshow={"slide_type": "-"}
+seed_everything(0)
+net = make_model()
+dp = nn.DataParallel(net)
+xb = x_all[:8]
+assert dp.device_ids == [] and torch.equal(dp(xb), net(xb))
+print("DataParallel on CPU: device_ids =", dp.device_ids, "-> plain module call, same output")
+
+# %% slideshow={"slide_type": "-"}
+if requires_gpu("DataParallel over 2 GPUs", count=2):
+    dp_gpu = nn.DataParallel(make_model().cuda(), device_ids=[0, 1])
+    print("output gathered on", dp_gpu(x_all[:8].cuda()).device)
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+| | `nn.DataParallel` | `DistributedDataParallel` |
+|---|---|---|
+| processes | 1, a thread per GPU (GIL-bound) | 1 per GPU (or CPU worker) |
+| machines | one | one or many (`torchrun --nnodes`) |
+| per step | scatter input, replicate model, gather output | nothing: replicas stay in sync |
+| gradient sync | reduced onto GPU 0 (its memory and link are the bottleneck) | ring all-reduce in buckets, overlapped with backward |
+| optimizer | runs once, on GPU 0 | runs on every rank, on identical gradients |
+| data | one DataLoader, batch split in forward | a `DistributedSampler` shard per rank |
+| BatchNorm | statistics per GPU replica | per rank, or `SyncBatchNorm` (GPU) |
+| mixed precision | `torch.autocast` inside `forward` | `torch.autocast` (Apex `amp` of seed 001 is retired) |
+| launch | `python train.py` | `torchrun` / `mp.spawn` |
+| status | "not recommended" in the PyTorch docs | the recommended way |
+"""
+
+# %% [markdown] slideshow={"slide_type": "slide"}
+"""
+## 12. What the seeds got wrong, checked above
+
+| seed says | PyTorch 2.13 does | shown in |
+|---|---|---|
+| `python -m torch.distributed.launch` with `--local_rank` in argparse | deprecated launcher passes `--local-rank`: argparse fails; read `LOCAL_RANK` | §4 |
+| world size = `torch.cuda.device_count()` | 0 on a CPU machine: `mp.spawn(nprocs=0)` trains nothing | §3 |
+| `MASTER_PORT = '29500'`, `tcp://127.0.0.1:23456` | a busy port fails; pick a free one | §6 |
+| "when `init_process_group` completes the process is destroyed" | it returns; the group lives until `destroy_process_group()` | §6 |
+| a notebook-style `mp.spawn(main_worker)` before `main_worker` is defined | `NameError`; the entry point needs a file and a `__main__` guard | §3 |
+| `mp.set_start_method('spawn')` before `mp.spawn` | redundant: `mp.spawn` always spawns (and warns if asked to fork) | §3 |
+| `rank = gpu` with `world_size = num_gpus * nodes` | wrong on node 1: rank = node_rank × nproc_per_node + local_rank | exercise 1 |
+| same seed everywhere "or the gradients are wrong" | DDP broadcasts rank 0's weights; call `set_epoch` for a new order each epoch | §7, §9 |
+| a DDP `DataLoader` without a `DistributedSampler` (seed 002) | every rank trains on the whole dataset | §2 |
+| `--nnodes=1` on both nodes, `--node_rank=0--master_port=1234` | `--nnodes=2`, with a space | §5 |
+| reduce the loss only `if local_rank == 0` | a hang: every rank calls every collective | §10 |
+| checkpoint saved only `if not os.path.exists(dir)` (indentation) | saves once, never again: `os.makedirs(exist_ok=True)` then save | §1 |
+| Apex `amp.initialize` | Apex is not needed: `torch.autocast` + `torch.amp.GradScaler` | §11 |
+"""
+
+# %% [markdown] slideshow={"slide_type": "slide"}
+"""
+## Summary
+
+- Launch with `torchrun` (one command per node, `--nnodes`, `--node_rank`, a master address and port); `mp.spawn` needs an importable worker in a file with a `__main__` guard; `python -m torch.distributed.launch` still exists in 2.13 but is deprecated and passes `--local-rank` (use `LOCAL_RANK`).
+- In the script: backend by device, `init_process_group()` (env:// from the launcher, or tcp://), `DistributedSampler` + `set_epoch`, rank-0 I/O behind a barrier, rank-0 checkpoint loaded everywhere with `weights_only=True`, collectives called by every rank.
+- DDP is exact: 2 processes on half-batches end allclose to one process on the full batch, and bit-identical across ranks and across launchers.
+- Inside: broadcast at construction, bucketed all-reduce overlapped with backward, `no_sync()` to skip all-reduces during accumulation.
+"""
+
+# %% [markdown] slideshow={"slide_type": "slide"}
+"""
+## Exercises
+
+1. Seed 002 sets `rank = gpu` with `world_size = num_gpus * nodes`. Write `global_rank(node_rank, local_rank, nproc_per_node)`.
+2. Write `shard(n, world_size, rank)` returning the indices `DistributedSampler(range(n), num_replicas=world_size, rank=rank, shuffle=False)` gives that rank, padding included.
+3. With accumulation over `k` micro-batches in a DDP loop of `n_micro` micro-batches, write `syncs(n_micro, k)`: for each micro-batch, `True` when its backward must run outside `no_sync()`.
+"""
+
+# %% slideshow={"slide_type": "-"}
+from course_lib.exercises.ddp import check_global_rank, check_shard_indices, check_sync_schedule
+
+
+def global_rank(node_rank, local_rank, nproc_per_node):
+    raise NotImplementedError  # your code here
+
+
+print(check_global_rank(global_rank))
+
+
+# %% slideshow={"slide_type": "-"}
+def shard(n, world_size, rank):
+    raise NotImplementedError  # your code here
+
+
+print(check_shard_indices(shard))
+
+
+# %% slideshow={"slide_type": "-"}
+def syncs(n_micro, k):
+    raise NotImplementedError  # your code here
+
+
+print(check_sync_schedule(syncs))
+
+# %% [markdown] slideshow={"slide_type": "slide"}
+"""
+## References
+
+- PyTorch docs: [Distributed communication package](https://pytorch.org/docs/stable/distributed.html), [torchrun (elastic launch)](https://pytorch.org/docs/stable/elastic/run.html), [DistributedDataParallel](https://pytorch.org/docs/stable/generated/torch.nn.parallel.DistributedDataParallel.html), [DistributedSampler](https://pytorch.org/docs/stable/data.html#torch.utils.data.distributed.DistributedSampler), [SyncBatchNorm](https://pytorch.org/docs/stable/generated/torch.nn.SyncBatchNorm.html), [torch.multiprocessing](https://pytorch.org/docs/stable/multiprocessing.html).
+- PyTorch tutorials: [Getting started with DDP](https://pytorch.org/tutorials/intermediate/ddp_tutorial.html), [Writing distributed applications](https://pytorch.org/tutorials/intermediate/dist_tuto.html), [Multi-node training with torchrun](https://pytorch.org/tutorials/intermediate/ddp_series_multinode.html).
+- S. Li et al., *PyTorch Distributed: Experiences on Accelerating Data Parallel Training*, VLDB 2020 (DDP's buckets and overlap), [arXiv:2006.15704](https://arxiv.org/abs/2006.15704).
+- A. Sergeev, M. Del Balso, *Horovod: fast and easy distributed deep learning in TensorFlow* (ring all-reduce), [arXiv:1802.05799](https://arxiv.org/abs/1802.05799).
+"""

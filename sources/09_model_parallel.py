@@ -1,0 +1,634 @@
+# %% [markdown] slideshow={"slide_type": "slide"}
+"""
+# 09 · Model and pipeline parallelism: splitting one model across devices
+
+Data parallelism (notebooks 07–08) copies the whole model to every device. When the model itself does not fit, it has to be **split**: by layers (pipeline parallelism) or inside a layer (tensor parallelism). Here a model is split for real across two CPU processes that pass activations forward and gradients backward with point-to-point messages, and the idle time this creates is drawn, computed and measured.
+
+By the end you will be able to:
+- split a model across devices (the seed's `split_gpus` network) and explain why the naive split keeps only one device busy at a time;
+- write a two-stage pipeline by hand with `dist.send` / `dist.recv` and prove it trains exactly like one process;
+- schedule micro-batches GPipe-style, draw the schedule, compute the bubble `(p-1)/(m+p-1)` and measure it;
+- use PyTorch's own `torch.distributed.pipelining`, and say what seed 002's second "model parallel" example really does;
+- split a `Linear` layer by columns and by rows (tensor parallelism) and choose between data, pipeline and tensor parallelism.
+
+This notebook assumes: notebooks 02 (autograd graphs), 06 (gradient accumulation: micro-batches whose gradients add up) and 08 (launching processes, gloo). No GPU needed: the stages are CPU processes; the one cell for two real GPUs says what it skipped.
+"""
+
+# %% slideshow={"slide_type": "-"}
+import os
+import sys
+from datetime import timedelta
+
+import matplotlib.pyplot as plt
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+
+from course_lib.data import digits
+from course_lib.device import requires_gpu
+from course_lib.errors import expect_error
+from course_lib.launch import free_port, spawn
+from course_lib.pipeline import Task, bubble_fraction, gpipe_schedule, idle_fraction, min_micro_batches, plot_gantt
+from course_lib.seeding import seed_everything
+
+seed_everything(0)
+os.makedirs("_runs", exist_ok=True)  # scratch folder for the scripts this notebook writes (git ignores it)
+sys.path.insert(0, os.path.abspath("_runs"))
+train_split, _ = digits()
+x_all, y_all = train_split.flat(), train_split.y  # 1438 digit images as 64-pixel vectors, labels 0..9
+print(f"torch {torch.__version__.split('+')[0]}, gloo: {dist.is_gloo_available()}, CUDA GPUs: {torch.cuda.device_count()}, data {tuple(x_all.shape)}")
+
+# %% [markdown] slideshow={"slide_type": "slide"}
+"""
+## 1. Splitting a model across devices
+
+Seed 003's first case: the model is too big for one GPU, so put `module1` on GPU 0 and `module2` on GPU 1, and move the activation between them in `forward`. Written with device arguments instead of the seed's hard-coded `.cuda(0)` / `.cuda(1)`, the same class runs on two GPUs or, with both devices `"cpu"`, here:
+"""
+
+
+# %% slideshow={"slide_type": "-"}
+class TwoDeviceNet(nn.Module):
+    """Seed 003's split_gpus network: first half on dev0, second half on dev1."""
+
+    def __init__(self, dev0="cpu", dev1="cpu"):
+        super().__init__()
+        self.dev0, self.dev1 = torch.device(dev0), torch.device(dev1)
+        self.module1 = nn.Sequential(nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 64), nn.Tanh()).to(self.dev0)
+        self.module2 = nn.Sequential(nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 10)).to(self.dev1)
+
+    def forward(self, x):
+        x = self.module1(x.to(self.dev0))
+        x = x.to(self.dev1)  # the activation crosses devices; autograd sends its gradient back
+        return self.module2(x)
+
+
+torch.manual_seed(0)
+net = TwoDeviceNet()
+n1 = sum(p.numel() for p in net.module1.parameters())
+n2 = sum(p.numel() for p in net.module2.parameters())
+print(f"module1: {n1} parameters on {net.dev0}, module2: {n2} on {net.dev1}: each device holds only its half")
+print("output:", tuple(net(x_all[:5]).shape))
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+On two GPUs the same code places the halves on two devices. `x.to(dev1)` is recorded by autograd (`ToCopyBackward0`), so `backward()` copies the gradient back to GPU 0 by itself: nothing else changes in the training loop.
+"""
+
+# %% slideshow={"slide_type": "-"}
+if requires_gpu("the split network on two real GPUs", count=2):
+    torch.manual_seed(0)
+    gpu_net = TwoDeviceNet("cuda:0", "cuda:1")
+    out = gpu_net(x_all[:5])
+    print("output on", out.device, "| module1 on", next(gpu_net.module1.parameters()).device)
+    hidden = gpu_net.module1(x_all[:5].cuda(0)).to("cuda:1")
+    print("the crossing is recorded:", type(hidden.grad_fn).__name__)
+    out.sum().backward()
+    print("module1's gradient lives on", gpu_net.module1[0].weight.grad.device)
+    assert torch.allclose(out.cpu(), net(x_all[:5]), atol=1e-5)  # same weights (same seed), same function
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+### Why the naive split leaves devices idle
+
+`forward` is sequential: GPU 1 waits while GPU 0 computes `module1`, then GPU 0 waits while GPU 1 computes `module2`, and backward runs the other way. Only one device works at any moment. The chart below is that schedule for 2 and 4 stages (forward `F` = 1 time slot, backward `B` = 2 slots, the usual ratio: backward computes gradients for both inputs and weights). The idle share is `(p-1)/p`: splitting a model over `p` devices buys memory, not speed.
+"""
+
+# %% slideshow={"slide_type": "-"}
+fig, axes = plt.subplots(2, 1, figsize=(8, 3.6), constrained_layout=True)
+for ax, p in zip(axes, (2, 4)):
+    naive = gpipe_schedule(p, 1, forward_time=1.0, backward_time=2.0)
+    plot_gantt(naive, ax, title=f"naive split over {p} devices: idle {idle_fraction(naive):.0%} of device time")
+    assert abs(idle_fraction(naive) - (p - 1) / p) < 1e-12
+plt.show()
+print("idle fraction of the naive split: 2 devices 50%, 4 devices 75%")
+
+# %% [markdown] slideshow={"slide_type": "slide"}
+"""
+## 2. Two processes, one stage each: activations forward, gradients backward
+
+Real model parallelism across machines (or across GPUs without a shared address space) is a message protocol. Process 0 holds the first half of the layers, process 1 the second half. Per step:
+
+1. rank 0 computes its half and **sends the activation** `a` to rank 1 (`dist.send`);
+2. rank 1 **receives** it into an empty tensor, marks it `requires_grad_()`, finishes the forward and the loss, and calls `backward()`; that fills `a.grad` = ∂loss/∂a;
+3. rank 1 **sends `a.grad`** back; rank 0 receives it and calls `out.backward(grad)`: the chain rule across the process boundary;
+4. each rank steps its own optimizer on its own parameters.
+
+The file also splits the batch into `n_micro` micro-batches (section 3); with `n_micro=1` it is the plain split. Each micro-batch loss is scaled by its share of the batch so that the gradients add up to those of the full-batch mean (notebook 06).
+"""
+
+# %% slideshow={"slide_type": "-"}
+# %%writefile _runs/mp_stages.py
+"""A model split over two processes: activations forward, gradients backward, over gloo."""
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+def make_model(width=64, seed=0):
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(64, width), nn.Tanh(), nn.Linear(width, width), nn.Tanh(),  # stage 0
+                         nn.Linear(width, width), nn.Tanh(), nn.Linear(width, 10))              # stage 1
+
+
+def split(model, rank):
+    return model[:4] if rank == 0 else model[4:]
+
+
+def pipeline_step(rank, stage, x, y, n_micro, events=None, t0=0.0, simulate=None):
+    """One training step of the 2-stage pipeline, GPipe order: every forward, then every backward.
+
+    events: if a list, gets (stage, micro, "F"/"B", start, end) of each task, seconds after t0.
+    simulate=(f, b): each forward also sleeps f / n_micro s and each backward b / n_micro s,
+    standing in for a device that computes while the CPU waits.
+    """
+    xs, ys = x.chunk(n_micro), y.chunk(n_micro)
+    kept = []
+    for i in range(n_micro):                                   # forwards, micro-batches in order
+        if rank == 0:
+            t = time.perf_counter()
+            out = stage(xs[i])
+            if simulate:
+                time.sleep(simulate[0] / n_micro)
+            e = time.perf_counter()
+            dist.send(out.detach(), dst=1)                     # activation -> next stage
+            kept.append(out)
+        else:
+            a = torch.empty(len(xs[i]), stage[0].in_features)
+            dist.recv(a, src=0)
+            a.requires_grad_()                                 # we want d loss / d activation
+            t = time.perf_counter()
+            loss = F.cross_entropy(stage(a), ys[i]) * len(ys[i]) / len(y)  # share of the batch mean
+            if simulate:
+                time.sleep(simulate[0] / n_micro)
+            e = time.perf_counter()
+            kept.append((a, loss))
+        if events is not None:
+            events.append((rank, i, "F", t - t0, e - t0))
+    for i in reversed(range(n_micro)):                         # backwards, last micro-batch first
+        if rank == 0:
+            g = torch.empty_like(kept[i])
+            dist.recv(g, src=1)                                # gradient <- next stage
+            t = time.perf_counter()
+            kept[i].backward(g)                                # chain rule across the process boundary
+            if simulate:
+                time.sleep(simulate[1] / n_micro)
+            e = time.perf_counter()
+        else:
+            a, loss = kept[i]
+            t = time.perf_counter()
+            loss.backward()
+            if simulate:
+                time.sleep(simulate[1] / n_micro)
+            e = time.perf_counter()
+            dist.send(a.grad, dst=0)                           # d loss / d activation -> previous stage
+        if events is not None:
+            events.append((rank, i, "B", t - t0, e - t0))
+
+
+def train(rank, world_size, x, y, steps=5, micro_list=(1, 4), lr=0.1):
+    """Train the split model for a few steps per micro-batch count; return first gradients and final parameters."""
+    torch.set_num_threads(1)
+    results = {}
+    for n_micro in micro_list:
+        stage = split(make_model(), rank)
+        opt = torch.optim.SGD(stage.parameters(), lr=lr)
+        first_grads = None
+        for _ in range(steps):
+            opt.zero_grad()
+            pipeline_step(rank, stage, x, y, n_micro)
+            if first_grads is None:
+                first_grads = {k: p.grad.clone() for k, p in stage.named_parameters()}
+            opt.step()
+        results[n_micro] = {"grads": first_grads, "params": {k: p.detach().clone() for k, p in stage.named_parameters()},
+                            "n_params": sum(p.numel() for p in stage.parameters())}
+    return results
+
+
+def measure(rank, world_size, micro_list=(1, 2, 4, 8), width=64, batch=256, repeats=2, simulate=None):
+    """Time GPipe steps for each number of micro-batches; return every task's (stage, micro, kind, start, end)."""
+    torch.set_num_threads(1)
+    stage = split(make_model(width), rank)
+    torch.manual_seed(1)
+    x, y = torch.randn(batch, 64), torch.randint(0, 10, (batch,))
+    out = {}
+    for m in micro_list:
+        runs = []
+        for r in range(repeats + 1):                           # run 0 warms up and is dropped
+            events = []
+            dist.barrier()                                     # both ranks start together
+            t0 = time.perf_counter()                           # one clock: both processes share this machine
+            pipeline_step(rank, stage, x, y, m, events, t0, simulate)
+            stage.zero_grad()
+            if r:
+                runs.append(events)
+        out[m] = runs
+    return out
+
+
+def measure_both(rank, world_size, micro_list=(1, 2, 4, 8)):
+    """The two settings of the notebook in one launch: simulated device time, then real compute."""
+    return {"simulated": measure(rank, world_size, micro_list, 64, 256, 2, (0.04, 0.08)),
+            "real": measure(rank, world_size, micro_list, 512, 512, 2, None)}
+
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+The reference is one process training the whole model on the same batch. `spawn` (from `course_lib.launch`) starts two processes with a gloo group and returns what each rank's function returns.
+"""
+
+# %% slideshow={"slide_type": "-"}
+from mp_stages import make_model, split
+
+x_batch, y_batch = x_all[:256], y_all[:256]
+two = spawn("_runs/mp_stages.py:train", nprocs=2, args=(x_batch, y_batch, 5, (1, 4)), timeout=120)
+
+ref = make_model()
+opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+for step in range(5):
+    opt.zero_grad()
+    F.cross_entropy(ref(x_batch), y_batch).backward()
+    if step == 0:
+        ref_grads = {k: p.grad.clone() for k, p in ref.named_parameters()}
+    opt.step()
+
+for n_micro in (1, 4):
+    worst = 0.0
+    for rank in (0, 1):
+        got = two[rank][n_micro]
+        for k, p in split(ref, rank).named_parameters():
+            assert torch.allclose(got["grads"][k], ref_grads[k], atol=1e-6)  # a slice keeps the layer names
+            assert torch.allclose(got["params"][k], p.detach(), atol=1e-6)
+            worst = max(worst, (got["params"][k] - p.detach()).abs().max().item())
+    print(f"{n_micro} micro-batch(es): first-step gradients and parameters after 5 steps allclose to one process "
+          f"(largest difference ~{worst:.0e})")
+print(f"parameters held: rank 0 {two[0][1]['n_params']}, rank 1 {two[1][1]['n_params']}, "
+      f"whole model {sum(p.numel() for p in ref.parameters())}")
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+The differences are float rounding (sums taken in another order), not algorithm: the split is exact. Each process holds only its stage's parameters, gradients and optimizer state, which is the point of model parallelism.
+
+What crossed the process boundary per micro-batch: one activation forward and one gradient of the same shape backward (`batch × width` floats). Compare data parallelism, which all-reduces every parameter's gradient each step: a pipeline sends little when the layers are wide and the activations at the cut are small.
+"""
+
+# %% [markdown] slideshow={"slide_type": "slide"}
+r"""
+## 3. Pipelining with micro-batches (GPipe)
+
+Split the batch into `m` micro-batches. As soon as stage 0 has finished the forward of micro-batch 0, stage 1 can start on it while stage 0 moves on to micro-batch 1. GPipe runs all forwards, then all backwards (in reverse order), and steps the optimizer once: gradients of the micro-batches add up, as in gradient accumulation, so the result equals the full-batch step (checked above for `m=4`).
+
+The idle time left at the start and the end is the **bubble**. With `p` stages and equal task times, a step lasts `m + p - 1` slots (per direction) of which each stage works `m`:
+
+$$\text{bubble} = \frac{p-1}{m+p-1}$$
+"""
+
+# %% slideshow={"slide_type": "-"}
+fig, axes = plt.subplots(2, 1, figsize=(8, 3.6), constrained_layout=True)
+plot_gantt(gpipe_schedule(2, 4), axes[0], title=f"GPipe, 2 stages, 4 micro-batches: idle {bubble_fraction(2, 4):.0%}")
+plot_gantt(gpipe_schedule(4, 8), axes[1], title=f"GPipe, 4 stages, 8 micro-batches: idle {bubble_fraction(4, 8):.0%}")
+plt.show()
+print(f"{'m':>3} | bubble p=2 | bubble p=4 | bubble p=8")
+for m in (1, 2, 4, 8, 16, 32):
+    sims = [idle_fraction(gpipe_schedule(p, m)) for p in (2, 4, 8)]
+    assert all(abs(s - bubble_fraction(p, m)) < 1e-12 for s, p in zip(sims, (2, 4, 8)))
+    print(f"{m:>3} | " + " | ".join(f"{s:10.3f}" for s in sims))
+print("simulated schedules agree with (p-1)/(m+p-1); for p=4, a bubble <= 10% needs m >=", min_micro_batches(4, 0.1))
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+### Measured on two processes
+
+Now the real thing: the two processes of section 2 run GPipe steps for `m = 1, 2, 4, 8`, recording each task's start and end on the machine's monotonic clock (shared by both processes), and the idle fraction is computed from those timestamps. Two settings:
+
+- **simulated device time**: each stage's forward of the whole batch takes 40 ms and its backward 80 ms (a `sleep` split evenly over micro-batches, as if a GPU computed while the CPU waits), plus the real tiny model and the real messages;
+- **real compute**: a wider model (width 512, batch 512) whose stages compute on one core each. This machine has 2 cores, shared with everything else that runs.
+"""
+
+# %% slideshow={"slide_type": "-"}
+both = spawn("_runs/mp_stages.py:measure_both", nprocs=2, timeout=120)
+sim = [both[rank]["simulated"] for rank in (0, 1)]
+real = [both[rank]["real"] for rank in (0, 1)]
+
+
+def measured_tasks(results, m, run):
+    return [Task(s, i, kind, start, end) for rank in (0, 1) for (s, i, kind, start, end) in results[rank][m][run]]
+
+
+def replayed(tasks, m):
+    """The bubble GPipe would have with these measured task times and free, instant messages."""
+    mean = lambda stage, kind: sum(t.duration for t in tasks if (t.stage, t.kind) == (stage, kind)) / m
+    return idle_fraction(gpipe_schedule(2, m, [mean(0, "F"), mean(1, "F")], [mean(0, "B"), mean(1, "B")]))
+
+
+print(f"{'m':>3} | formula | simulated device time: measured (replayed) | real compute: measured (replayed)")
+measured = {}
+for m in (1, 2, 4, 8):
+    best = {}
+    for name, results in (("sim", sim), ("real", real)):
+        runs = [measured_tasks(results, m, r) for r in range(2)]
+        tasks = min(runs, key=idle_fraction)                    # best of 2 runs: the least disturbed
+        best[name] = (idle_fraction(tasks), replayed(tasks, m))
+    measured[m] = (best["sim"][0], best["real"][0])
+    print(f"{m:>3} | {bubble_fraction(2, m):7.3f} | ~{best['sim'][0]:.3f} (~{best['sim'][1]:.3f})"
+          f"{'':>22} | ~{best['real'][0]:.3f} (~{best['real'][1]:.3f})")
+
+# %% slideshow={"slide_type": "-"}
+fig, axes = plt.subplots(1, 2, figsize=(11, 3.2), constrained_layout=True)
+tasks4 = measured_tasks(sim, 4, 0)
+plot_gantt([Task(t.stage, t.micro, t.kind, 1000 * t.start, 1000 * t.end) for t in tasks4], axes[0], time_unit="ms",
+           title="measured: 2 processes, 4 micro-batches (simulated device time)")
+ms = [1, 2, 4, 8]
+axes[1].plot(ms, [bubble_fraction(2, m) for m in ms], "k-o", label="(p-1)/(m+p-1)")
+axes[1].plot(ms, [measured[m][0] for m in ms], "s--", label="measured, simulated device time")
+axes[1].plot(ms, [measured[m][1] for m in ms], "^:", label="measured, real compute (2 shared cores)")
+axes[1].set(xscale="log", xticks=ms, xticklabels=ms, xlabel="micro-batches m", ylabel="idle fraction of device time",
+            title="bubble of a 2-stage GPipe step", ylim=(0, 1))
+axes[1].minorticks_off()
+axes[1].legend(fontsize=8)
+plt.show()
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+How to read the numbers (yours will differ run to run). "Replayed" feeds each stage's measured average task times into the GPipe simulator of `course_lib.pipeline`, with messages that cost nothing: it is the bubble due to the schedule and to unequal stages alone; the measured value minus the replayed one is what the messages and the waiting cost.
+
+- With simulated device time the measured bubble follows the formula down from 50% at `m=1`; what it adds on top is the **per-micro-batch cost**: each micro-batch is one more message each way, one more Python round of the loop, one more wake-up of a sleeping process. Those costs grow with `m` while the work per micro-batch shrinks, so in practice the bubble stops falling and `m` has an optimum (GPipe's paper suggests `m ≥ 4p`).
+- With real compute on two shared cores, the replayed bubble is already above the formula (the stages are not equally fast, and the backward is not exactly twice the forward), and the measured one is far above that: every message makes one process wait for the other to be scheduled, and any other process on the machine steals a core from one stage and leaves the other waiting. The measured idle time may even grow with `m`. The formula assumes dedicated devices with equal, fixed task times; on GPUs the same effect appears when micro-batches get too small to fill the device.
+"""
+
+# %% [markdown] slideshow={"slide_type": "slide"}
+"""
+## 4. PyTorch's own pipelining: `torch.distributed.pipelining`
+
+PyTorch 2.13 ships the machinery we wrote by hand: `PipelineStage` wraps one stage's module (and does the sends and receives), and a schedule runs the micro-batches: `ScheduleGPipe`, `Schedule1F1B` (one forward, one backward: same bubble, fewer activations kept alive), interleaved and zero-bubble variants. It works on CPU with gloo: the check below runs the same split model with `ScheduleGPipe` and 4 micro-batches and compares the gradients with one process on the full batch. The schedule averages the micro-batch losses' gradients itself (its `scale_grads=True` default), so the loss function is the plain mean cross-entropy.
+"""
+
+# %% slideshow={"slide_type": "-"}
+import torch.distributed.pipelining as pipelining
+
+print("schedules in torch.distributed.pipelining:", ", ".join(n for n in dir(pipelining) if n.startswith("Schedule")))
+
+# %% slideshow={"slide_type": "-"}
+# %%writefile _runs/pp_api.py
+import torch
+import torch.nn.functional as F
+from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
+
+from mp_stages import make_model, split
+
+
+def api_step(rank, world_size, x, y, n_micro=4):
+    """One GPipe step of the split model with PyTorch's pipelining API; return this stage's gradients."""
+    torch.set_num_threads(1)
+    stage_module = split(make_model(), rank)
+    stage = PipelineStage(stage_module, stage_index=rank, num_stages=world_size, device=torch.device("cpu"))
+    schedule = ScheduleGPipe(stage, n_microbatches=n_micro, loss_fn=F.cross_entropy)
+    losses = []
+    if rank == 0:
+        schedule.step(x)                          # the first stage feeds the inputs
+    else:
+        schedule.step(target=y, losses=losses)    # the last stage gets the targets and computes the loss
+    return {"grads": {k: p.grad.clone() for k, p in stage_module.named_parameters()},
+            "losses": [loss.item() for loss in losses]}
+
+
+# %% slideshow={"slide_type": "-"}
+api = spawn("_runs/pp_api.py:api_step", nprocs=2, args=(x_batch, y_batch, 4), timeout=120)
+for rank in (0, 1):
+    for k, g in api[rank]["grads"].items():
+        assert torch.allclose(g, ref_grads[k], atol=1e-6)
+print("ScheduleGPipe, 2 stages x 4 micro-batches: gradients allclose to one process on the full batch")
+print("micro-batch losses on the last stage:", [round(v, 4) for v in api[1]["losses"]])
+assert abs(sum(api[1]["losses"]) / 4 - F.cross_entropy(make_model()(x_batch), y_batch).item()) < 1e-5
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+The API also has a tracing front end, `pipeline(module, mb_args, split_spec={...: SplitPoint.BEGINNING})`, which cuts one `nn.Module` into stages automatically; the manual `PipelineStage` used here needs no tracing: each rank simply builds its own stage module. On GPUs the stages pass tensors with NCCL; nothing else changes.
+"""
+
+# %% [markdown] slideshow={"slide_type": "slide"}
+"""
+## 5. Seed 002's second "model parallel" example: what it really does
+
+Seed 002 presents a second script as model parallelism: a `Net` made of three `SubNet`s, and one process per sub-network started with `mp.Process(target=train, args=(i, args))`. Read what each process does:
+
+- it calls `init_process_group(..., rank=subnet_id)` and `torch.cuda.set_device(subnet_id)`: `subnet_id` only picks a GPU;
+- it builds **the whole** `Net()` and moves all of it to that GPU: every process holds all three sub-networks;
+- it trains on its own `DataLoader` with its own optimizer and **never communicates**: no send, no receive, no all-reduce, no DDP.
+
+So it is neither model parallelism (nothing is split; each device needs memory for the whole model) nor data parallelism (the replicas are never synchronised): it is *N independent trainings* of the same architecture that drift apart. The process group it initialises is never used. Below, the same script on CPU and gloo, with the seed's layer sizes:
+"""
+
+# %% slideshow={"slide_type": "-"}
+# %%writefile _runs/seed002_second.py
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class SubNet(nn.Module):
+    def __init__(self, in_features, out_features):
+        super().__init__()
+        self.linear = nn.Linear(in_features, out_features)
+
+    def forward(self, x):
+        return self.linear(x)
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.subnets = nn.ModuleList([SubNet(1024, 512), SubNet(512, 256), SubNet(256, 100)])
+
+    def forward(self, x):
+        for subnet in self.subnets:
+            x = subnet(x)
+        return x
+
+
+def train(subnet_id, world_size, steps=3):
+    # the group is already initialised by the launcher, as the seed's init_process_group would do
+    torch.set_num_threads(1)
+    torch.manual_seed(0)                       # even with the same initial weights ...
+    model = Net()                              # the WHOLE model, in every process
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    gen = torch.Generator().manual_seed(100 + subnet_id)  # ... each process reads its own data
+    for _ in range(steps):
+        inputs, labels = torch.randn(32, 1024, generator=gen), torch.randint(0, 100, (32,), generator=gen)
+        optimizer.zero_grad()
+        loss = F.cross_entropy(model(inputs), labels)
+        loss.backward(retain_graph=True)       # as in the seed: keeps this graph's buffers alive for nothing
+        optimizer.step()
+    return {"n_params": sum(p.numel() for p in model.parameters()),
+            "subnets": len(model.subnets),
+            "weights": torch.cat([p.detach().flatten() for p in model.parameters()])}
+
+
+# %% slideshow={"slide_type": "-"}
+seed2 = spawn("_runs/seed002_second.py:train", nprocs=2, timeout=120)
+for rank in (0, 1):
+    print(f"rank {rank}: holds {seed2[rank]['subnets']} of 3 sub-networks, {seed2[rank]['n_params']:,} parameters (the whole model)")
+drift = (seed2[0]["weights"] - seed2[1]["weights"]).abs().max().item()
+assert seed2[0]["n_params"] == seed2[1]["n_params"] == 1024 * 512 + 512 + 512 * 256 + 256 + 256 * 100 + 100
+assert drift > 0
+print(f"after 3 steps the two copies differ by up to {drift:.4f}: two unrelated trainings, not one model")
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+Two more problems in that script, checked on 2.13:
+
+- **`loss.backward(retain_graph=True)`** is not "keeping the gradient for later error propagation". Gradients accumulate in `.grad` with or without it; `retain_graph` only keeps the graph's saved tensors alive after backward, which is needed only to call `backward` a second time on the same graph. Here it just holds memory until the next iteration replaces `loss`.
+- **`init_method='env://'`** reads `MASTER_ADDR` and `MASTER_PORT` from the environment, and the script starts its processes with `mp.Process` without setting them (only a launcher like `torchrun` does): it stops right there.
+- **`world_size = num_gpus * subnets`** while only `subnets` processes are started: with `num_gpus=2, subnets=2` the group expects 4 ranks, 2 arrive, and `init_process_group` waits for the missing ones until its timeout (30 minutes by default for gloo). One rank alone, expecting 4, with a 2-second timeout:
+"""
+
+# %% slideshow={"slide_type": "-"}
+torch.manual_seed(0)
+m_small = nn.Linear(4, 1)
+xs = torch.randn(8, 4)
+m_small(xs).pow(2).mean().backward()
+g_plain = m_small.weight.grad.clone()
+m_small.zero_grad()
+m_small(xs).pow(2).mean().backward(retain_graph=True)
+assert torch.equal(m_small.weight.grad, g_plain)
+print("gradients with and without retain_graph=True: identical")
+
+saved_env = {k: os.environ.pop(k) for k in ("MASTER_ADDR", "MASTER_PORT") if k in os.environ}
+with expect_error(ValueError, match="MASTER_ADDR expected, but not set"):
+    dist.init_process_group("gloo", init_method="env://", rank=0, world_size=2)
+os.environ.update(saved_env)
+
+with expect_error(dist.DistStoreError, match="1/4 clients joined", quiet=True) as waited:
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=4,
+                            timeout=timedelta(seconds=2))
+assert not dist.is_initialized()
+print("init_process_group gave up:", type(waited.error).__name__, "-", str(waited.error).split(". ")[-1].strip())
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+What model parallelism of that `Net` would be: sub-network 0 in process 0, sub-networks 1–2 in process 1, the 512-wide activation sent forward and its gradient sent back, exactly the protocol of section 2. What data parallelism of it would be: wrap the model in `DistributedDataParallel` (notebook 08). The seed's script does neither.
+"""
+
+# %% [markdown] slideshow={"slide_type": "slide"}
+"""
+## 6. Tensor parallelism: splitting inside a layer
+
+A pipeline splits *between* layers; tensor parallelism (Megatron-LM) splits *inside* one. For a `Linear` layer `y = x Wᵀ + b` with `W` of shape `out × in` (PyTorch's layout), there are two ways to cut `W` across 2 devices:
+
+- **by output features** (Megatron's "column-parallel", since it cuts the columns of `Wᵀ`): each device holds some rows of `W` and computes some of the outputs; **concatenate** (an all-gather) to get `y`;
+- **by input features** ("row-parallel"): each device holds some columns of `W` and the matching slice of `x`, computes a partial `y` over its inputs; **sum** them (an all-reduce) and add `b` once.
+
+Both are exact, forward and backward. Here the two devices are simulated by tensor slices in one process:
+"""
+
+# %% slideshow={"slide_type": "-"}
+torch.manual_seed(0)
+layer = nn.Linear(8, 6)
+x = torch.randn(5, 8, requires_grad=True)
+y = layer(x)
+y.backward(torch.ones_like(y))
+full_dw, full_dx = layer.weight.grad.clone(), x.grad.clone()
+
+# by output features: shard k holds rows k of W and entries k of b
+w_out = [w.detach().clone().requires_grad_() for w in layer.weight.chunk(2, dim=0)]
+b_out = [b.detach().clone().requires_grad_() for b in layer.bias.chunk(2, dim=0)]
+x1 = x.detach().clone().requires_grad_()
+y_col = torch.cat([F.linear(x1, w, b) for w, b in zip(w_out, b_out)], dim=1)          # all-gather
+y_col.backward(torch.ones_like(y_col))
+assert torch.allclose(y_col, y) and torch.allclose(torch.cat([w.grad for w in w_out]), full_dw)
+assert torch.allclose(x1.grad, full_dx)  # each shard contributes to dx: in a real run, an all-reduce of dx
+
+# by input features: shard k holds columns k of W and features k of x; the bias is added once
+w_in = [w.detach().clone().requires_grad_() for w in layer.weight.chunk(2, dim=1)]
+x2 = x.detach().clone().requires_grad_()
+y_row = sum(F.linear(xk, w) for xk, w in zip(x2.chunk(2, dim=1), w_in)) + layer.bias   # all-reduce
+y_row.backward(torch.ones_like(y_row))
+assert torch.allclose(y_row, y, atol=1e-6) and torch.allclose(torch.cat([w.grad for w in w_in], dim=1), full_dw)
+assert torch.allclose(x2.grad, full_dx)
+print("split by output features (concat) and by input features (sum): outputs, dW and dx equal the unsplit layer")
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+Megatron's MLP block chains the two: the first `Linear` split by outputs, the activation applied shard by shard (it is elementwise), the second `Linear` split by inputs, and **one all-reduce** per block in forward (one more in backward). That communication happens in every layer, on the critical path, which is why tensor parallelism stays inside a node with fast links (NVLink). PyTorch's version is `torch.distributed.tensor.parallel` (`ColwiseParallel`, `RowwiseParallel`, `parallelize_module`) built on `DTensor`; exercise 3 asks for the row-parallel split by hand.
+"""
+
+# %% slideshow={"slide_type": "-"}
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+print("tensor-parallel API present:", all(callable(f) for f in (ColwiseParallel, RowwiseParallel, parallelize_module)))
+
+# %% [markdown] slideshow={"slide_type": "slide"}
+"""
+## 7. The map: data, pipeline or tensor parallelism?
+
+| | data parallel (DDP) | pipeline parallel | tensor parallel |
+|---|---|---|---|
+| what is split | the batch; each device has the whole model | the layers, in consecutive stages | each layer's weight matrices |
+| communicated | all gradients, once per step (all-reduce) | activations at the cuts, forward and back (point-to-point) | activations inside every layer (all-reduce / all-gather) |
+| idle time | none (communication overlaps backward) | the bubble `(p-1)/(m+p-1)` | none, but communication on the critical path |
+| needs | the model, its gradients and optimizer state fit on one device | a batch big enough for `m ≫ p` micro-batches; balanced stages | very fast links: one node, NVLink |
+| fits when | the model fits: always the first choice | the model does not fit; across nodes, with slow links | single layers too big, or pipeline stages too big; within a node |
+
+Large training runs combine them ("3-D parallelism"): tensor parallel inside a node, pipeline across nodes, data parallel over copies of the whole arrangement. And before any of these, the single-device savings of notebooks 04–06 (checkpointing, mixed precision, accumulation) often make the model fit on one device.
+"""
+
+# %% [markdown] slideshow={"slide_type": "slide"}
+"""
+## Summary
+
+- Splitting a model across devices (seed 003's `split_gpus`) saves memory but not time: naively only one of `p` devices works at a time, idle `(p-1)/p`.
+- Across processes a split is a message protocol: activations forward with `send`, `∂loss/∂activation` backward, `out.backward(grad)` on the sender. Two processes trained exactly like one (allclose gradients and parameters), with half the parameters each.
+- Micro-batches (GPipe) shrink the bubble to `(p-1)/(m+p-1)`; measured on two processes it follows the formula plus a per-micro-batch cost, so `m` has an optimum; on two shared CPU cores real compute does not follow it at all.
+- `torch.distributed.pipelining` (`PipelineStage`, `ScheduleGPipe`, `Schedule1F1B`, ...) runs on CPU/gloo and gave the full-batch gradients.
+- Seed 002's "model parallel" script builds the whole model in every process and never communicates: independent trainings. `retain_graph=True` there only wastes memory.
+- Tensor parallelism splits a `Linear` by outputs (concatenate) or inputs (sum), exactly; it communicates inside every layer.
+"""
+
+# %% [markdown] slideshow={"slide_type": "slide"}
+"""
+## Exercises
+
+1. Write `bubble(p, m)`: the idle fraction of a GPipe step with `p` stages and `m` micro-batches, equal task times.
+2. Write `fewest_micro(p, max_bubble)`: the smallest number of micro-batches whose bubble is at most `max_bubble`.
+3. Write `partials(x, weight, n)`: the `n` partial outputs of a `Linear` (no bias) split by **input** features into `n` shards; their sum must be `x @ weight.T`.
+"""
+
+# %% slideshow={"slide_type": "-"}
+from course_lib.exercises.model_parallel import check_bubble, check_min_micro_batches, check_row_parallel_partials
+
+
+def bubble(p, m):
+    raise NotImplementedError  # your code here
+
+
+print(check_bubble(bubble))
+
+
+# %% slideshow={"slide_type": "-"}
+def fewest_micro(p, max_bubble):
+    raise NotImplementedError  # your code here
+
+
+print(check_min_micro_batches(fewest_micro))
+
+
+# %% slideshow={"slide_type": "-"}
+def partials(x, weight, n):
+    raise NotImplementedError  # your code here
+
+
+print(check_row_parallel_partials(partials))
+
+# %% [markdown] slideshow={"slide_type": "slide"}
+"""
+## References
+
+- Y. Huang et al., *GPipe: Efficient Training of Giant Neural Networks using Pipeline Parallelism*, NeurIPS 2019, [arXiv:1811.06965](https://arxiv.org/abs/1811.06965).
+- D. Narayanan et al., *PipeDream: Generalized Pipeline Parallelism for DNN Training*, SOSP 2019 (the 1F1B schedule), and *Efficient Large-Scale Language Model Training on GPU Clusters Using Megatron-LM*, SC 2021, [arXiv:2104.04473](https://arxiv.org/abs/2104.04473).
+- M. Shoeybi et al., *Megatron-LM: Training Multi-Billion Parameter Language Models Using Model Parallelism*, 2019, [arXiv:1909.08053](https://arxiv.org/abs/1909.08053).
+- PyTorch docs: [torch.distributed.pipelining](https://pytorch.org/docs/stable/distributed.pipelining.html), [point-to-point communication](https://pytorch.org/docs/stable/distributed.html#point-to-point-communication), [Tensor Parallelism](https://pytorch.org/docs/stable/distributed.tensor.parallel.html).
+- PyTorch tutorials: [Writing distributed applications](https://pytorch.org/tutorials/intermediate/dist_tuto.html) (send/recv), [Introduction to distributed pipeline parallelism](https://pytorch.org/tutorials/intermediate/pipelining_tutorial.html).
+"""

@@ -1,0 +1,81 @@
+"""The course manifest (course.toml) is the one list of notebooks; what is generated from it is current."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from course_lib import manifest
+from course_lib.manifest import ROOT, course, course_map, lecture_plan, notebook_paths, readme_table
+
+
+def test_the_manifest_lists_exactly_the_notebooks_in_the_folder() -> None:
+    listed = notebook_paths()
+    on_disk = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+    assert listed == on_disk, "course.toml and notebooks/ disagree: add or remove the manifest entry"
+    for entry in course():
+        assert (ROOT / "course_lib" / "exercises" / f"{entry.exercise_module}.py").is_file(), entry.stem
+
+
+def test_each_title_is_the_notebook_heading() -> None:
+    for entry in course():
+        first = json.loads(entry.path.read_text())["cells"][0]["source"][0].strip()
+        assert first == f"# {entry.number} · {entry.title}", f"{entry.stem}: heading {first!r}"
+
+
+def test_each_notebook_uses_its_exercise_module() -> None:
+    for entry in course():
+        text = entry.path.read_text()
+        assert f"course_lib.exercises.{entry.exercise_module} import" in text, entry.stem
+
+
+def test_generated_blocks_of_readme_and_guide_are_current() -> None:
+    stale = manifest.write_generated(check=True)
+    assert not stale, f"{stale}: run `python -m course_lib.manifest --write`"
+
+
+def test_renderers() -> None:
+    entries = course()
+    table = readme_table(entries)
+    assert table.count("\n") == len(entries) + 1 and "`00_start_here`" in table
+    plan = lecture_plan(entries)
+    total = sum(e.lecture for e in entries) / 60
+    assert f"About **{total:.1f} hours** of lecture" in plan
+    assert course_map(entries).splitlines()[0].startswith("00_start_here ")
+    assert "`" not in course_map(entries)
+
+
+def test_notebook_00_prints_the_map_from_the_manifest() -> None:
+    nb = json.loads((ROOT / "notebooks" / "00_start_here.ipynb").read_text())
+    printed = ["".join(o.get("text", "")) for c in nb["cells"] if c["cell_type"] == "code"
+               for o in c.get("outputs", []) if "course_map()" in "".join(c["source"])]
+    assert printed and printed[0].strip() == course_map().strip()
+
+
+def test_cli_prints_the_paths(tmp_path: Path) -> None:
+    out = subprocess.run([sys.executable, "-m", "course_lib.manifest"], capture_output=True, text=True,
+                         check=True, timeout=60).stdout.split()
+    assert out == [str(p.relative_to(ROOT)) for p in notebook_paths()]
+    bad = subprocess.run([sys.executable, "-m", "course_lib.manifest", "--nope"], capture_output=True, text=True,
+                         timeout=60)
+    assert bad.returncode == 2 and "usage" in bad.stderr
+
+
+@pytest.mark.parametrize("text, message", [
+    ("", "must hold a list"),
+    ('[[notebook]]\nstem = "00_a"\n', "missing fields"),
+    ('[[notebook]]\nstem = "01_a"\ntitle = "t"\nsummary = "s"\nlecture = 1\nexercises = 1\n'
+     'exercise_module = "m"\nlive = "l"\n', "numbered in order"),
+    ('[[notebook]]\nstem = "00_a"\ntitle = "t"\nsummary = "s"\nlecture = "1"\nexercises = 1\n'
+     'exercise_module = "m"\nlive = "l"\n', "lecture must be a int"),
+])
+def test_a_broken_manifest_is_refused_clearly(tmp_path: Path, text: str, message: str) -> None:
+    path = tmp_path / "course.toml"
+    path.write_text(text)
+    with pytest.raises(ValueError, match=message):
+        course(path)
+    with pytest.raises(FileNotFoundError):
+        course(tmp_path / "missing.toml")
