@@ -261,7 +261,7 @@ with expect_error(GradcheckError, match="Jacobian mismatch"):
 """
 ### Three ways to compute Swish agree
 
-Autograd's own `x * torch.sigmoid(x)`, the built-in `F.silu` and our Function give the same values and the same gradients. The course keeps a canonical copy in `course_lib.activations` (the notebooks after this one reuse it); it must agree with what we just wrote.
+Autograd's own `x * torch.sigmoid(x)`, the built-in `F.silu` and our Function give the same values and the same gradients. The course also keeps a second, deliberate copy in `course_lib.activations`, written in the style of section 7 and used by this notebook's exercise checks; the cell asserts that it agrees with what we just wrote, so the two cannot drift apart.
 """
 
 # %% slideshow={"slide_type": "fragment"}
@@ -618,7 +618,7 @@ with expect_error(RuntimeError, match="setup_context"):
 
 # %% [markdown] slideshow={"slide_type": "fragment"}
 """
-`course_lib.activations.Swish` is written in this modern style (with a `jvp` for forward-mode AD too), which is why later notebooks can use it anywhere.
+`course_lib.activations.Swish` is written in this modern style (with a `jvp` for forward-mode AD too), which is why it also works under `torch.func` transforms.
 """
 
 # %% [markdown] slideshow={"slide_type": "slide"}

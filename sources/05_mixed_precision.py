@@ -365,7 +365,7 @@ class HandScaler:
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-Now the proof that it is the same algorithm as PyTorch's. Three copies of a model train on the same batches with three scalers: ours, `course_lib.precision.DynamicLossScaler` (the course's canonical version, reused by later notebooks), and `torch.amp.GradScaler("cpu")`. At a few steps we inject an overflow (an inf in one gradient, as fp16 would produce). A short `growth_interval=3` makes growth visible. We record, per step, the scale used and whether the weights moved.
+Now the proof that it is the same algorithm as PyTorch's. Three copies of a model train on the same batches with three scalers: ours, `course_lib.precision.DynamicLossScaler` (the course's second, deliberate copy of the same algorithm, kept equal to ours by this test), and `torch.amp.GradScaler("cpu")`. At a few steps we inject an overflow (an inf in one gradient, as fp16 would produce). A short `growth_interval=3` makes growth visible. We record, per step, the scale used and whether the weights moved.
 """
 
 # %% slideshow={"slide_type": "fragment"}
