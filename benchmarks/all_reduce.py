@@ -6,7 +6,8 @@ For each world size (processes on this machine, started with ``course_lib.launch
 each tensor size (float32): the median time of one all-reduce (the slowest rank's time, each
 repetition), the bytes each rank sent in the hand-written ring (counted in the code), the ring's
 formula ``2 (N-1)/N * S``, and whether the results equal ``dist.all_reduce``'s (``allclose`` on
-random data, bit-identical on integer-valued data). The ring is the one of notebook 07.
+random data, bit-identical on integer-valued data). The ring is course_lib.collectives.ring_all_reduce,
+the copy that notebook 07 writes by hand and checks against it.
 
 Prints a table, then one line::
 
@@ -33,32 +34,10 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from course_lib.collectives import ring_all_reduce  # noqa: E402  (the ring notebook 07 writes by hand)
 from course_lib.launch import spawn  # noqa: E402
 
 DEFAULT_SIZES = (1024, 16384, 262144, 1048576)  # float32 elements: 4 KiB .. 4 MiB
-
-
-def ring_all_reduce(t: torch.Tensor) -> int:
-    """Sum ``t`` over all ranks, in place. Returns the number of bytes this rank sent."""
-    rank, n = dist.get_rank(), dist.get_world_size()
-    right, left = (rank + 1) % n, (rank - 1) % n
-    chunks = t.view(-1).tensor_split(n)
-    sent = 0
-    for step in range(n - 1):  # scatter-reduce
-        send_c, recv_c = (rank - step) % n, (rank - step - 1) % n
-        incoming = torch.empty_like(chunks[recv_c])
-        request = dist.isend(chunks[send_c], dst=right)
-        dist.recv(incoming, src=left)
-        request.wait()
-        chunks[recv_c].add_(incoming)
-        sent += chunks[send_c].numel() * t.element_size()
-    for step in range(n - 1):  # all-gather
-        send_c, recv_c = (rank + 1 - step) % n, (rank - step) % n
-        request = dist.isend(chunks[send_c], dst=right)
-        dist.recv(chunks[recv_c], src=left)
-        request.wait()
-        sent += chunks[send_c].numel() * t.element_size()
-    return sent
 
 
 def _timed(fn, t: torch.Tensor) -> float:

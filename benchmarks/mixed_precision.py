@@ -28,6 +28,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from course_lib.precision import saved_cast_copy_bytes  # noqa: E402
 from course_lib.saved_tensors import SavedTensorMeter, format_bytes  # noqa: E402
+from course_lib.timing import matmul_tflops  # noqa: E402
 
 BATCHES = (64, 512)
 WIDTH = 512
@@ -76,24 +77,6 @@ def measure(device: str, batch: int, low: bool, steps: int) -> tuple[int, int, f
     return meter.bytes - copies, copies, statistics.median(times)
 
 
-def matmul_tflops(dtype: torch.dtype, n: int = 4096, tf32: bool = False) -> float:
-    torch.backends.cuda.matmul.allow_tf32 = tf32
-    a = torch.randn(n, n, device="cuda", dtype=dtype)
-    b = torch.randn(n, n, device="cuda", dtype=dtype)
-    for _ in range(3):
-        a @ b
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    reps = 20
-    start.record()
-    for _ in range(reps):
-        a @ b
-    end.record()
-    torch.cuda.synchronize()
-    torch.backends.cuda.matmul.allow_tf32 = False
-    return 2 * n**3 * reps / (start.elapsed_time(end) / 1e3) / 1e12
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=10, help="timed training steps per configuration (default 10)")
@@ -129,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\nGPU matmul 4096^3 on {torch.cuda.get_device_name()}:")
         for name, dtype, tf32 in (("fp32", torch.float32, False), ("tf32", torch.float32, True),
                                   ("fp16", torch.float16, False), ("bf16", torch.bfloat16, False)):
-            print(f"  {name}: {matmul_tflops(dtype, tf32=tf32):8.1f} TFLOP/s")
+            print(f"  {name}: {matmul_tflops(4096, dtype, tf32=tf32, repeats=20):8.1f} TFLOP/s")
     assert result is not None
     print(f"RESULT saved_bytes_ratio={result[0]:.3f} step_time_ratio={result[1]:.3f}")
     return 0

@@ -964,25 +964,11 @@ Read your own numbers: on a CPU with AMX or AVX512-BF16, bf16 matmuls can beat f
 
 # %% slideshow={"slide_type": "fragment"}
 if requires_gpu("matmul throughput: fp32, TF32, fp16, bf16 on tensor cores"):
-    def tflops(n, dtype, tf32=False):
-        torch.backends.cuda.matmul.allow_tf32 = tf32
-        a = torch.randn(n, n, device="cuda", dtype=dtype)
-        b = torch.randn(n, n, device="cuda", dtype=dtype)
-        for _ in range(3):
-            a @ b
-        torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(10):
-            a @ b
-        end.record()
-        torch.cuda.synchronize()
-        return 2 * n**3 * 10 / (start.elapsed_time(end) / 1e3) / 1e12
+    from course_lib.timing import matmul_tflops  # CUDA events around 10 products, after 3 warm-up ones
 
     for n in (4096, 4095):
-        print(f"n={n}: fp32 ~{tflops(n, torch.float32):.1f} | tf32 ~{tflops(n, torch.float32, True):.1f} | "
-              f"fp16 ~{tflops(n, torch.float16):.1f} | bf16 ~{tflops(n, torch.bfloat16):.1f} TFLOP/s")
-    torch.backends.cuda.matmul.allow_tf32 = False
+        print(f"n={n}: fp32 ~{matmul_tflops(n, torch.float32):.1f} | tf32 ~{matmul_tflops(n, torch.float32, tf32=True):.1f} | "
+              f"fp16 ~{matmul_tflops(n, torch.float16):.1f} | bf16 ~{matmul_tflops(n, torch.bfloat16):.1f} TFLOP/s")
 
 # %% [markdown] slideshow={"slide_type": "slide"}
 """

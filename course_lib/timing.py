@@ -1,0 +1,55 @@
+"""Timing of matrix-multiply throughput, on a GPU (CUDA events) or a CPU (wall clock).
+
+Notebook 05's GPU cell and ``benchmarks/mixed_precision.py`` both report TFLOP/s with this function.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+
+__all__ = ["matmul_tflops"]
+
+
+def matmul_tflops(n: int, dtype: torch.dtype, *, device: str = "cuda", tf32: bool = False, repeats: int = 10) -> float:
+    """TFLOP/s of ``repeats`` products of two random ``n x n`` matrices (``2 n^3`` flops each).
+
+    Three warm-up products run first. On CUDA the time comes from CUDA events around the products
+    (``tf32=True`` allows TF32 tensor cores for float32 for the duration); on the CPU from the wall clock.
+
+    >>> matmul_tflops(64, torch.float32, device="cpu", repeats=2) > 0
+    True
+    """
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"n must be a positive int, got {n!r}")
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"repeats must be a positive int, got {repeats!r}")
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TypeError(f"dtype must be a floating-point torch.dtype, got {dtype!r}")
+    on_cuda = torch.device(device).type == "cuda"
+    if on_cuda and not torch.cuda.is_available():
+        raise RuntimeError("device='cuda' needs a CUDA GPU; pass device='cpu' here")
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    previous = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    try:
+        for _ in range(3):
+            a @ b
+        if on_cuda:
+            torch.cuda.synchronize()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(repeats):
+                a @ b
+            end.record()
+            torch.cuda.synchronize()
+            seconds = start.elapsed_time(end) / 1e3
+        else:
+            t0 = time.perf_counter()
+            for _ in range(repeats):
+                a @ b
+            seconds = time.perf_counter() - t0
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = previous
+    return 2 * n**3 * repeats / seconds / 1e12
