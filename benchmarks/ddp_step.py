@@ -18,6 +18,10 @@ compete for the cores: OpenMP threads spin while they wait); DDP's gain needs se
 each rank brings its own compute. Timings move by tens of percent when other work shares the
 cores: read the table as orders of magnitude, rerun before trusting a 20% difference.
 
+Its model (an MLP) and its bucket-counting communication hook are those of notebook 08's
+_runs/ddp_internals.py, sized up: a declared copy, since that worker exists only once the notebook
+has written it.
+
 Prints a table, then:
 RESULT speedup_2proc_vs_1proc=<best DDP row over 1 process, 1 thread> best_bucket_mb=<f> buckets_at_best=<n>
        threads2_vs_1proc=<1 process with 2 threads over 1 thread>

@@ -23,7 +23,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -36,6 +35,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
+from course_lib.launch import free_port
 from course_lib.manifest import notebook_paths
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -167,12 +167,6 @@ def pytest_runtest_makereport(item, call):
 
 
 # --------------------------------------------------------------------------- JupyterLab
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass
