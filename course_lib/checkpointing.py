@@ -18,6 +18,8 @@ import math
 import torch
 from torch import nn
 
+from .validation import check_bool, check_int, check_number
+
 __all__ = ["deep_chain", "checkpoint_momentum", "prepare_batchnorm_for_checkpointing", "PREPARED_ATTR"]
 
 _ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU, "gelu": nn.GELU, "sigmoid": nn.Sigmoid}
@@ -38,17 +40,13 @@ def deep_chain(depth: int, width: int, *, activation: str = "tanh", bias: bool =
     >>> len(m), type(m[0][1]).__name__
     (4, 'Tanh')
     """
-    for name, v in (("depth", depth), ("width", width)):
-        if isinstance(v, bool) or not isinstance(v, int):
-            raise TypeError(f"{name} must be an int, got {type(v).__name__}")
-        if v < 1:
-            raise ValueError(f"{name} must be >= 1, got {v}")
+    check_int("depth", depth, minimum=1)
+    check_int("width", width, minimum=1)
     if activation not in _ACTIVATIONS:
         raise ValueError(f"activation must be one of {sorted(_ACTIVATIONS)}, got {activation!r}")
-    if not isinstance(bias, bool):
-        raise TypeError(f"bias must be a bool, got {type(bias).__name__}")
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
-        raise ValueError(f"seed must be a non-negative int or None, got {seed!r}")
+    check_bool("bias", bias)
+    if seed is not None:
+        check_int("seed", seed, minimum=0, what="an int or None")
     state = torch.random.get_rng_state()
     try:
         if seed is not None:
@@ -72,8 +70,7 @@ def checkpoint_momentum(momentum: float, *, convention: str = "pytorch") -> floa
     >>> round(checkpoint_momentum(0.1), 4), round(checkpoint_momentum(0.9, convention="old-weight"), 4)
     (0.0513, 0.9487)
     """
-    if isinstance(momentum, bool) or not isinstance(momentum, (int, float)):
-        raise TypeError(f"momentum must be a number, got {type(momentum).__name__}")
+    check_number("momentum", momentum)
     if not 0.0 <= momentum <= 1.0:
         raise ValueError(f"momentum must be in [0, 1], got {momentum}")
     if convention == "pytorch":

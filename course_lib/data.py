@@ -11,6 +11,8 @@ from functools import lru_cache
 
 import torch
 
+from .validation import check_int, check_number
+
 __all__ = ["Split", "digits", "digits_datasets"]
 
 
@@ -52,12 +54,10 @@ def digits(test_fraction: float = 0.2, seed: int = 0) -> tuple[Split, Split]:
     >>> len(train), len(test), tuple(train.x.shape[1:])
     (1438, 359, (1, 8, 8))
     """
-    if isinstance(test_fraction, bool) or not isinstance(test_fraction, (int, float)):
-        raise TypeError(f"test_fraction must be a number, got {type(test_fraction).__name__}")
+    check_number("test_fraction", test_fraction)
     if not 0.0 < test_fraction < 1.0:
         raise ValueError(f"test_fraction must be strictly between 0 and 1, got {test_fraction}")
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise ValueError(f"seed must be a non-negative int, got {seed!r}")
+    check_int("seed", seed, minimum=0)
     train, test = _load(float(test_fraction), seed)
     # Return fresh tensors so that a caller modifying them in place cannot corrupt the cache.
     return Split(train.x.clone(), train.y.clone()), Split(test.x.clone(), test.y.clone())

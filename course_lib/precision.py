@@ -21,6 +21,8 @@ from typing import Any
 
 import torch
 
+from .validation import check_bool, check_int, check_number
+
 __all__ = [
     "FORMATS",
     "FloatFormat",
@@ -58,9 +60,7 @@ def _check_value(value: Any) -> float:
         if value.numel() != 1:
             raise ValueError(f"value must be a single number, got a tensor of shape {tuple(value.shape)}")
         return float(value.item())
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"value must be a real number, got {type(value).__name__}")
-    return float(value)
+    return float(check_number("value", value, what="a real number"))
 
 
 @dataclass(frozen=True)
@@ -285,20 +285,14 @@ def has_inf_or_nan(tensors: Iterable[torch.Tensor | None]) -> bool:
 
 def _check_scaler_args(init_scale: Any, growth_factor: Any, backoff_factor: Any, growth_interval: Any) -> None:
     for name, x in (("init_scale", init_scale), ("growth_factor", growth_factor), ("backoff_factor", backoff_factor)):
-        if isinstance(x, bool) or not isinstance(x, (int, float)):
-            raise TypeError(f"{name} must be a number, got {type(x).__name__}")
-        if not math.isfinite(x):
-            raise ValueError(f"{name} must be finite, got {x}")
+        check_number(name, x, finite=True)
     if init_scale <= 0:
         raise ValueError(f"the loss scale must be positive, got {init_scale}")
     if growth_factor <= 1:
         raise ValueError(f"growth_factor must be > 1 (the scale has to grow back), got {growth_factor}")
     if not 0 < backoff_factor < 1:
         raise ValueError(f"backoff_factor must be strictly between 0 and 1 (the scale has to shrink), got {backoff_factor}")
-    if isinstance(growth_interval, bool) or not isinstance(growth_interval, int):
-        raise TypeError(f"growth_interval must be an int, got {type(growth_interval).__name__}")
-    if growth_interval < 1:
-        raise ValueError(f"growth_interval must be >= 1 step, got {growth_interval}")
+    check_int("growth_interval", growth_interval, minimum=1)
 
 
 def update_scale(
@@ -323,10 +317,8 @@ def update_scale(
     (2048.0, 0)
     """
     _check_scaler_args(scale, growth_factor, backoff_factor, growth_interval)
-    if isinstance(growth_tracker, bool) or not isinstance(growth_tracker, int) or growth_tracker < 0:
-        raise ValueError(f"growth_tracker must be a non-negative int, got {growth_tracker!r}")
-    if not isinstance(found_inf, bool):
-        raise TypeError(f"found_inf must be a bool, got {type(found_inf).__name__}")
+    check_int("growth_tracker", growth_tracker, minimum=0)
+    check_bool("found_inf", found_inf)
     if found_inf:
         return _fp32(scale * backoff_factor), 0
     tracker = growth_tracker + 1

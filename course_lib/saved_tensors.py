@@ -16,6 +16,8 @@ from typing import Any
 import torch
 from torch.autograd.graph import saved_tensors_hooks
 
+from .validation import check_number
+
 __all__ = ["SavedTensorMeter", "SavedRecord", "format_bytes"]
 
 
@@ -150,8 +152,7 @@ class SavedTensorMeter:
 
 def format_bytes(n: int | float) -> str:
     """``1536 -> '1.50 KiB'``: binary units, 3 significant digits, exact below 1 KiB."""
-    if isinstance(n, bool) or not isinstance(n, (int, float)):
-        raise TypeError(f"n must be a number of bytes, got {type(n).__name__}")
+    check_number("n", n, what="a number of bytes")
     if n < 0:
         raise ValueError(f"a number of bytes cannot be negative, got {n}")
     if n < 1024:

@@ -4,6 +4,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..allreduce_sim import parameter_server_bytes_formula, ring_bytes_formula
+from ..validation import is_int
 from .core import NotDone, Wrong, as_number, call_learner, dict_answer, exercise, is_placeholder
 
 __all__ = ["check_ring_bytes", "check_ring_schedule", "check_collective_choice", "COLLECTIVE_TASKS"]
@@ -29,7 +30,7 @@ def _simulate_schedule(fn: Any, n: int) -> list[list[frozenset[int]]]:
         sends = []
         for i in range(n):
             c = call_learner(fn, i, s, n)
-            if isinstance(c, bool) or not isinstance(c, int) or not 0 <= c < n:
+            if not is_int(c) or not 0 <= c < n:
                 raise Wrong(f"send_chunk({i}, {s}, {n}) returned {c!r}: it must be a chunk index in 0..{n - 1}")
             sends.append((i, (i + 1) % n, c, have[i][c]))
         for _src, dst, c, contrib in sends:

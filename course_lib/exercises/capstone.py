@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..validation import is_int
 from .core import Wrong, call_learner, dict_answer, exercise, is_placeholder
 
 __all__ = ["check_effective_batch", "check_technique_choice", "TECHNIQUES", "BOTTLENECKS"]
@@ -29,7 +30,7 @@ BOTTLENECKS = tuple(_GUIDE)
 def check_effective_batch(effective_batch: Any) -> str:
     for micro, accum, world in [(32, 1, 1), (16, 4, 1), (32, 1, 2), (8, 4, 2), (4, 8, 16)]:
         got = call_learner(effective_batch, micro, accum, world)
-        if isinstance(got, bool) or not isinstance(got, int):
+        if not is_int(got):
             raise Wrong(f"effective_batch should return an int, got {got!r}")
         want = micro * accum * world
         if got != want:

@@ -9,6 +9,7 @@ import torch
 
 from ..checkpointing import deep_chain
 from ..memory import state_bytes, step_peak_memory
+from ..validation import is_int
 from .core import Wrong, as_number, call_learner, exercise
 
 __all__ = ["check_bn_momentum", "check_sqrt_checkpointing", "check_optimizer_state_bytes"]
@@ -73,7 +74,7 @@ def check_optimizer_state_bytes(state_size: Any) -> str:
     x = torch.randn(5, 12, generator=torch.Generator().manual_seed(0))
     for name, make in _OPTIMIZERS.items():
         predicted = call_learner(state_size, model, name)
-        if isinstance(predicted, bool) or not isinstance(predicted, int):
+        if not is_int(predicted):
             raise Wrong(f"state_size(model, {name!r}) should return an int number of bytes, got {type(predicted).__name__}")
         opt = make(model.parameters())
         model.zero_grad(set_to_none=True)

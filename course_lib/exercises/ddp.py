@@ -5,6 +5,7 @@ from typing import Any
 
 from torch.utils.data import DistributedSampler
 
+from ..validation import is_int
 from .core import Wrong, call_learner, exercise
 
 __all__ = ["check_global_rank", "check_shard_indices", "check_sync_schedule"]
@@ -17,7 +18,7 @@ def check_global_rank(global_rank: Any) -> str:
         for node in range(nodes):
             for local in range(per_node):
                 got = call_learner(global_rank, node, local, per_node)
-                if isinstance(got, bool) or not isinstance(got, int):
+                if not is_int(got):
                     raise Wrong(f"global_rank should return an int, got {type(got).__name__}")
                 want = node * per_node + local
                 if got != want:

@@ -6,6 +6,7 @@ from typing import Any
 import torch
 
 from ..pipeline import bubble_fraction, min_micro_batches
+from ..validation import is_int
 from .core import Wrong, as_number, call_learner, exercise
 
 __all__ = ["check_bubble", "check_min_micro_batches", "check_row_parallel_partials"]
@@ -33,7 +34,7 @@ def check_bubble(bubble: Any) -> str:
 def check_min_micro_batches(fewest_micro: Any) -> str:
     for p, target in [(2, 0.5), (2, 0.2), (2, 0.1), (4, 0.25), (4, 0.1), (8, 0.05), (1, 0.01)]:
         got = call_learner(fewest_micro, p, target)
-        if isinstance(got, bool) or not isinstance(got, int):
+        if not is_int(got):
             raise Wrong(f"fewest_micro({p}, {target}) should return an int, got {got!r}")
         want = min_micro_batches(p, target)
         if got != want:
