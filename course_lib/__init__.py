@@ -8,11 +8,13 @@ Each module has one job:
 * :mod:`course_lib.data` — the scikit-learn digits as seeded tensors (no downloads)
 * :mod:`course_lib.errors` — ``expect_error`` for cells that demonstrate an error
 * :mod:`course_lib.graph_view` — draw and describe the autograd graph behind a tensor
-* :mod:`course_lib.saved_tensors` — ``SavedTensorMeter``: bytes autograd keeps for backward
+* :mod:`course_lib.saved_tensors` — ``SavedTensorMeter``: bytes autograd keeps for backward; autocast's weight copies
 * :mod:`course_lib.activations` — the canonical Swish ``autograd.Function`` (notebook 03)
 * :mod:`course_lib.memory` — allocator peak of a training step (CPU profiler / CUDA), state bytes
 * :mod:`course_lib.checkpointing` — deep chains for checkpointing, the BatchNorm momentum fix
-* :mod:`course_lib.precision` — float formats bit by bit, the canonical dynamic loss scaler
+* :mod:`course_lib.float_formats` — float formats bit by bit (notebook 05's explorer)
+* :mod:`course_lib.loss_scaling` — the canonical dynamic loss scaler, GradScaler's rule in plain Python
+* :mod:`course_lib.precision` — old import path: re-exports the two above and ``saved_cast_copy_bytes``
 * :mod:`course_lib.allreduce_sim` — parameter server and ring all-reduce simulated, bytes counted
 * :mod:`course_lib.launch` — run ``torchrun``/spawn jobs from a notebook: free port, timeout, no orphans
 * :mod:`course_lib.pipeline` — GPipe schedules, the bubble fraction, Gantt charts

@@ -27,6 +27,8 @@ from typing import Any
 
 import torch
 
+from .saved_tensors import _storage_key
+
 # Kineto (the profiler's backend) prints two timestamped "USDT: profiler_start/stop" lines to
 # stderr on every profile, which a notebook would capture as output. Level 6 silences them;
 # it must be set before the profiler is first used, so it is set when this module is imported.
@@ -171,17 +173,18 @@ def step_peak_memory(
 
 
 def _unique_storages(tensors: Iterable[Any]) -> int:
+    """Bytes of the storages behind the tensors among ``tensors``, each storage once (views share one)."""
     seen: set[tuple[str, int]] = set()
     total = 0
     for t in tensors:
         if not isinstance(t, torch.Tensor):
             continue
-        st = t.untyped_storage()
-        key = (str(t.device), st.data_ptr())
-        if key in seen or st.nbytes() == 0:
+        key = _storage_key(t)
+        nbytes = t.untyped_storage().nbytes()
+        if key in seen or nbytes == 0:
             continue
         seen.add(key)
-        total += st.nbytes()
+        total += nbytes
     return total
 
 

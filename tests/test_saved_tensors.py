@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from course_lib import SavedTensorMeter, format_bytes
+from course_lib.saved_tensors import SavedTensorMeter, format_bytes, saved_cast_copy_bytes
 
 
 def test_a_tensor_saved_twice_is_counted_once() -> None:
@@ -92,3 +92,29 @@ def test_format_bytes_rejects_bad_input() -> None:
         format_bytes(-1)
     with pytest.raises(TypeError):
         format_bytes("12")  # type: ignore[arg-type]
+
+
+def test_saved_cast_copy_bytes_counts_autocast_weight_copies() -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    x = torch.randn(5, 8)
+
+    def forward_bf16() -> None:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            model(x).sum()
+
+    # the first layer's input needs no grad, so only the second weight (16x4 in bf16) is saved
+    assert saved_cast_copy_bytes(forward_bf16, model.parameters()) == 16 * 4 * 2
+    assert saved_cast_copy_bytes(lambda: model(x).sum(), model.parameters()) == 0
+    x.requires_grad_(True)
+    assert saved_cast_copy_bytes(forward_bf16, model.parameters()) == (16 * 8 + 16 * 4) * 2
+    assert saved_cast_copy_bytes(forward_bf16, []) == 0  # only casts of the given tensors count
+
+
+def test_saved_cast_copy_bytes_validates() -> None:
+    with pytest.raises(TypeError, match="callable"):
+        saved_cast_copy_bytes(1, [])  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="iterable"):
+        saved_cast_copy_bytes(lambda: None, torch.ones(2))
+    with pytest.raises(TypeError, match="tensors only"):
+        saved_cast_copy_bytes(lambda: None, [1.0])  # type: ignore[list-item]
