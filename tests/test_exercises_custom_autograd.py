@@ -235,3 +235,14 @@ def test_backward_checker_rejects_with_hints() -> None:
     ]:
         r = check_backward_checker(wrong)
         assert r.status == "wrong" and hint in r.message, (wrong, r)
+
+
+def test_the_package_hands_out_no_answer() -> None:
+    """The checker's candidates in course_lib must not solve exercise 1 or 2 (learners can read them)."""
+    import course_lib.exercises.custom_autograd as module
+
+    functions = [v for v in vars(module).values() if isinstance(v, type) and issubclass(v, torch.autograd.Function)]
+    assert len(functions) >= 4
+    for cls in functions:
+        assert check_softplus_function(cls).status != "correct", cls
+        assert check_lean_scaled_tanh(cls).status != "correct", cls

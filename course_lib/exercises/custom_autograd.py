@@ -143,23 +143,25 @@ class _SwishMissingTerm(torch.autograd.Function):
         return grad_output * torch.sigmoid(x)  # forgets the x * s * (1 - s) term
 
 
-class _SoftplusGood(torch.autograd.Function):
+# The candidates are not answers to this notebook's exercises: sine is no exercise, and each
+# wrong one is wrong. (A right softplus or scaled tanh here would hand out exercises 1 and 2.)
+class _Sine(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
         ctx.save_for_backward(x)
-        return F.softplus(x)
+        return torch.sin(x)
 
     @staticmethod
     def backward(ctx: Any, grad_output: torch.Tensor) -> torch.Tensor:
         (x,) = ctx.saved_tensors
-        return grad_output * torch.sigmoid(x)
+        return grad_output * torch.cos(x)
 
 
-class _SoftplusNoChainRule(_SoftplusGood):  # same forward, a wrong backward
+class _SineNoChainRule(_Sine):  # same forward, a wrong backward
     @staticmethod
     def backward(ctx: Any, grad_output: torch.Tensor) -> torch.Tensor:
         (x,) = ctx.saved_tensors
-        return torch.sigmoid(x)  # forgets grad_output
+        return torch.cos(x)  # forgets grad_output
 
 
 class _TanhWrongSign(torch.autograd.Function):
@@ -177,10 +179,10 @@ class _TanhWrongSign(torch.autograd.Function):
 
 _CANDIDATES: list[tuple[str, Any, bool]] = [
     ("Swish (course_lib)", Swish.apply, True),
-    ("softplus, right", _SoftplusGood.apply, True),
+    ("sine, right", _Sine.apply, True),
     ("torch.tanh (built in)", torch.tanh, True),
     ("Swish missing a term", _SwishMissingTerm.apply, False),
-    ("softplus without grad_output", _SoftplusNoChainRule.apply, False),
+    ("sine without grad_output", _SineNoChainRule.apply, False),
     ("tanh with the wrong sign", _TanhWrongSign.apply, False),
 ]
 
