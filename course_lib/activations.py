@@ -22,14 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["Swish", "swish", "swish_derivative", "SwishModule"]
-
-
-def swish_derivative(x: torch.Tensor) -> torch.Tensor:
-    """``d/dx [x * sigmoid(x)] = s * (1 + x * (1 - s))`` with ``s = sigmoid(x)``, elementwise."""
-    _check_input(x)
-    s = torch.sigmoid(x)
-    return s * (1 + x * (1 - s))
+__all__ = ["Swish", "swish", "SwishModule"]
 
 
 class Swish(torch.autograd.Function):

@@ -14,27 +14,13 @@ underflow to zero unless the loss is multiplied by a large scale before backward
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
 from typing import Any
 
 import torch
 
 from .validation import check_bool, check_int, check_number
 
-__all__ = ["has_inf_or_nan", "update_scale", "DynamicLossScaler"]
-
-
-def has_inf_or_nan(tensors: Iterable[torch.Tensor | None]) -> bool:
-    """True when any of ``tensors`` (``None`` entries are skipped, like missing ``.grad``) holds inf or NaN."""
-    found = False
-    for t in tensors:
-        if t is None:
-            continue
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"expected tensors (or None), got {type(t).__name__}")
-        if not bool(torch.isfinite(t).all()):
-            found = True
-    return found
+__all__ = ["update_scale", "DynamicLossScaler"]
 
 
 def _check_scaler_args(init_scale: Any, growth_factor: Any, backoff_factor: Any, growth_interval: Any) -> None:

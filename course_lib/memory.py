@@ -55,11 +55,6 @@ class StepMemory:
         if self.peak_bytes < 0:
             raise ValueError(f"peak_bytes cannot be negative, got {self.peak_bytes}")
 
-    @property
-    def transient_bytes(self) -> int:
-        """Peak minus what stayed allocated: memory needed only while the function ran."""
-        return self.peak_bytes - max(self.retained_bytes, 0)
-
     def __repr__(self) -> str:
         return f"StepMemory(peak_bytes={self.peak_bytes}, retained_bytes={self.retained_bytes}, device={self.device!r})"
 
@@ -210,9 +205,6 @@ class StateBytes:
     @property
     def total(self) -> int:
         return self.parameters + self.gradients + self.optimizer_state
-
-    def as_dict(self) -> dict[str, int]:
-        return {"parameters": self.parameters, "gradients": self.gradients, "optimizer state": self.optimizer_state}
 
 
 def state_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None) -> StateBytes:

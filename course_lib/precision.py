@@ -24,7 +24,7 @@ from .float_formats import (
     round_to,
     ulp,
 )
-from .loss_scaling import DynamicLossScaler, has_inf_or_nan, update_scale
+from .loss_scaling import DynamicLossScaler, update_scale
 from .saved_tensors import saved_cast_copy_bytes
 
 __all__ = [
@@ -38,7 +38,6 @@ __all__ = [
     "ulp",
     "classify",
     "describe",
-    "has_inf_or_nan",
     "update_scale",
     "DynamicLossScaler",
     "saved_cast_copy_bytes",

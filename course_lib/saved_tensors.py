@@ -139,16 +139,6 @@ class SavedTensorMeter:
         """Bytes of saved parameters (and ``exclude`` tensors), each storage counted once."""
         return sum(r.storage_nbytes for r in self.records if r.new_storage and r.is_parameter)
 
-    @property
-    def total_bytes(self) -> int:
-        """Everything autograd keeps a reference to, each storage once."""
-        return self.bytes + self.excluded_bytes
-
-    @property
-    def naive_bytes(self) -> int:
-        """Bytes if every saved tensor were a separate copy (what double counting would say)."""
-        return sum(r.nbytes for r in self.records)
-
     def summary(self) -> str:
         """A short, deterministic text report for a notebook cell."""
         return (

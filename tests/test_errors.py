@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from course_lib import expect_error
+from course_lib.errors import expect_error
 
 
 def test_expected_error_is_shown_and_swallowed(capsys: pytest.CaptureFixture[str]) -> None:

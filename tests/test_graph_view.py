@@ -8,7 +8,7 @@ from matplotlib.text import Annotation  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from course_lib import build_graph, describe_graph, draw_graph  # noqa: E402
+from course_lib.graph_view import build_graph, describe_graph, draw_graph  # noqa: E402
 from course_lib.graph_view import saved_tensors_of  # noqa: E402
 
 

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from course_lib import best_device, environment_report, gpu_available, requires_gpu, seed_everything
+from course_lib.device import best_device, environment_report, gpu_available, requires_gpu
+from course_lib.seeding import seed_everything
 
 
 def _draw() -> tuple[float, float, float]:
