@@ -15,6 +15,7 @@ operations, so double backward works too. Values and gradients agree with
 * :func:`swish` checks its input and applies :class:`Swish`.
 * :class:`SwishModule` wraps it as an ``nn.Module`` for use in ``nn.Sequential``.
 """
+
 from __future__ import annotations
 
 from typing import Any

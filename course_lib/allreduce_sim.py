@@ -16,6 +16,7 @@ and a benchmark can compare measured traffic with the textbook formulas:
 >>> r.outputs[0].tolist(), r.sent_bytes          # 0+1+2 everywhere; 2*(3-1)/3*24 = 32 bytes each
 ([3.0, 3.0, 3.0, 3.0, 3.0, 3.0], [32, 32, 32])
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -241,7 +242,8 @@ def render_snapshot(snapshot: Snapshot) -> str:
         lines.append(f"worker {w:<2} " + " ".join(f"{x:>{width}}" for x in r))
     if snapshot.transfers:
         msgs = ", ".join(
-            f"{'S' if t.src < 0 else t.src}->{'S' if t.dst < 0 else t.dst}" + ("" if t.chunk is None else f"[c{t.chunk}]")
+            f"{'S' if t.src < 0 else t.src}->{'S' if t.dst < 0 else t.dst}"
+            + ("" if t.chunk is None else f"[c{t.chunk}]")
             for t in snapshot.transfers
         )
         lines.append(f"messages: {msgs}")

@@ -11,6 +11,7 @@
   ``running = (1 - momentum) * running + momentum * batch_stat`` two updates with momentum
   ``m'`` equal one update with ``m`` when ``(1 - m')**2 == 1 - m``, i.e. ``m' = 1 - sqrt(1 - m)``.
 """
+
 from __future__ import annotations
 
 import math
@@ -28,7 +29,9 @@ _ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU, "gelu": nn.GELU, "sigmoid": nn
 PREPARED_ATTR = "_course_checkpoint_momentum_from"
 
 
-def deep_chain(depth: int, width: int, *, activation: str = "tanh", bias: bool = True, seed: int | None = 0) -> nn.Sequential:
+def deep_chain(
+    depth: int, width: int, *, activation: str = "tanh", bias: bool = True, seed: int | None = 0
+) -> nn.Sequential:
     """``depth`` blocks ``Sequential(Linear(width, width), activation)`` in one ``nn.Sequential``.
 
     Each block keeps one ``batch x width`` activation for backward (the activation's output,
@@ -51,7 +54,9 @@ def deep_chain(depth: int, width: int, *, activation: str = "tanh", bias: bool =
     try:
         if seed is not None:
             torch.manual_seed(seed)
-        return nn.Sequential(*[nn.Sequential(nn.Linear(width, width, bias=bias), _ACTIVATIONS[activation]()) for _ in range(depth)])
+        return nn.Sequential(
+            *[nn.Sequential(nn.Linear(width, width, bias=bias), _ACTIVATIONS[activation]()) for _ in range(depth)]
+        )
     finally:
         if seed is not None:
             torch.random.set_rng_state(state)
@@ -99,7 +104,9 @@ def prepare_batchnorm_for_checkpointing(module: nn.Module) -> dict[str, tuple[fl
     layers = [(n, m) for n, m in module.named_modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
     already = [n or type(m).__name__ for n, m in layers if hasattr(m, PREPARED_ATTR)]
     if already:
-        raise ValueError(f"BatchNorm layer(s) {already} were already prepared for checkpointing; preparing twice would correct the momentum twice")
+        raise ValueError(
+            f"BatchNorm layer(s) {already} were already prepared for checkpointing; preparing twice would correct the momentum twice"
+        )
     changed: dict[str, tuple[float, float]] = {}
     for name, bn in layers:
         if not bn.track_running_stats or bn.momentum is None:

@@ -4,6 +4,7 @@ The course trains on scikit-learn's handwritten digits (1,797 greyscale 8x8 imag
 which are inside the scikit-learn wheel. :func:`digits` returns them as tensors with a fixed,
 seeded train/test split, so every notebook and every process sees the same data.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -44,7 +45,9 @@ def _load(test_fraction: float, seed: int) -> tuple[Split, Split]:
     test_idx, train_idx = order[:n_test], order[n_test:]
     mean, std = x[train_idx].mean(), x[train_idx].std()  # statistics of the training split only
     x = (x - mean) / std
-    return Split(x[train_idx].contiguous(), y[train_idx].contiguous()), Split(x[test_idx].contiguous(), y[test_idx].contiguous())
+    return Split(x[train_idx].contiguous(), y[train_idx].contiguous()), Split(
+        x[test_idx].contiguous(), y[test_idx].contiguous()
+    )
 
 
 def digits(test_fraction: float = 0.2, seed: int = 0) -> tuple[Split, Split]:
@@ -63,7 +66,9 @@ def digits(test_fraction: float = 0.2, seed: int = 0) -> tuple[Split, Split]:
     return Split(train.x.clone(), train.y.clone()), Split(test.x.clone(), test.y.clone())
 
 
-def digits_datasets(test_fraction: float = 0.2, seed: int = 0) -> tuple[torch.utils.data.TensorDataset, torch.utils.data.TensorDataset]:
+def digits_datasets(
+    test_fraction: float = 0.2, seed: int = 0
+) -> tuple[torch.utils.data.TensorDataset, torch.utils.data.TensorDataset]:
     """:func:`digits` wrapped as ``TensorDataset``s, ready for a ``DataLoader`` or a ``DistributedSampler``."""
     train, test = digits(test_fraction, seed)
     return torch.utils.data.TensorDataset(train.x, train.y), torch.utils.data.TensorDataset(test.x, test.y)

@@ -1,4 +1,5 @@
 """Device selection and the one guard every GPU-only cell uses."""
+
 from __future__ import annotations
 
 import os

@@ -127,7 +127,7 @@ def bits_of(value: float, dtype: torch.dtype) -> str:
     raw = int(torch.tensor(v, dtype=torch.float64).to(dtype).view(_INT_VIEW[dtype]).item())
     raw &= (1 << fmt.bits) - 1  # two's complement view -> unsigned bit pattern
     s = format(raw, f"0{fmt.bits}b")
-    return f"{s[0]} {s[1:1 + fmt.exponent_bits]} {s[1 + fmt.exponent_bits:]}"
+    return f"{s[0]} {s[1 : 1 + fmt.exponent_bits]} {s[1 + fmt.exponent_bits :]}"
 
 
 def from_bits(bits: str, dtype: torch.dtype) -> float:
@@ -215,4 +215,3 @@ def describe(value: float, dtypes: Iterable[torch.dtype] = FORMATS) -> str:
             below, _, above = neighbors(v, dt)
             lines.append(f"        neighbours {below:.10g} | {above:.10g}")
     return "\n".join(lines)
-

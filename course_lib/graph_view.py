@@ -7,6 +7,7 @@ No Graphviz binary is needed: the graph is a :class:`networkx.DiGraph`, laid out
 * :func:`describe_graph` returns a text listing, deterministic, for checked notebook output.
 * :func:`draw_graph` draws it and returns the matplotlib ``Axes``.
 """
+
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -54,10 +55,10 @@ def saved_tensors_of(node: Any) -> dict[str, torch.Tensor | str]:
         try:
             value = getattr(node, attr)
         except RuntimeError:
-            out[attr[len("_saved_"):]] = _FREED
+            out[attr[len("_saved_") :]] = _FREED
             continue
         if isinstance(value, torch.Tensor):
-            out[attr[len("_saved_"):]] = value
+            out[attr[len("_saved_") :]] = value
     try:  # custom autograd.Function nodes (BackwardCFunction) expose ctx.saved_tensors
         custom = node.saved_tensors
     except AttributeError:  # a built-in node: no such attribute
@@ -87,8 +88,10 @@ def build_graph(
     if not isinstance(output, torch.Tensor):
         raise TypeError(f"output must be a torch.Tensor, got {type(output).__name__}")
     if not output.requires_grad:
-        raise ValueError("output does not require grad, so autograd recorded no graph for it "
-                         "(was it computed under torch.no_grad(), or from tensors without requires_grad=True?)")
+        raise ValueError(
+            "output does not require grad, so autograd recorded no graph for it "
+            "(was it computed under torch.no_grad(), or from tensors without requires_grad=True?)"
+        )
     named = _named(names)
     by_id = {id(t): n for n, t in named.items()}
     by_storage = {t.untyped_storage().data_ptr(): (n, tuple(t.shape)) for n, t in named.items()}
@@ -217,8 +220,17 @@ def draw_graph(
     boxes = {}
     for n in g.nodes:
         d = g.nodes[n]
-        boxes[n] = ax.text(0, 0, d["label"], ha="center", va="center", fontsize=fontsize, family="monospace",
-                           zorder=3, bbox=dict(boxstyle=f"round,pad={pad}", fc=colours[d["kind"]], ec="0.3"))
+        boxes[n] = ax.text(
+            0,
+            0,
+            d["label"],
+            ha="center",
+            va="center",
+            fontsize=fontsize,
+            family="monospace",
+            zorder=3,
+            bbox=dict(boxstyle=f"round,pad={pad}", fc=colours[d["kind"]], ec="0.3"),
+        )
     # Measure every box in inches (text extent plus the bbox padding on both sides).
     fig.canvas.draw()
     renderer = fig.canvas.get_renderer()
@@ -256,14 +268,21 @@ def draw_graph(
     for u, v in g.edges:  # from the right edge of the input's box to the left edge of its user's box
         start = (pos[u][0] + half_w[u], pos[u][1])
         end = (pos[v][0] - half_w[v], pos[v][1])
-        ax.annotate("", xy=end, xytext=start, zorder=2,
-                    arrowprops=dict(arrowstyle="-|>", color="0.35", lw=1.2, shrinkA=0, shrinkB=1,
-                                    mutation_scale=14))
+        ax.annotate(
+            "",
+            xy=end,
+            xytext=start,
+            zorder=2,
+            arrowprops=dict(arrowstyle="-|>", color="0.35", lw=1.2, shrinkA=0, shrinkB=1, mutation_scale=14),
+        )
     ax.set_xticks([x_of[l] for l in sorted(columns)], [str(l) for l in sorted(columns)])
     ax.set_yticks([])
     ax.set_xlabel("layer of the graph (forward direction →)")
     for side in ("top", "right", "left"):
         ax.spines[side].set_visible(False)
-    ax.set_title(title or f"Autograd graph: {sum(1 for n in g if g.nodes[n]['kind'] == 'op')} backward "
-                 f"functions, {sum(1 for n in g if g.nodes[n]['kind'] == 'leaf')} leaves")
+    ax.set_title(
+        title
+        or f"Autograd graph: {sum(1 for n in g if g.nodes[n]['kind'] == 'op')} backward "
+        f"functions, {sum(1 for n in g if g.nodes[n]['kind'] == 'leaf')} leaves"
+    )
     return ax

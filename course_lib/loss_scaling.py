@@ -31,7 +31,9 @@ def _check_scaler_args(init_scale: Any, growth_factor: Any, backoff_factor: Any,
     if growth_factor <= 1:
         raise ValueError(f"growth_factor must be > 1 (the scale has to grow back), got {growth_factor}")
     if not 0 < backoff_factor < 1:
-        raise ValueError(f"backoff_factor must be strictly between 0 and 1 (the scale has to shrink), got {backoff_factor}")
+        raise ValueError(
+            f"backoff_factor must be strictly between 0 and 1 (the scale has to shrink), got {backoff_factor}"
+        )
     check_int("growth_interval", growth_interval, minimum=1)
 
 

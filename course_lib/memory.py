@@ -18,6 +18,7 @@ Two questions about training memory need two different tools:
 Both report bytes *above what was allocated when the measurement started*, so numbers are
 deterministic on CPU (no timing, no caching allocator) and can be asserted in a notebook.
 """
+
 from __future__ import annotations
 
 import os
@@ -68,7 +69,9 @@ def _as_device(device: torch.device | str | None) -> torch.device:
         except RuntimeError as e:
             raise ValueError(f"device {device!r} is not a valid torch device: {e}") from None
     if not isinstance(device, torch.device):
-        raise TypeError(f"device must be a torch.device, a string such as 'cpu' or 'cuda', or None; got {type(device).__name__}")
+        raise TypeError(
+            f"device must be a torch.device, a string such as 'cpu' or 'cuda', or None; got {type(device).__name__}"
+        )
     if device.type not in ("cpu", "cuda"):
         raise ValueError(f"only 'cpu' and 'cuda' devices can be measured, got {device.type!r}")
     if device.type == "cuda":
@@ -84,7 +87,8 @@ def _cpu_peak(fn: Callable[[], Any]) -> tuple[int, int, Any]:
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=False) as prof:
         result = fn()
     events = [
-        e for e in prof.profiler.kineto_results.events()  # type: ignore[union-attr]
+        e
+        for e in prof.profiler.kineto_results.events()  # type: ignore[union-attr]
         if e.name() == "[memory]" and e.device_type() == torch.autograd.DeviceType.CPU
     ]
     events.sort(key=lambda e: e.start_ns())  # stable: ties keep the allocator's order

@@ -18,6 +18,7 @@ stage. A *schedule* says when each task runs. This module
 The same :class:`Task` records describe a simulated schedule and a measured one (start and end
 times read from a clock in each process), so both go through the same functions.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
@@ -205,7 +206,15 @@ def plot_gantt(
         row = p - 1 - t.stage
         ax.broken_barh([(t.start - t0, t.duration)], (row - 0.4, 0.8), facecolors=colors[t.kind], edgecolor="white")
         if label_micro and t.duration > 0:
-            ax.text(t.start - t0 + t.duration / 2, row, f"{t.kind}{t.micro}", ha="center", va="center", fontsize=7, color="white")
+            ax.text(
+                t.start - t0 + t.duration / 2,
+                row,
+                f"{t.kind}{t.micro}",
+                ha="center",
+                va="center",
+                fontsize=7,
+                color="white",
+            )
     ax.set_yticks(range(p))
     ax.set_yticklabels([f"stage {p - 1 - r}" for r in range(p)])
     ax.set_xlabel(f"time ({time_unit})")

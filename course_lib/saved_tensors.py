@@ -13,6 +13,7 @@ low-precision copies of the weights that ``torch.autocast`` makes (notebook 05).
 One storage is one ``(device, address)`` key (:func:`_storage_key`); :mod:`course_lib.memory`
 counts parameters, gradients and optimizer state with the same key.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable

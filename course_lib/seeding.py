@@ -1,4 +1,5 @@
 """Seeding and determinism: one call that makes a notebook print the same numbers twice."""
+
 from __future__ import annotations
 
 import os

@@ -1,4 +1,5 @@
 """The checks of notebook 05 accept correct answers, reject wrong ones with a hint, and report blanks."""
+
 from __future__ import annotations
 
 import math

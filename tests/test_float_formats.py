@@ -1,4 +1,5 @@
 """course_lib.float_formats: bit layouts, rounding, neighbours and the format explorer's text."""
+
 from __future__ import annotations
 
 import math
@@ -6,7 +7,17 @@ import math
 import pytest
 import torch
 
-from course_lib.float_formats import FORMATS, bits_of, classify, describe, float_format, from_bits, neighbors, round_to, ulp
+from course_lib.float_formats import (
+    FORMATS,
+    bits_of,
+    classify,
+    describe,
+    float_format,
+    from_bits,
+    neighbors,
+    round_to,
+    ulp,
+)
 
 
 def test_float_format_limits_match_ieee_layouts() -> None:

@@ -1,4 +1,5 @@
 """course_lib.loss_scaling: the update rule and the dynamic loss scaler, checked against GradScaler."""
+
 from __future__ import annotations
 
 import math

@@ -142,5 +142,7 @@ def test_cuda_peak_and_retained() -> None:
     model = deep_chain(16, 64).cuda()
     x = torch.randn(1024, 64, device="cuda")
     plain = step_peak_memory(model, x)
-    ckpt = step_peak_memory(model, x, forward=lambda m_, t: checkpoint_sequential(m_, 4, t.requires_grad_(), use_reentrant=False))
+    ckpt = step_peak_memory(
+        model, x, forward=lambda m_, t: checkpoint_sequential(m_, 4, t.requires_grad_(), use_reentrant=False)
+    )
     assert ckpt.peak_bytes < plain.peak_bytes

@@ -1,4 +1,5 @@
 """What nbval cannot see: every committed notebook is executed, clean, and follows the course's shape."""
+
 from __future__ import annotations
 
 import json
@@ -49,7 +50,11 @@ def test_metadata_is_clean_and_names_the_kernel(path: Path) -> None:
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_every_cell_has_slide_metadata(path: Path) -> None:
     cells = _load(path)["cells"]
-    missing = [i for i, c in enumerate(cells) if c["metadata"].get("slideshow", {}).get("slide_type") not in ALLOWED_SLIDE_TYPES]
+    missing = [
+        i
+        for i, c in enumerate(cells)
+        if c["metadata"].get("slideshow", {}).get("slide_type") not in ALLOWED_SLIDE_TYPES
+    ]
     assert not missing, f"cells {missing} lack metadata.slideshow.slide_type"
     assert cells[0]["metadata"]["slideshow"]["slide_type"] == "slide"
 

@@ -1,4 +1,5 @@
 """The project's own files: dependency lists agree, the lock pins torch, CI runs the README's command."""
+
 from __future__ import annotations
 
 import re

@@ -62,7 +62,10 @@ def test_summary_is_text_with_both_numbers() -> None:
     x = torch.ones(256, requires_grad=True)
     with SavedTensorMeter() as m:
         (x * 2).exp().sum()
-    assert m.summary() == "1 tensors saved for backward: 1.00 KiB of activations (+ 0 B of parameters, shared storage counted once)"
+    assert (
+        m.summary()
+        == "1 tensors saved for backward: 1.00 KiB of activations (+ 0 B of parameters, shared storage counted once)"
+    )
 
 
 def test_a_meter_cannot_be_entered_twice_at_once() -> None:
@@ -81,7 +84,14 @@ def test_exclude_must_hold_tensors() -> None:
 
 @pytest.mark.parametrize(
     ("n", "text"),
-    [(0, "0 B"), (1023, "1023 B"), (1024, "1.00 KiB"), (1536, "1.50 KiB"), (200 * 1024**2, "200 MiB"), (3 * 1024**3, "3.00 GiB")],
+    [
+        (0, "0 B"),
+        (1023, "1023 B"),
+        (1024, "1.00 KiB"),
+        (1536, "1.50 KiB"),
+        (200 * 1024**2, "200 MiB"),
+        (3 * 1024**3, "3.00 GiB"),
+    ],
 )
 def test_format_bytes(n: int, text: str) -> None:
     assert format_bytes(n) == text

@@ -1,4 +1,5 @@
 """Checks for notebook 06 (gradient accumulation)."""
+
 from __future__ import annotations
 
 import copy
@@ -34,7 +35,9 @@ def check_micro_batch_weights(fn: Any) -> str:
                     f"for sizes {sizes} you gave every micro-batch 1/k: that is exact only when all sizes are "
                     "equal. A micro-batch of n samples holds n/N of the big batch's samples."
                 )
-            raise Wrong(f"micro_batch_weights({sizes}) gave {got}; sum_i w_i * mean_i must equal the mean over all samples")
+            raise Wrong(
+                f"micro_batch_weights({sizes}) gave {got}; sum_i w_i * mean_i must equal the mean over all samples"
+            )
     return "weights n_i / N make the accumulated gradient equal the big batch's, even with a short last batch"
 
 
@@ -113,7 +116,9 @@ def check_scaled_accumulation_step(fn: Any) -> str:
     scaler = torch.amp.GradScaler("cpu", init_scale=1024.0, growth_interval=1)  # grows x2 per clean update
     _run_in_place(fn, model, opt, scaler, micro)
     if scaler.get_scale() != 2048.0:
-        updates = "no" if scaler.get_scale() == 1024.0 else f"{torch.log2(torch.tensor(scaler.get_scale() / 1024.0)):.0f}"
+        updates = (
+            "no" if scaler.get_scale() == 1024.0 else f"{torch.log2(torch.tensor(scaler.get_scale() / 1024.0)):.0f}"
+        )
         raise Wrong(
             f"the scaler saw {updates} update() calls: call scaler.update() exactly once per optimizer step, "
             "after scaler.step(optimizer)"

@@ -1,4 +1,5 @@
 """Checks for notebook 07 (data parallelism and all-reduce)."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -19,7 +20,9 @@ def check_ring_bytes(fn: Any) -> str:
             if abs(got - want / 2) < 1e-6 * max(1.0, want) and n > 1:
                 raise Wrong("that is one phase only: the ring runs scatter-reduce AND all-gather, N-1 steps each")
             if abs(got - parameter_server_bytes_formula(nbytes, n)["server"]) < 1e-6 * max(1.0, want) and n > 1:
-                raise Wrong("that is what a parameter server's link carries; in a ring each step moves one chunk of S/N")
+                raise Wrong(
+                    "that is what a parameter server's link carries; in a ring each step moves one chunk of S/N"
+                )
             raise Wrong(f"ring_bytes({nbytes}, {n}) = {got}: count the steps (2(N-1)) and the size of one chunk (S/N)")
     return "2(N-1)/N x S per worker: it approaches 2S, and does not grow with N"
 

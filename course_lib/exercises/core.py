@@ -11,6 +11,7 @@ A check function (``check_<something>``) takes the learner's answer and returns 
 Write a check with the :func:`exercise` decorator: inside it, ``raise NotDone`` for "not done
 yet" and ``raise Wrong("hint")`` for a wrong answer; returning a string means correct.
 """
+
 from __future__ import annotations
 
 import functools
@@ -96,8 +97,10 @@ def dict_answer(answer: Any, keys: Iterable[Any], *, name: str) -> dict:
     if is_placeholder(answer):
         raise NotDone
     if not isinstance(answer, dict):
-        raise Wrong(f"`{name}` should be a dict with one answer for each of {', '.join(map(repr, keys))}; "
-                    f"got {type(answer).__name__}")
+        raise Wrong(
+            f"`{name}` should be a dict with one answer for each of {', '.join(map(repr, keys))}; "
+            f"got {type(answer).__name__}"
+        )
     if answer and all(is_placeholder(v) for v in answer.values()):
         raise NotDone
     missing = [k for k in keys if k not in answer]

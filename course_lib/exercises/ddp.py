@@ -1,4 +1,5 @@
 """Checks for notebook 08 (DDP in practice)."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -11,7 +12,10 @@ from .core import Wrong, call_learner, exercise
 __all__ = ["check_global_rank", "check_shard_indices", "check_sync_schedule"]
 
 
-@exercise("global rank", todo="write global_rank(node_rank, local_rank, nproc_per_node) returning the process's rank in the world")
+@exercise(
+    "global rank",
+    todo="write global_rank(node_rank, local_rank, nproc_per_node) returning the process's rank in the world",
+)
 def check_global_rank(global_rank: Any) -> str:
     for nodes, per_node in [(1, 2), (2, 1), (2, 4), (3, 8)]:
         seen = set()
@@ -23,13 +27,18 @@ def check_global_rank(global_rank: Any) -> str:
                 want = node * per_node + local
                 if got != want:
                     hint = " (the rank is not the local rank once there are several nodes)" if got == local else ""
-                    raise Wrong(f"node {node}, local rank {local}, {per_node} per node: got {got}, expected {want}{hint}")
+                    raise Wrong(
+                        f"node {node}, local rank {local}, {per_node} per node: got {got}, expected {want}{hint}"
+                    )
                 seen.add(got)
         assert seen == set(range(nodes * per_node))
     return "node_rank * nproc_per_node + local_rank: every process gets a distinct rank 0..world_size-1"
 
 
-@exercise("shard indices", todo="write shard(n, world_size, rank) returning the indices DistributedSampler(shuffle=False) gives that rank")
+@exercise(
+    "shard indices",
+    todo="write shard(n, world_size, rank) returning the indices DistributedSampler(shuffle=False) gives that rank",
+)
 def check_shard_indices(shard: Any) -> str:
     for n, world in [(10, 2), (10, 3), (7, 4), (3, 4), (12, 3)]:
         for rank in range(world):
@@ -47,7 +56,10 @@ def check_shard_indices(shard: Any) -> str:
     return "pad to a multiple of world_size by repeating from the start, then take every world_size-th index from rank"
 
 
-@exercise("no_sync schedule", todo="write syncs(n_micro, k) returning, for each micro-batch, True when its backward must all-reduce")
+@exercise(
+    "no_sync schedule",
+    todo="write syncs(n_micro, k) returning, for each micro-batch, True when its backward must all-reduce",
+)
 def check_sync_schedule(syncs: Any) -> str:
     for n, k in [(8, 4), (6, 3), (5, 2), (4, 1), (3, 5)]:
         want = [(i + 1) % k == 0 or i == n - 1 for i in range(n)]
@@ -56,6 +68,8 @@ def check_sync_schedule(syncs: Any) -> str:
             raise Wrong(f"syncs({n}, {k}) should return a list of {n} booleans")
         got = [bool(g) for g in got]
         if got != want:
-            raise Wrong(f"syncs({n}, {k}) = {got}, expected {want}: sync on the k-th micro-batch of each group "
-                        "(and on the last one, so no gradient is left unsynchronised)")
+            raise Wrong(
+                f"syncs({n}, {k}) = {got}, expected {want}: sync on the k-th micro-batch of each group "
+                "(and on the last one, so no gradient is left unsynchronised)"
+            )
     return "only the backward before optimizer.step() all-reduces; the others run inside no_sync()"

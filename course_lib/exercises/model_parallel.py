@@ -1,4 +1,5 @@
 """Checks for notebook 09 (model and pipeline parallelism)."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -14,7 +15,10 @@ __all__ = ["check_bubble", "check_min_micro_batches", "check_row_parallel_partia
 _PAIRS = [(1, 1), (1, 5), (2, 1), (2, 4), (3, 2), (4, 4), (4, 16), (8, 32)]
 
 
-@exercise("bubble fraction", todo="write bubble(p, m) returning the idle fraction of a GPipe step with p stages and m micro-batches")
+@exercise(
+    "bubble fraction",
+    todo="write bubble(p, m) returning the idle fraction of a GPipe step with p stages and m micro-batches",
+)
 def check_bubble(bubble: Any) -> str:
     for p, m in _PAIRS:
         got = as_number(call_learner(bubble, p, m), f"bubble({p}, {m})")
@@ -29,8 +33,10 @@ def check_bubble(bubble: Any) -> str:
     return "(p - 1) / (m + p - 1): each stage works m of the m + p - 1 slots of the step"
 
 
-@exercise("micro-batches for a target bubble",
-          todo="write fewest_micro(p, max_bubble) returning the smallest m whose GPipe bubble is at most max_bubble")
+@exercise(
+    "micro-batches for a target bubble",
+    todo="write fewest_micro(p, max_bubble) returning the smallest m whose GPipe bubble is at most max_bubble",
+)
 def check_min_micro_batches(fewest_micro: Any) -> str:
     for p, target in [(2, 0.5), (2, 0.2), (2, 0.1), (4, 0.25), (4, 0.1), (8, 0.05), (1, 0.01)]:
         got = call_learner(fewest_micro, p, target)
@@ -38,13 +44,21 @@ def check_min_micro_batches(fewest_micro: Any) -> str:
             raise Wrong(f"fewest_micro({p}, {target}) should return an int, got {got!r}")
         want = min_micro_batches(p, target)
         if got != want:
-            hint = " (too many: a smaller m already meets the target)" if got > want else " (too few: the bubble is still above the target)"
+            hint = (
+                " (too many: a smaller m already meets the target)"
+                if got > want
+                else " (too few: the bubble is still above the target)"
+            )
             raise Wrong(f"fewest_micro({p}, {target}) = {got}, expected {want}{hint}")
-    return "m >= (p - 1)(1 - b) / b, rounded up: the bubble falls like 1/m, so each halving costs twice the micro-batches"
+    return (
+        "m >= (p - 1)(1 - b) / b, rounded up: the bubble falls like 1/m, so each halving costs twice the micro-batches"
+    )
 
 
-@exercise("row-parallel Linear",
-          todo="write partials(x, weight, n) returning the n partial outputs of a Linear split by input features")
+@exercise(
+    "row-parallel Linear",
+    todo="write partials(x, weight, n) returning the n partial outputs of a Linear split by input features",
+)
 def check_row_parallel_partials(partials: Any) -> str:
     g = torch.Generator().manual_seed(0)
     for batch, d_in, d_out, n in [(3, 8, 5, 2), (4, 12, 6, 3), (2, 6, 4, 1)]:
