@@ -4,7 +4,7 @@ Import from the module that does the job (``from course_lib.seeding import seed_
 this package itself exports nothing. One module per job:
 
 * :mod:`course_lib.seeding` — ``seed_everything``: the same numbers on every run
-* :mod:`course_lib.device` — ``requires_gpu`` (the guard of every GPU-only cell), ``best_device``, ``environment_report``
+* :mod:`course_lib.device` — ``requires_gpu`` (the guard of GPU-only cells), ``best_device``, ``environment_report``
 * :mod:`course_lib.data` — the scikit-learn digits as seeded tensors (no downloads)
 * :mod:`course_lib.errors` — ``expect_error`` for cells that demonstrate an error
 * :mod:`course_lib.graph_view` — draw and describe the autograd graph behind a tensor

@@ -35,7 +35,7 @@ class Swish(torch.autograd.Function):
     generate_vmap_rule = True  # lets torch.func.vmap (and hessian, jacrev, ...) batch it
 
     @staticmethod
-    def forward(x: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+    def forward(x: torch.Tensor) -> torch.Tensor:
         return x * torch.sigmoid(x)
 
     @staticmethod
@@ -45,7 +45,7 @@ class Swish(torch.autograd.Function):
         ctx.save_for_forward(x)  # for jvp (forward-mode AD); a reference, not a copy
 
     @staticmethod
-    def backward(ctx: Any, grad_output: torch.Tensor) -> torch.Tensor | None:  # type: ignore[override]
+    def backward(ctx: Any, grad_output: torch.Tensor) -> torch.Tensor | None:
         if not ctx.needs_input_grad[0]:
             return None
         (x,) = ctx.saved_tensors

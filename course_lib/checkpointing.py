@@ -105,7 +105,8 @@ def prepare_batchnorm_for_checkpointing(module: nn.Module) -> dict[str, tuple[fl
     already = [n or type(m).__name__ for n, m in layers if hasattr(m, PREPARED_ATTR)]
     if already:
         raise ValueError(
-            f"BatchNorm layer(s) {already} were already prepared for checkpointing; preparing twice would correct the momentum twice"
+            f"BatchNorm layer(s) {already} were already prepared for checkpointing; "
+            "preparing twice would correct the momentum twice"
         )
     changed: dict[str, tuple[float, float]] = {}
     for name, bn in layers:

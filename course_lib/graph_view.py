@@ -197,12 +197,12 @@ def draw_graph(
     g = build_graph(output, names, show_saved=show_saved)
     layer = _layers(g)
     columns: dict[int, list[str]] = {}
-    for n, l in layer.items():
-        columns.setdefault(l, []).append(n)
+    for n, col in layer.items():
+        columns.setdefault(col, []).append(n)
     # Order each column by the mean row of its successors (fewer crossings), from the output back.
     row: dict[str, float] = {}
-    for l in sorted(columns, reverse=True):
-        nodes = columns[l]
+    for col in sorted(columns, reverse=True):
+        nodes = columns[col]
 
         def key(n: str) -> tuple[float, str]:
             ys = [row[s] for s in g.successors(n) if s in row]
@@ -240,13 +240,13 @@ def draw_graph(
         padding = 2 * pad * fontsize / 72
         size[n] = (ext.width / fig.dpi + padding, ext.height / fig.dpi + padding)
     gap_x, gap_y, margin = 0.8, 0.3, 0.2
-    col_w = {l: max(size[n][0] for n in nodes) for l, nodes in columns.items()}
+    col_w = {col: max(size[n][0] for n in nodes) for col, nodes in columns.items()}
     row_h = max(h for _, h in size.values()) + gap_y
     x_of: dict[int, float] = {}
     x = margin
-    for l in sorted(columns):
-        x_of[l] = x + col_w[l] / 2
-        x += col_w[l] + gap_x
+    for col in sorted(columns):
+        x_of[col] = x + col_w[col] / 2
+        x += col_w[col] + gap_x
     width = x - gap_x + margin
     rows = max(len(c) for c in columns.values())
     height = rows * row_h + margin
@@ -275,7 +275,7 @@ def draw_graph(
             zorder=2,
             arrowprops=dict(arrowstyle="-|>", color="0.35", lw=1.2, shrinkA=0, shrinkB=1, mutation_scale=14),
         )
-    ax.set_xticks([x_of[l] for l in sorted(columns)], [str(l) for l in sorted(columns)])
+    ax.set_xticks([x_of[col] for col in sorted(columns)], [str(col) for col in sorted(columns)])
     ax.set_yticks([])
     ax.set_xlabel("layer of the graph (forward direction →)")
     for side in ("top", "right", "left"):

@@ -86,9 +86,11 @@ def _cpu_peak(fn: Callable[[], Any]) -> tuple[int, int, Any]:
 
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=False) as prof:
         result = fn()
+    # kineto_results is PyTorch's private record of the profile: the first thing to check when a torch
+    # upgrade breaks measure_peak (the public prof.events() has no per-allocation sizes).
     events = [
         e
-        for e in prof.profiler.kineto_results.events()  # type: ignore[union-attr]
+        for e in prof.profiler.kineto_results.events()
         if e.name() == "[memory]" and e.device_type() == torch.autograd.DeviceType.CPU
     ]
     events.sort(key=lambda e: e.start_ns())  # stable: ties keep the allocator's order
@@ -114,8 +116,8 @@ def measure_peak(fn: Callable[[], Any], *, device: torch.device | str | None = N
 
     >>> x = torch.ones(1024)                     # allocated before: not counted
     >>> m = measure_peak(lambda: (x * 2).sum())  # x * 2 allocates 4 KiB, then is freed
-    >>> m.peak_bytes >= 4096, m.retained_bytes
-    (True, 0)
+    >>> m.peak_bytes >= 4096, m.retained_bytes  # retained: the returned sum, a 4-byte scalar
+    (True, 4)
 
     ``device`` is ``"cpu"`` (the default: allocation events from ``torch.profiler``) or a CUDA
     device (``torch.cuda.max_memory_allocated``). Only that device's memory is counted.

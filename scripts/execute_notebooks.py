@@ -5,11 +5,12 @@
 Each notebook runs top to bottom in a fresh ``python3`` kernel from the course's environment,
 with its working directory set to ``notebooks/``. Then it is cleaned so that re-running gives
 no diff: notebook metadata is reduced to the kernel spec and the language name, per-cell
-execution timestamps are dropped, split stream outputs are merged, execution counts are renumbered 1..n, and widget model ids
-(random UUIDs) are replaced by stable ones, with the widget state kept so static HTML renders
-widgets; these rewrites touch outputs and widget state only, never a cell's source. A cell whose new
-output equals its old one up to nbval's sanitizers (tests/sanitize.cfg: timings after '~', ...)
-keeps the old one, so a re-execution's diff shows only what changed. Prints each notebook's wall time; exits non-zero if any cell fails.
+execution timestamps are dropped, split stream outputs are merged, execution counts are renumbered
+1..n, and widget model ids (random UUIDs) are replaced by stable ones, with the widget state kept so
+static HTML renders widgets; these rewrites touch outputs and widget state only, never a cell's
+source. A cell whose new output equals its old one up to nbval's sanitizers (tests/sanitize.cfg:
+timings after '~', ...) keeps the old one, so a re-execution's diff shows only what changed. Prints
+each notebook's wall time; exits non-zero if any cell fails.
 """
 
 from __future__ import annotations

@@ -5,13 +5,12 @@ from typing import Any
 import torch
 from torch import nn
 
+from checks import assert_check
 from course_lib.exercises.accumulation import (
     check_accumulate,
     check_micro_batch_weights,
     check_scaled_accumulation_step,
 )
-
-from checks import assert_check
 
 
 def test_micro_batch_weights() -> None:

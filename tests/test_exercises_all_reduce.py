@@ -1,13 +1,12 @@
 from __future__ import annotations
 
+from checks import assert_check
 from course_lib.exercises.all_reduce import (
     COLLECTIVE_TASKS,
     check_collective_choice,
     check_ring_bytes,
     check_ring_schedule,
 )
-
-from checks import assert_check
 
 
 def test_ring_bytes() -> None:

@@ -1,8 +1,7 @@
 from __future__ import annotations
 
-from course_lib.exercises.capstone import BOTTLENECKS, TECHNIQUES, check_effective_batch, check_technique_choice
-
 from checks import assert_check
+from course_lib.exercises.capstone import BOTTLENECKS, TECHNIQUES, check_effective_batch, check_technique_choice
 
 RIGHT = {
     "activations do not fit, the model does": "checkpointing",

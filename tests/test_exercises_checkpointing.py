@@ -5,9 +5,8 @@ import math
 import torch
 from torch.utils.checkpoint import checkpoint_sequential
 
-from course_lib.exercises.checkpointing import check_bn_momentum, check_optimizer_state_bytes, check_sqrt_checkpointing
-
 from checks import assert_check
+from course_lib.exercises.checkpointing import check_bn_momentum, check_optimizer_state_bytes, check_sqrt_checkpointing
 
 
 def _blank(*args: object) -> object:

@@ -5,6 +5,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from checks import assert_check
 from course_lib.exercises.custom_autograd import (
     LECUN_A,
     LECUN_B,
@@ -12,8 +13,6 @@ from course_lib.exercises.custom_autograd import (
     check_lean_scaled_tanh,
     check_softplus_function,
 )
-
-from checks import assert_check
 
 
 # ---- 1. softplus ---------------------------------------------------------------------------------

@@ -2,9 +2,8 @@ from __future__ import annotations
 
 import math
 
-from course_lib.exercises.ddp import check_global_rank, check_shard_indices, check_sync_schedule
-
 from checks import assert_check
+from course_lib.exercises.ddp import check_global_rank, check_shard_indices, check_sync_schedule
 
 
 def test_global_rank() -> None:

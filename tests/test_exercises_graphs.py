@@ -2,9 +2,8 @@ from __future__ import annotations
 
 import torch
 
-from course_lib.exercises.graphs import check_fresh_grad, check_mul_saves, check_two_backwards
-
 from checks import assert_check
+from course_lib.exercises.graphs import check_fresh_grad, check_mul_saves, check_two_backwards
 
 
 def test_mul_saves() -> None:

@@ -6,9 +6,8 @@ import math
 
 import torch
 
-from course_lib.exercises.mixed_precision import check_fp16_spacing, check_next_scale, check_static_scale
-
 from checks import assert_check
+from course_lib.exercises.mixed_precision import check_fp16_spacing, check_next_scale, check_static_scale
 
 
 def _blank(*args):

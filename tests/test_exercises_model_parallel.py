@@ -4,9 +4,8 @@ import math
 
 import torch
 
-from course_lib.exercises.model_parallel import check_bubble, check_min_micro_batches, check_row_parallel_partials
-
 from checks import assert_check
+from course_lib.exercises.model_parallel import check_bubble, check_min_micro_batches, check_row_parallel_partials
 
 
 def test_bubble_check() -> None:

@@ -2,10 +2,9 @@ from __future__ import annotations
 
 import torch
 
+from checks import assert_check
 from course_lib.exercises.start import check_gpu_guard, check_leaf_tensor, check_same_numbers
 from course_lib.seeding import seed_everything
-
-from checks import assert_check
 
 
 def test_leaf_tensor() -> None:

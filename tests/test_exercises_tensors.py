@@ -3,9 +3,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from course_lib.exercises.tensors import LEAF_QUESTION, check_leaves, check_module_state, check_sgd_step
-
 from checks import assert_check
+from course_lib.exercises.tensors import LEAF_QUESTION, check_leaves, check_module_state, check_sgd_step
 
 RIGHT = {"x": True, "w": True, "x2": True, "h": False, "loss": False}
 

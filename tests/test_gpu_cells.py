@@ -89,8 +89,8 @@ def test_gpu_cells_run_on_cpu(path: Path, tmp_path: Path) -> None:
 def test_gpu_check_script_reports_each_gpu_cell_and_refuses_without_cuda(tmp_path: Path) -> None:
     import subprocess
 
-    import nbformat
     import gpu_check
+    import nbformat
 
     nb = nbformat.v4.new_notebook()
     nb.cells = [

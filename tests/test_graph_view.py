@@ -4,12 +4,16 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.text import Annotation  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
+from matplotlib.text import Annotation  # noqa: E402
 
-from course_lib.graph_view import build_graph, describe_graph, draw_graph  # noqa: E402
-from course_lib.graph_view import saved_tensors_of  # noqa: E402
+from course_lib.graph_view import (  # noqa: E402
+    build_graph,
+    describe_graph,
+    draw_graph,
+    saved_tensors_of,  # noqa: E402
+)
 
 
 def _mlp_loss() -> tuple[torch.nn.Module, torch.Tensor]:

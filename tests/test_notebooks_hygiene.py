@@ -66,6 +66,6 @@ def test_notebook_opens_with_objectives_and_closes_with_summary_exercises_refere
     head = "\n".join(markdown[:2]).lower()
     assert re.search(r"you will be able to|you will learn", head), "first cells must state the objectives"
     assert re.search(r"assum|prerequisite", head), "first cells must state what the notebook assumes"
-    headings = [l.strip().lower() for m in markdown for l in m.splitlines() if l.startswith("#")]
+    headings = [line.strip().lower() for m in markdown for line in m.splitlines() if line.startswith("#")]
     for needed in ("summary", "exercises", "references"):
         assert any(needed in h for h in headings), f"missing a '{needed}' heading"

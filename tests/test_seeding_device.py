@@ -85,6 +85,6 @@ def test_environment_report_describes_this_machine() -> None:
     assert report.cpu_cores >= 1
     assert report.gloo is True  # the course's distributed parts need gloo
     lines = report.lines()
-    assert any(l.startswith("PyTorch") and torch.__version__ in l for l in lines)
+    assert any(line.startswith("PyTorch") and torch.__version__ in line for line in lines)
     if not torch.cuda.is_available():
-        assert any("GPU cells will be skipped" in l for l in lines)
+        assert any("GPU cells will be skipped" in line for line in lines)

@@ -11,7 +11,7 @@ import torch
 from ..checkpointing import deep_chain
 from ..memory import state_bytes, step_peak_memory
 from ..validation import is_int
-from .core import Wrong, as_number, call_learner, exercise
+from .core import Wrong, as_number, call_learner, exercise, grads_of
 
 __all__ = ["check_bn_momentum", "check_sqrt_checkpointing", "check_optimizer_state_bytes"]
 
@@ -27,7 +27,8 @@ def check_bn_momentum(corrected_momentum: Any) -> str:
             continue
         if math.isclose(got, math.sqrt(m), rel_tol=1e-6):
             raise Wrong(
-                "sqrt(m) is the seed's recipe, right only where momentum weighs the OLD value; PyTorch's weighs the NEW batch statistic"
+                "sqrt(m) is the seed's recipe, right only where momentum weighs the OLD value; "
+                "PyTorch's weighs the NEW batch statistic"
             )
         if math.isclose(got, math.sqrt(1 - m), rel_tol=1e-6):
             raise Wrong(
@@ -36,7 +37,8 @@ def check_bn_momentum(corrected_momentum: Any) -> str:
         if math.isclose(got, m / 2, rel_tol=1e-6):
             raise Wrong("m / 2 is close for small m but not exact: two updates keep (1 - m')**2 of the old value")
         raise Wrong(
-            f"corrected_momentum({m}) returned {got:.6f}; two updates with it must keep the same share (1 - m) of the old running value"
+            f"corrected_momentum({m}) returned {got:.6f}; "
+            "two updates with it must keep the same share (1 - m) of the old running value"
         )
     return "two updates with 1 - sqrt(1 - m) equal one update with m"
 
@@ -63,7 +65,7 @@ def check_sqrt_checkpointing(forward: Any) -> str:
     if not out.requires_grad:
         raise Wrong("the output does not require grad: do not run the model under torch.no_grad()")
     plain = step_peak_memory(model, x)
-    plain_grads = [p.grad.clone() for p in model.parameters()]
+    plain_grads = grads_of(model.parameters())
     ckpt = step_peak_memory(model, x, forward=lambda m, t: call_learner(forward, m, t))
     if not all(
         p.grad is not None and torch.allclose(p.grad, g, atol=1e-6) for p, g in zip(model.parameters(), plain_grads)
@@ -72,7 +74,8 @@ def check_sqrt_checkpointing(forward: Any) -> str:
     ratio = plain.peak_bytes / max(ckpt.peak_bytes, 1)
     if ratio < 2.5:
         raise Wrong(
-            f"the peak is only {ratio:.1f}x lower than without checkpointing; with about sqrt({depth}) = 8 segments expect 3x or more"
+            f"the peak is only {ratio:.1f}x lower than without checkpointing; "
+            f"with about sqrt({depth}) = 8 segments expect 3x or more"
         )
     return f"same output and gradients, peak {ratio:.1f}x lower than without checkpointing"
 

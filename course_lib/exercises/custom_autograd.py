@@ -208,7 +208,8 @@ def check_backward_checker(backward_is_correct: Any) -> str:
                 if "GradcheckError" in str(w):
                     raise Wrong(
                         "gradcheck raised instead of answering: pass raise_exception=False "
-                        "(or catch GradcheckError, from torch.autograd.gradcheck import GradcheckError) and return False"
+                        "(or catch GradcheckError, from torch.autograd.gradcheck import GradcheckError) "
+                        "and return False"
                     ) from None
                 raise
         if not isinstance(verdict, bool):
@@ -223,4 +224,5 @@ def check_backward_checker(backward_is_correct: Any) -> str:
                 f"it rejected a correct backward ({name}): use a float64 input (dtype=torch.float64); "
                 "in float32, finite differences are too coarse for gradcheck's tolerances"
             )
-    return f"it told {sum(r for *_, r in _CANDIDATES)} right and {sum(not r for *_, r in _CANDIDATES)} wrong backwards apart"
+    n_right = sum(right for *_, right in _CANDIDATES)
+    return f"it told {n_right} right and {len(_CANDIDATES) - n_right} wrong backwards apart"

@@ -42,7 +42,8 @@ def check_global_rank(global_rank: Any) -> str:
 def check_shard_indices(shard: Any) -> str:
     for n, world in [(10, 2), (10, 3), (7, 4), (3, 4), (12, 3)]:
         for rank in range(world):
-            want = list(DistributedSampler(range(n), num_replicas=world, rank=rank, shuffle=False))
+            dataset: Any = range(n)  # the sampler needs only len() of its dataset: a range will do
+            want: list[int] = list(DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=False))
             got = call_learner(shard, n, world, rank)
             try:
                 got = [int(i) for i in got]
@@ -51,7 +52,10 @@ def check_shard_indices(shard: Any) -> str:
             if got != want:
                 hint = ""
                 if len(got) != len(want):
-                    hint = f" - each rank gets ceil(n / world_size) = {len(want)} indices; the short ones are padded by repeating from the start"
+                    hint = (
+                        f" - each rank gets ceil(n / world_size) = {len(want)} indices; "
+                        "the short ones are padded by repeating from the start"
+                    )
                 raise Wrong(f"n={n}, world_size={world}, rank={rank}: got {got}, expected {want}{hint}")
     return "pad to a multiple of world_size by repeating from the start, then take every world_size-th index from rank"
 

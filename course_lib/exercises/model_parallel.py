@@ -70,12 +70,19 @@ def check_row_parallel_partials(partials: Any) -> str:
         if not all(isinstance(t, torch.Tensor) and t.shape == (batch, d_out) for t in got):
             raise Wrong(f"each partial output should be a tensor of shape ({batch}, {d_out}): batch x out_features")
         xs, ws = x.chunk(n, dim=1), weight.chunk(n, dim=1)
+        total = torch.stack(list(got)).sum(dim=0)
         for k, (xk, wk, t) in enumerate(zip(xs, ws, got)):
             if not torch.allclose(t, xk @ wk.T, atol=1e-5):
                 hint = ""
-                if torch.allclose(sum(got), x @ weight.T, atol=1e-5):
-                    hint = " (they sum to the right output, but shard k must use only input features k of n: x.chunk(n, dim=1))"
+                if torch.allclose(total, x @ weight.T, atol=1e-5):
+                    hint = (
+                        " (they sum to the right output, but shard k must use only input features k of n:"
+                        " x.chunk(n, dim=1))"
+                    )
                 raise Wrong(f"partial output {k} of {n} is not x[:, shard {k}] @ weight[:, shard {k}].T{hint}")
-        if not torch.allclose(sum(got), x @ weight.T, atol=1e-5):
+        if not torch.allclose(total, x @ weight.T, atol=1e-5):
             raise Wrong("the partial outputs do not sum to x @ weight.T")
-    return "each shard multiplies its slice of the inputs by its slice of the weight's columns; an all-reduce (sum) gives the output"
+    return (
+        "each shard multiplies its slice of the inputs by its slice of the weight's columns; "
+        "an all-reduce (sum) gives the output"
+    )

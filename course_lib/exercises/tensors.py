@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from .core import NotDone, Wrong, call_learner, exercise, is_placeholder
+from .core import NotDone, Wrong, call_learner, exercise, grads_of, is_placeholder
 
 __all__ = ["LEAF_QUESTION", "check_leaves", "check_module_state", "check_sgd_step"]
 
@@ -111,7 +111,7 @@ def check_sgd_step(sgd_step: Any) -> str:
     params = [torch.randn(3, generator=gen, requires_grad=True), torch.randn(2, 2, generator=gen, requires_grad=True)]
     ((params[0] ** 2).sum() + (params[1] ** 3).sum()).backward()
     before = [p.detach().clone() for p in params]
-    grads = [p.grad.clone() for p in params]
+    grads = grads_of(params)
     objects = [id(p) for p in params]
     if not callable(sgd_step):
         raise Wrong(f"expected a function, got {type(sgd_step).__name__}")
