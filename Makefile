@@ -55,6 +55,15 @@ test: $(STAMP)
 test-lib: $(STAMP)
 	$(BIN)/python -m pytest -p no:cacheprovider tests
 
+# Style and types of the library, scripts and tests (pyproject.toml's [tool.ruff] and [tool.mypy] say
+# what is left out), and every example in course_lib's docstrings run as a doctest.
+.PHONY: lint
+lint: $(STAMP)
+	$(BIN)/ruff check course_lib scripts tests
+	$(BIN)/ruff format --check course_lib scripts tests
+	$(BIN)/mypy course_lib
+	$(BIN)/python -m pytest -p no:cacheprovider --doctest-modules course_lib
+
 test-notebooks: $(STAMP)
 	$(BIN)/python -m pytest -p no:cacheprovider $(PYTEST_NBVAL) $(NB)
 

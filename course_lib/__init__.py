@@ -1,41 +1,24 @@
 """course_lib: the helpers behind the course *PyTorch training internals, from the Tensor to multi-node DDP*.
 
-Each module has one job:
+Import from the module that does the job (``from course_lib.seeding import seed_everything``);
+this package itself exports nothing. One module per job:
 
-* :mod:`course_lib.seeding` — ``seed_everything``
-* :mod:`course_lib.device` — ``requires_gpu`` (the guard of every GPU-only cell), ``best_device``,
-  ``environment_report``
+* :mod:`course_lib.seeding` — ``seed_everything``: the same numbers on every run
+* :mod:`course_lib.device` — ``requires_gpu`` (the guard of GPU-only cells), ``best_device``, ``environment_report``
 * :mod:`course_lib.data` — the scikit-learn digits as seeded tensors (no downloads)
 * :mod:`course_lib.errors` — ``expect_error`` for cells that demonstrate an error
 * :mod:`course_lib.graph_view` — draw and describe the autograd graph behind a tensor
-* :mod:`course_lib.saved_tensors` — ``SavedTensorMeter``: bytes autograd keeps for backward
+* :mod:`course_lib.saved_tensors` — ``SavedTensorMeter``: bytes autograd keeps for backward; autocast's weight copies
 * :mod:`course_lib.activations` — the canonical Swish ``autograd.Function`` (notebook 03)
 * :mod:`course_lib.memory` — allocator peak of a training step (CPU profiler / CUDA), state bytes
 * :mod:`course_lib.checkpointing` — deep chains for checkpointing, the BatchNorm momentum fix
-* :mod:`course_lib.precision` — float formats bit by bit, the canonical dynamic loss scaler
+* :mod:`course_lib.float_formats` — float formats bit by bit (notebook 05's explorer)
+* :mod:`course_lib.loss_scaling` — the canonical dynamic loss scaler, ``GradScaler``'s rule in plain Python
+* :mod:`course_lib.precision` — old import path: re-exports the two above and ``saved_cast_copy_bytes``
 * :mod:`course_lib.allreduce_sim` — parameter server and ring all-reduce simulated, bytes counted
 * :mod:`course_lib.launch` — run ``torchrun``/spawn jobs from a notebook: free port, timeout, no orphans
 * :mod:`course_lib.pipeline` — GPipe schedules, the bubble fraction, Gantt charts
-* :mod:`course_lib.exercises` — exercise checks, one module per notebook topic
+* :mod:`course_lib.manifest` — the course's notebooks in order, from ``course.toml``
+* :mod:`course_lib.validation` — ``check_int``, ``check_number``, ``check_bool``: argument checks in one wording
+* :mod:`course_lib.exercises` — exercise checks, one module per notebook topic, on :mod:`course_lib.exercises.core`
 """
-from .device import best_device, environment_report, gpu_available, requires_gpu
-from .errors import expect_error
-from .graph_view import build_graph, describe_graph, draw_graph
-from .saved_tensors import SavedTensorMeter, format_bytes
-from .seeding import seed_everything
-
-__version__ = "0.1.0"
-
-__all__ = [
-    "SavedTensorMeter",
-    "best_device",
-    "build_graph",
-    "describe_graph",
-    "draw_graph",
-    "environment_report",
-    "expect_error",
-    "format_bytes",
-    "gpu_available",
-    "requires_gpu",
-    "seed_everything",
-]

@@ -15,6 +15,7 @@ operations, so double backward works too. Values and gradients agree with
 * :func:`swish` checks its input and applies :class:`Swish`.
 * :class:`SwishModule` wraps it as an ``nn.Module`` for use in ``nn.Sequential``.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -22,14 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["Swish", "swish", "swish_derivative", "SwishModule"]
-
-
-def swish_derivative(x: torch.Tensor) -> torch.Tensor:
-    """``d/dx [x * sigmoid(x)] = s * (1 + x * (1 - s))`` with ``s = sigmoid(x)``, elementwise."""
-    _check_input(x)
-    s = torch.sigmoid(x)
-    return s * (1 + x * (1 - s))
+__all__ = ["Swish", "swish", "SwishModule"]
 
 
 class Swish(torch.autograd.Function):
@@ -41,7 +35,7 @@ class Swish(torch.autograd.Function):
     generate_vmap_rule = True  # lets torch.func.vmap (and hessian, jacrev, ...) batch it
 
     @staticmethod
-    def forward(x: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+    def forward(x: torch.Tensor) -> torch.Tensor:
         return x * torch.sigmoid(x)
 
     @staticmethod
@@ -51,7 +45,7 @@ class Swish(torch.autograd.Function):
         ctx.save_for_forward(x)  # for jvp (forward-mode AD); a reference, not a copy
 
     @staticmethod
-    def backward(ctx: Any, grad_output: torch.Tensor) -> torch.Tensor | None:  # type: ignore[override]
+    def backward(ctx: Any, grad_output: torch.Tensor) -> torch.Tensor | None:
         if not ctx.needs_input_grad[0]:
             return None
         (x,) = ctx.saved_tensors

@@ -16,12 +16,15 @@ and a benchmark can compare measured traffic with the textbook formulas:
 >>> r.outputs[0].tolist(), r.sent_bytes          # 0+1+2 everywhere; 2*(3-1)/3*24 = 32 bytes each
 ([3.0, 3.0, 3.0, 3.0, 3.0, 3.0], [32, 32, 32])
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
+
+from .validation import check_int, check_number
 
 __all__ = [
     "Transfer",
@@ -123,13 +126,8 @@ def chunk_bounds(numel: int, n: int) -> list[tuple[int, int]]:
     >>> chunk_bounds(10, 3)
     [(0, 4), (4, 7), (7, 10)]
     """
-    for name, v in (("numel", numel), ("n", n)):
-        if isinstance(v, bool) or not isinstance(v, int):
-            raise TypeError(f"{name} must be an int, got {type(v).__name__}")
-    if numel < 0:
-        raise ValueError(f"numel must be >= 0, got {numel}")
-    if n < 1:
-        raise ValueError(f"n must be >= 1, got {n}")
+    check_int("numel", numel, minimum=0)
+    check_int("n", n, minimum=1)
     base, extra = divmod(numel, n)
     bounds, start = [], 0
     for i in range(n):
@@ -209,10 +207,9 @@ def parameter_server_all_reduce(tensors: Sequence[torch.Tensor], op: str = "sum"
 
 
 def _check_size(nbytes: int | float, n: int) -> None:
-    if isinstance(nbytes, bool) or not isinstance(nbytes, (int, float)) or nbytes < 0:
+    if check_number("nbytes", nbytes) < 0:
         raise ValueError(f"nbytes must be a non-negative number, got {nbytes!r}")
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ValueError(f"n (the number of workers) must be an int >= 1, got {n!r}")
+    check_int("n (the number of workers)", n, minimum=1)
 
 
 def ring_bytes_formula(nbytes: int | float, n: int) -> float:
@@ -245,7 +242,8 @@ def render_snapshot(snapshot: Snapshot) -> str:
         lines.append(f"worker {w:<2} " + " ".join(f"{x:>{width}}" for x in r))
     if snapshot.transfers:
         msgs = ", ".join(
-            f"{'S' if t.src < 0 else t.src}->{'S' if t.dst < 0 else t.dst}" + ("" if t.chunk is None else f"[c{t.chunk}]")
+            f"{'S' if t.src < 0 else t.src}->{'S' if t.dst < 0 else t.dst}"
+            + ("" if t.chunk is None else f"[c{t.chunk}]")
             for t in snapshot.transfers
         )
         lines.append(f"messages: {msgs}")

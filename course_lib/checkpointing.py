@@ -11,12 +11,15 @@
   ``running = (1 - momentum) * running + momentum * batch_stat`` two updates with momentum
   ``m'`` equal one update with ``m`` when ``(1 - m')**2 == 1 - m``, i.e. ``m' = 1 - sqrt(1 - m)``.
 """
+
 from __future__ import annotations
 
 import math
 
 import torch
 from torch import nn
+
+from .validation import check_bool, check_int, check_number
 
 __all__ = ["deep_chain", "checkpoint_momentum", "prepare_batchnorm_for_checkpointing", "PREPARED_ATTR"]
 
@@ -26,7 +29,9 @@ _ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU, "gelu": nn.GELU, "sigmoid": nn
 PREPARED_ATTR = "_course_checkpoint_momentum_from"
 
 
-def deep_chain(depth: int, width: int, *, activation: str = "tanh", bias: bool = True, seed: int | None = 0) -> nn.Sequential:
+def deep_chain(
+    depth: int, width: int, *, activation: str = "tanh", bias: bool = True, seed: int | None = 0
+) -> nn.Sequential:
     """``depth`` blocks ``Sequential(Linear(width, width), activation)`` in one ``nn.Sequential``.
 
     Each block keeps one ``batch x width`` activation for backward (the activation's output,
@@ -38,22 +43,20 @@ def deep_chain(depth: int, width: int, *, activation: str = "tanh", bias: bool =
     >>> len(m), type(m[0][1]).__name__
     (4, 'Tanh')
     """
-    for name, v in (("depth", depth), ("width", width)):
-        if isinstance(v, bool) or not isinstance(v, int):
-            raise TypeError(f"{name} must be an int, got {type(v).__name__}")
-        if v < 1:
-            raise ValueError(f"{name} must be >= 1, got {v}")
+    check_int("depth", depth, minimum=1)
+    check_int("width", width, minimum=1)
     if activation not in _ACTIVATIONS:
         raise ValueError(f"activation must be one of {sorted(_ACTIVATIONS)}, got {activation!r}")
-    if not isinstance(bias, bool):
-        raise TypeError(f"bias must be a bool, got {type(bias).__name__}")
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
-        raise ValueError(f"seed must be a non-negative int or None, got {seed!r}")
+    check_bool("bias", bias)
+    if seed is not None:
+        check_int("seed", seed, minimum=0, what="an int or None")
     state = torch.random.get_rng_state()
     try:
         if seed is not None:
             torch.manual_seed(seed)
-        return nn.Sequential(*[nn.Sequential(nn.Linear(width, width, bias=bias), _ACTIVATIONS[activation]()) for _ in range(depth)])
+        return nn.Sequential(
+            *[nn.Sequential(nn.Linear(width, width, bias=bias), _ACTIVATIONS[activation]()) for _ in range(depth)]
+        )
     finally:
         if seed is not None:
             torch.random.set_rng_state(state)
@@ -72,8 +75,7 @@ def checkpoint_momentum(momentum: float, *, convention: str = "pytorch") -> floa
     >>> round(checkpoint_momentum(0.1), 4), round(checkpoint_momentum(0.9, convention="old-weight"), 4)
     (0.0513, 0.9487)
     """
-    if isinstance(momentum, bool) or not isinstance(momentum, (int, float)):
-        raise TypeError(f"momentum must be a number, got {type(momentum).__name__}")
+    check_number("momentum", momentum)
     if not 0.0 <= momentum <= 1.0:
         raise ValueError(f"momentum must be in [0, 1], got {momentum}")
     if convention == "pytorch":
@@ -102,7 +104,10 @@ def prepare_batchnorm_for_checkpointing(module: nn.Module) -> dict[str, tuple[fl
     layers = [(n, m) for n, m in module.named_modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
     already = [n or type(m).__name__ for n, m in layers if hasattr(m, PREPARED_ATTR)]
     if already:
-        raise ValueError(f"BatchNorm layer(s) {already} were already prepared for checkpointing; preparing twice would correct the momentum twice")
+        raise ValueError(
+            f"BatchNorm layer(s) {already} were already prepared for checkpointing; "
+            "preparing twice would correct the momentum twice"
+        )
     changed: dict[str, tuple[float, float]] = {}
     for name, bn in layers:
         if not bn.track_running_stats or bn.momentum is None:

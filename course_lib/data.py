@@ -4,12 +4,15 @@ The course trains on scikit-learn's handwritten digits (1,797 greyscale 8x8 imag
 which are inside the scikit-learn wheel. :func:`digits` returns them as tensors with a fixed,
 seeded train/test split, so every notebook and every process sees the same data.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
 
 import torch
+
+from .validation import check_int, check_number
 
 __all__ = ["Split", "digits", "digits_datasets"]
 
@@ -42,7 +45,9 @@ def _load(test_fraction: float, seed: int) -> tuple[Split, Split]:
     test_idx, train_idx = order[:n_test], order[n_test:]
     mean, std = x[train_idx].mean(), x[train_idx].std()  # statistics of the training split only
     x = (x - mean) / std
-    return Split(x[train_idx].contiguous(), y[train_idx].contiguous()), Split(x[test_idx].contiguous(), y[test_idx].contiguous())
+    return Split(x[train_idx].contiguous(), y[train_idx].contiguous()), Split(
+        x[test_idx].contiguous(), y[test_idx].contiguous()
+    )
 
 
 def digits(test_fraction: float = 0.2, seed: int = 0) -> tuple[Split, Split]:
@@ -52,18 +57,18 @@ def digits(test_fraction: float = 0.2, seed: int = 0) -> tuple[Split, Split]:
     >>> len(train), len(test), tuple(train.x.shape[1:])
     (1438, 359, (1, 8, 8))
     """
-    if isinstance(test_fraction, bool) or not isinstance(test_fraction, (int, float)):
-        raise TypeError(f"test_fraction must be a number, got {type(test_fraction).__name__}")
+    check_number("test_fraction", test_fraction)
     if not 0.0 < test_fraction < 1.0:
         raise ValueError(f"test_fraction must be strictly between 0 and 1, got {test_fraction}")
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise ValueError(f"seed must be a non-negative int, got {seed!r}")
+    check_int("seed", seed, minimum=0)
     train, test = _load(float(test_fraction), seed)
     # Return fresh tensors so that a caller modifying them in place cannot corrupt the cache.
     return Split(train.x.clone(), train.y.clone()), Split(test.x.clone(), test.y.clone())
 
 
-def digits_datasets(test_fraction: float = 0.2, seed: int = 0) -> tuple[torch.utils.data.TensorDataset, torch.utils.data.TensorDataset]:
+def digits_datasets(
+    test_fraction: float = 0.2, seed: int = 0
+) -> tuple[torch.utils.data.TensorDataset, torch.utils.data.TensorDataset]:
     """:func:`digits` wrapped as ``TensorDataset``s, ready for a ``DataLoader`` or a ``DistributedSampler``."""
     train, test = digits(test_fraction, seed)
     return torch.utils.data.TensorDataset(train.x, train.y), torch.utils.data.TensorDataset(test.x, test.y)

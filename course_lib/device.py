@@ -1,4 +1,5 @@
 """Device selection and the one guard every GPU-only cell uses."""
+
 from __future__ import annotations
 
 import os
@@ -7,15 +8,14 @@ from dataclasses import dataclass
 
 import torch
 
+from .validation import check_int
+
 __all__ = ["best_device", "gpu_available", "requires_gpu", "environment_report", "EnvironmentReport"]
 
 
 def gpu_available(min_count: int = 1) -> bool:
     """True when at least ``min_count`` CUDA devices are visible."""
-    if isinstance(min_count, bool) or not isinstance(min_count, int):
-        raise TypeError(f"min_count must be an int, got {type(min_count).__name__}")
-    if min_count < 1:
-        raise ValueError(f"min_count must be >= 1, got {min_count}")
+    check_int("min_count", min_count, minimum=1)
     return torch.cuda.is_available() and torch.cuda.device_count() >= min_count
 
 

@@ -5,6 +5,7 @@ that demonstrates an error with it can silently stop demonstrating anything. Thi
 manager prints the error for the learner and raises ``AssertionError`` when no error (or
 the wrong one) occurs, which fails the notebook run.
 """
+
 from __future__ import annotations
 
 import re

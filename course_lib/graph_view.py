@@ -7,6 +7,7 @@ No Graphviz binary is needed: the graph is a :class:`networkx.DiGraph`, laid out
 * :func:`describe_graph` returns a text listing, deterministic, for checked notebook output.
 * :func:`draw_graph` draws it and returns the matplotlib ``Axes``.
 """
+
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -54,10 +55,10 @@ def saved_tensors_of(node: Any) -> dict[str, torch.Tensor | str]:
         try:
             value = getattr(node, attr)
         except RuntimeError:
-            out[attr[len("_saved_"):]] = _FREED
+            out[attr[len("_saved_") :]] = _FREED
             continue
         if isinstance(value, torch.Tensor):
-            out[attr[len("_saved_"):]] = value
+            out[attr[len("_saved_") :]] = value
     try:  # custom autograd.Function nodes (BackwardCFunction) expose ctx.saved_tensors
         custom = node.saved_tensors
     except AttributeError:  # a built-in node: no such attribute
@@ -87,8 +88,10 @@ def build_graph(
     if not isinstance(output, torch.Tensor):
         raise TypeError(f"output must be a torch.Tensor, got {type(output).__name__}")
     if not output.requires_grad:
-        raise ValueError("output does not require grad, so autograd recorded no graph for it "
-                         "(was it computed under torch.no_grad(), or from tensors without requires_grad=True?)")
+        raise ValueError(
+            "output does not require grad, so autograd recorded no graph for it "
+            "(was it computed under torch.no_grad(), or from tensors without requires_grad=True?)"
+        )
     named = _named(names)
     by_id = {id(t): n for n, t in named.items()}
     by_storage = {t.untyped_storage().data_ptr(): (n, tuple(t.shape)) for n, t in named.items()}
@@ -194,12 +197,12 @@ def draw_graph(
     g = build_graph(output, names, show_saved=show_saved)
     layer = _layers(g)
     columns: dict[int, list[str]] = {}
-    for n, l in layer.items():
-        columns.setdefault(l, []).append(n)
+    for n, col in layer.items():
+        columns.setdefault(col, []).append(n)
     # Order each column by the mean row of its successors (fewer crossings), from the output back.
     row: dict[str, float] = {}
-    for l in sorted(columns, reverse=True):
-        nodes = columns[l]
+    for col in sorted(columns, reverse=True):
+        nodes = columns[col]
 
         def key(n: str) -> tuple[float, str]:
             ys = [row[s] for s in g.successors(n) if s in row]
@@ -217,8 +220,17 @@ def draw_graph(
     boxes = {}
     for n in g.nodes:
         d = g.nodes[n]
-        boxes[n] = ax.text(0, 0, d["label"], ha="center", va="center", fontsize=fontsize, family="monospace",
-                           zorder=3, bbox=dict(boxstyle=f"round,pad={pad}", fc=colours[d["kind"]], ec="0.3"))
+        boxes[n] = ax.text(
+            0,
+            0,
+            d["label"],
+            ha="center",
+            va="center",
+            fontsize=fontsize,
+            family="monospace",
+            zorder=3,
+            bbox=dict(boxstyle=f"round,pad={pad}", fc=colours[d["kind"]], ec="0.3"),
+        )
     # Measure every box in inches (text extent plus the bbox padding on both sides).
     fig.canvas.draw()
     renderer = fig.canvas.get_renderer()
@@ -228,13 +240,13 @@ def draw_graph(
         padding = 2 * pad * fontsize / 72
         size[n] = (ext.width / fig.dpi + padding, ext.height / fig.dpi + padding)
     gap_x, gap_y, margin = 0.8, 0.3, 0.2
-    col_w = {l: max(size[n][0] for n in nodes) for l, nodes in columns.items()}
+    col_w = {col: max(size[n][0] for n in nodes) for col, nodes in columns.items()}
     row_h = max(h for _, h in size.values()) + gap_y
     x_of: dict[int, float] = {}
     x = margin
-    for l in sorted(columns):
-        x_of[l] = x + col_w[l] / 2
-        x += col_w[l] + gap_x
+    for col in sorted(columns):
+        x_of[col] = x + col_w[col] / 2
+        x += col_w[col] + gap_x
     width = x - gap_x + margin
     rows = max(len(c) for c in columns.values())
     height = rows * row_h + margin
@@ -256,14 +268,21 @@ def draw_graph(
     for u, v in g.edges:  # from the right edge of the input's box to the left edge of its user's box
         start = (pos[u][0] + half_w[u], pos[u][1])
         end = (pos[v][0] - half_w[v], pos[v][1])
-        ax.annotate("", xy=end, xytext=start, zorder=2,
-                    arrowprops=dict(arrowstyle="-|>", color="0.35", lw=1.2, shrinkA=0, shrinkB=1,
-                                    mutation_scale=14))
-    ax.set_xticks([x_of[l] for l in sorted(columns)], [str(l) for l in sorted(columns)])
+        ax.annotate(
+            "",
+            xy=end,
+            xytext=start,
+            zorder=2,
+            arrowprops=dict(arrowstyle="-|>", color="0.35", lw=1.2, shrinkA=0, shrinkB=1, mutation_scale=14),
+        )
+    ax.set_xticks([x_of[col] for col in sorted(columns)], [str(col) for col in sorted(columns)])
     ax.set_yticks([])
     ax.set_xlabel("layer of the graph (forward direction →)")
     for side in ("top", "right", "left"):
         ax.spines[side].set_visible(False)
-    ax.set_title(title or f"Autograd graph: {sum(1 for n in g if g.nodes[n]['kind'] == 'op')} backward "
-                 f"functions, {sum(1 for n in g if g.nodes[n]['kind'] == 'leaf')} leaves")
+    ax.set_title(
+        title
+        or f"Autograd graph: {sum(1 for n in g if g.nodes[n]['kind'] == 'op')} backward "
+        f"functions, {sum(1 for n in g if g.nodes[n]['kind'] == 'leaf')} leaves"
+    )
     return ax

@@ -9,6 +9,7 @@ README's table, the instructor guide's lecture plan and the site's index.
 ``python -m course_lib.manifest --write`` rewrites the generated blocks of README.md and
 docs/instructor_guide.md (between ``<!-- BEGIN generated: NAME -->`` and ``<!-- END generated -->``).
 """
+
 from __future__ import annotations
 
 import re
@@ -17,13 +18,29 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["Notebook", "ROOT", "course", "notebook_paths", "readme_table", "lecture_plan", "course_map",
-           "generated_blocks", "write_generated"]
+__all__ = [
+    "Notebook",
+    "ROOT",
+    "course",
+    "notebook_paths",
+    "readme_table",
+    "lecture_plan",
+    "course_map",
+    "generated_blocks",
+    "write_generated",
+]
 
 ROOT = Path(__file__).resolve().parents[1]
 MANIFEST = ROOT / "course.toml"
-_FIELDS = {"stem": str, "title": str, "summary": str, "lecture": int, "exercises": int,
-           "exercise_module": str, "live": str}
+_FIELDS = {
+    "stem": str,
+    "title": str,
+    "summary": str,
+    "lecture": int,
+    "exercises": int,
+    "exercise_module": str,
+    "live": str,
+}
 
 
 @dataclass(frozen=True)
@@ -70,8 +87,9 @@ def course(manifest: str | Path | None = None) -> list[Notebook]:
             if not isinstance(entry[name], kind) or isinstance(entry[name], bool):
                 raise ValueError(f"{path.name}, notebook {i}: {name} must be a {kind.__name__}, got {entry[name]!r}")
         if not re.fullmatch(rf"{i:02d}_[a-z0-9_]+", entry["stem"]):
-            raise ValueError(f"{path.name}, notebook {i}: stem must be '{i:02d}_topic' (numbered in order), "
-                             f"got {entry['stem']!r}")
+            raise ValueError(
+                f"{path.name}, notebook {i}: stem must be '{i:02d}_topic' (numbered in order), got {entry['stem']!r}"
+            )
         notebooks.append(Notebook(**entry))
     return notebooks
 
@@ -109,8 +127,10 @@ _BLOCK = re.compile(r"(<!-- BEGIN generated: (?P<name>[\w-]+) -->\n)(?P<body>.*?
 
 def generated_blocks() -> dict[Path, dict[str, str]]:
     """For each file with generated blocks: the block names and what they must contain."""
-    return {ROOT / "README.md": {"notebooks": readme_table()},
-            ROOT / "docs" / "instructor_guide.md": {"lecture-plan": lecture_plan()}}
+    return {
+        ROOT / "README.md": {"notebooks": readme_table()},
+        ROOT / "docs" / "instructor_guide.md": {"lecture-plan": lecture_plan()},
+    }
 
 
 def write_generated(check: bool = False) -> list[str]:
@@ -121,7 +141,7 @@ def write_generated(check: bool = False) -> list[str]:
         found = {m.group("name") for m in _BLOCK.finditer(text)}
         for name in set(blocks) - found:
             stale.append(f"{path.name}: no generated block '{name}'")
-        new = _BLOCK.sub(lambda m: m.group(1) + blocks.get(m.group("name"), m.group("body")) + m.group(4), text)
+        new = _BLOCK.sub(lambda m: m.group(1) + blocks.get(m.group("name"), m.group("body")) + m.group(4), text)  # noqa: B023 (runs within this iteration)
         if new != text:
             stale.append(f"{path.name}: generated blocks are stale")
             if not check:

@@ -18,6 +18,7 @@ Two questions about training memory need two different tools:
 Both report bytes *above what was allocated when the measurement started*, so numbers are
 deterministic on CPU (no timing, no caching allocator) and can be asserted in a notebook.
 """
+
 from __future__ import annotations
 
 import os
@@ -26,6 +27,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+from .saved_tensors import _storage_key
 
 # Kineto (the profiler's backend) prints two timestamped "USDT: profiler_start/stop" lines to
 # stderr on every profile, which a notebook would capture as output. Level 6 silences them;
@@ -53,11 +56,6 @@ class StepMemory:
         if self.peak_bytes < 0:
             raise ValueError(f"peak_bytes cannot be negative, got {self.peak_bytes}")
 
-    @property
-    def transient_bytes(self) -> int:
-        """Peak minus what stayed allocated: memory needed only while the function ran."""
-        return self.peak_bytes - max(self.retained_bytes, 0)
-
     def __repr__(self) -> str:
         return f"StepMemory(peak_bytes={self.peak_bytes}, retained_bytes={self.retained_bytes}, device={self.device!r})"
 
@@ -71,7 +69,9 @@ def _as_device(device: torch.device | str | None) -> torch.device:
         except RuntimeError as e:
             raise ValueError(f"device {device!r} is not a valid torch device: {e}") from None
     if not isinstance(device, torch.device):
-        raise TypeError(f"device must be a torch.device, a string such as 'cpu' or 'cuda', or None; got {type(device).__name__}")
+        raise TypeError(
+            f"device must be a torch.device, a string such as 'cpu' or 'cuda', or None; got {type(device).__name__}"
+        )
     if device.type not in ("cpu", "cuda"):
         raise ValueError(f"only 'cpu' and 'cuda' devices can be measured, got {device.type!r}")
     if device.type == "cuda":
@@ -86,8 +86,11 @@ def _cpu_peak(fn: Callable[[], Any]) -> tuple[int, int, Any]:
 
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=False) as prof:
         result = fn()
+    # kineto_results is PyTorch's private record of the profile: the first thing to check when a torch
+    # upgrade breaks measure_peak (the public prof.events() has no per-allocation sizes).
     events = [
-        e for e in prof.profiler.kineto_results.events()  # type: ignore[union-attr]
+        e
+        for e in prof.profiler.kineto_results.events()
         if e.name() == "[memory]" and e.device_type() == torch.autograd.DeviceType.CPU
     ]
     events.sort(key=lambda e: e.start_ns())  # stable: ties keep the allocator's order
@@ -113,8 +116,8 @@ def measure_peak(fn: Callable[[], Any], *, device: torch.device | str | None = N
 
     >>> x = torch.ones(1024)                     # allocated before: not counted
     >>> m = measure_peak(lambda: (x * 2).sum())  # x * 2 allocates 4 KiB, then is freed
-    >>> m.peak_bytes >= 4096, m.retained_bytes
-    (True, 0)
+    >>> m.peak_bytes >= 4096, m.retained_bytes  # retained: the returned sum, a 4-byte scalar
+    (True, 4)
 
     ``device`` is ``"cpu"`` (the default: allocation events from ``torch.profiler``) or a CUDA
     device (``torch.cuda.max_memory_allocated``). Only that device's memory is counted.
@@ -171,17 +174,18 @@ def step_peak_memory(
 
 
 def _unique_storages(tensors: Iterable[Any]) -> int:
+    """Bytes of the storages behind the tensors among ``tensors``, each storage once (views share one)."""
     seen: set[tuple[str, int]] = set()
     total = 0
     for t in tensors:
         if not isinstance(t, torch.Tensor):
             continue
-        st = t.untyped_storage()
-        key = (str(t.device), st.data_ptr())
-        if key in seen or st.nbytes() == 0:
+        key = _storage_key(t)
+        nbytes = t.untyped_storage().nbytes()
+        if key in seen or nbytes == 0:
             continue
         seen.add(key)
-        total += st.nbytes()
+        total += nbytes
     return total
 
 
@@ -207,9 +211,6 @@ class StateBytes:
     @property
     def total(self) -> int:
         return self.parameters + self.gradients + self.optimizer_state
-
-    def as_dict(self) -> dict[str, int]:
-        return {"parameters": self.parameters, "gradients": self.gradients, "optimizer state": self.optimizer_state}
 
 
 def state_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None) -> StateBytes:

@@ -18,11 +18,14 @@ stage. A *schedule* says when each task runs. This module
 The same :class:`Task` records describe a simulated schedule and a measured one (start and end
 times read from a clock in each process), so both go through the same functions.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from .validation import check_int, check_number, is_number
 
 __all__ = ["Task", "bubble_fraction", "gpipe_schedule", "idle_fraction", "makespan", "plot_gantt", "min_micro_batches"]
 
@@ -43,10 +46,8 @@ class Task:
     end: float
 
     def __post_init__(self) -> None:
-        if isinstance(self.stage, bool) or not isinstance(self.stage, int) or self.stage < 0:
-            raise ValueError(f"stage must be an int >= 0, got {self.stage!r}")
-        if isinstance(self.micro, bool) or not isinstance(self.micro, int) or self.micro < 0:
-            raise ValueError(f"micro must be an int >= 0, got {self.micro!r}")
+        check_int("stage", self.stage, minimum=0)
+        check_int("micro", self.micro, minimum=0)
         if self.kind not in _KINDS:
             raise ValueError(f"kind must be 'F' (forward) or 'B' (backward), got {self.kind!r}")
         if not self.end >= self.start:
@@ -55,14 +56,6 @@ class Task:
     @property
     def duration(self) -> float:
         return self.end - self.start
-
-
-def _positive_int(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if value < 1:
-        raise ValueError(f"{name} must be >= 1, got {value}")
-    return value
 
 
 def bubble_fraction(n_stages: int, n_micro: int) -> float:
@@ -74,16 +67,15 @@ def bubble_fraction(n_stages: int, n_micro: int) -> float:
     >>> bubble_fraction(2, 1), bubble_fraction(4, 4)
     (0.5, 0.42857142857142855)
     """
-    p = _positive_int("n_stages", n_stages)
-    m = _positive_int("n_micro", n_micro)
+    p = check_int("n_stages", n_stages, minimum=1)
+    m = check_int("n_micro", n_micro, minimum=1)
     return (p - 1) / (m + p - 1)
 
 
 def min_micro_batches(n_stages: int, max_bubble: float) -> int:
     """The fewest micro-batches that bring the GPipe bubble down to ``max_bubble`` or below."""
-    p = _positive_int("n_stages", n_stages)
-    if isinstance(max_bubble, bool) or not isinstance(max_bubble, (int, float)):
-        raise TypeError(f"max_bubble must be a number, got {type(max_bubble).__name__}")
+    p = check_int("n_stages", n_stages, minimum=1)
+    check_number("max_bubble", max_bubble)
     if not 0 < max_bubble <= 1:
         raise ValueError(f"max_bubble must be in (0, 1], got {max_bubble}")
     m = 1
@@ -93,9 +85,7 @@ def min_micro_batches(n_stages: int, max_bubble: float) -> int:
 
 
 def _times(name: str, value: Any, p: int) -> list[float]:
-    if isinstance(value, bool):
-        raise TypeError(f"{name} must be a number or a sequence of {p} numbers, got a bool")
-    if isinstance(value, (int, float)):
+    if is_number(value):
         values = [float(value)] * p
     elif isinstance(value, Sequence) and not isinstance(value, str):
         values = [float(v) for v in value]
@@ -122,8 +112,8 @@ def gpipe_schedule(
     backward first, as GPipe and ``torch.distributed.pipelining.ScheduleGPipe`` do). With
     ``n_micro=1`` this is the naive split: one stage works at a time.
     """
-    p = _positive_int("n_stages", n_stages)
-    m = _positive_int("n_micro", n_micro)
+    p = check_int("n_stages", n_stages, minimum=1)
+    m = check_int("n_micro", n_micro, minimum=1)
     f = _times("forward_time", forward_time, p)
     b = _times("backward_time", backward_time, p)
     free = [0.0] * p
@@ -173,7 +163,7 @@ def idle_fraction(tasks: Iterable[Task], n_stages: int | None = None) -> float:
     """
     ts = _tasks(tasks)
     stages = sorted({t.stage for t in ts})
-    p = len(stages) if n_stages is None else _positive_int("n_stages", n_stages)
+    p = len(stages) if n_stages is None else check_int("n_stages", n_stages, minimum=1)
     if stages[-1] >= p:
         raise ValueError(f"a task runs on stage {stages[-1]} but n_stages is {p}")
     span = makespan(ts)
@@ -216,7 +206,15 @@ def plot_gantt(
         row = p - 1 - t.stage
         ax.broken_barh([(t.start - t0, t.duration)], (row - 0.4, 0.8), facecolors=colors[t.kind], edgecolor="white")
         if label_micro and t.duration > 0:
-            ax.text(t.start - t0 + t.duration / 2, row, f"{t.kind}{t.micro}", ha="center", va="center", fontsize=7, color="white")
+            ax.text(
+                t.start - t0 + t.duration / 2,
+                row,
+                f"{t.kind}{t.micro}",
+                ha="center",
+                va="center",
+                fontsize=7,
+                color="white",
+            )
     ax.set_yticks(range(p))
     ax.set_yticklabels([f"stage {p - 1 - r}" for r in range(p)])
     ax.set_xlabel(f"time ({time_unit})")

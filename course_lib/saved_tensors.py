@@ -5,10 +5,18 @@ Every tensor that an operation saves for backward (``ctx.save_for_backward`` in 
 ``torch.autograd.graph.saved_tensors_hooks``. :class:`SavedTensorMeter` listens there and adds
 up the bytes, counting each underlying storage once: a tensor saved twice, or two views
 of one storage, cost memory once.
+
+:func:`saved_cast_copy_bytes` listens at the same place for one kind of saved tensor: the
+low-precision copies of the weights that ``torch.autocast`` makes (notebook 05).
+:func:`format_bytes` prints a byte count for a person.
+
+One storage is one ``(device, address)`` key (:func:`_storage_key`); :mod:`course_lib.memory`
+counts parameters, gradients and optimizer state with the same key.
 """
+
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
@@ -16,7 +24,9 @@ from typing import Any
 import torch
 from torch.autograd.graph import saved_tensors_hooks
 
-__all__ = ["SavedTensorMeter", "SavedRecord", "format_bytes"]
+from .validation import check_number
+
+__all__ = ["SavedTensorMeter", "SavedRecord", "saved_cast_copy_bytes", "format_bytes"]
 
 
 @dataclass(frozen=True)
@@ -32,8 +42,8 @@ class SavedRecord:
 
 
 def _storage_key(t: torch.Tensor) -> tuple[str, int]:
-    st = t.untyped_storage()
-    return (str(t.device), st.data_ptr())
+    """The memory behind ``t``: its device and its storage's address (every view of a storage shares it)."""
+    return (str(t.device), t.untyped_storage().data_ptr())
 
 
 def _is_parameter(t: torch.Tensor) -> bool:
@@ -130,16 +140,6 @@ class SavedTensorMeter:
         """Bytes of saved parameters (and ``exclude`` tensors), each storage counted once."""
         return sum(r.storage_nbytes for r in self.records if r.new_storage and r.is_parameter)
 
-    @property
-    def total_bytes(self) -> int:
-        """Everything autograd keeps a reference to, each storage once."""
-        return self.bytes + self.excluded_bytes
-
-    @property
-    def naive_bytes(self) -> int:
-        """Bytes if every saved tensor were a separate copy (what double counting would say)."""
-        return sum(r.nbytes for r in self.records)
-
     def summary(self) -> str:
         """A short, deterministic text report for a notebook cell."""
         return (
@@ -148,10 +148,47 @@ class SavedTensorMeter:
         )
 
 
+def saved_cast_copy_bytes(run: Callable[[], Any], params: Iterable[torch.Tensor]) -> int:
+    """Call ``run()`` and return the bytes autograd saves for backward that are dtype-cast copies of ``params``.
+
+    Under ``torch.autocast`` a matmul casts its fp32 weight to the low-precision dtype; that copy is
+    a new tensor (not the parameter), and autograd saves it for backward. A saved-tensor count that
+    leaves out the parameters (:class:`SavedTensorMeter` with ``exclude``) still includes these
+    copies; this function measures them, each storage once, so they can be reported apart from the
+    activations.
+    """
+    if not callable(run):
+        raise TypeError(f"run must be a callable that runs the forward pass, got {type(run).__name__}")
+    if isinstance(params, torch.Tensor):
+        raise TypeError("params takes an iterable of tensors, e.g. model.parameters(), not one tensor")
+    wanted = set()
+    for p in params:
+        if not isinstance(p, torch.Tensor):
+            raise TypeError(f"params must contain tensors only, got {type(p).__name__}")
+        wanted.add(id(p))
+    seen: set[tuple[str, int]] = set()
+    total = 0
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        nonlocal total
+        base = t._base if t._base is not None else t
+        fn = base.grad_fn  # a cast copy is made by ToCopyBackward0 from the parameter (an AccumulateGrad leaf)
+        if fn is not None and type(fn).__name__ == "ToCopyBackward0" and fn.next_functions:
+            source = getattr(fn.next_functions[0][0], "variable", None)
+            key = _storage_key(t)
+            if source is not None and id(source) in wanted and key not in seen:
+                seen.add(key)
+                total += t.untyped_storage().nbytes()
+        return t
+
+    with saved_tensors_hooks(pack, lambda t: t):
+        run()
+    return total
+
+
 def format_bytes(n: int | float) -> str:
     """``1536 -> '1.50 KiB'``: binary units, 3 significant digits, exact below 1 KiB."""
-    if isinstance(n, bool) or not isinstance(n, (int, float)):
-        raise TypeError(f"n must be a number of bytes, got {type(n).__name__}")
+    check_number("n", n, what="a number of bytes")
     if n < 0:
         raise ValueError(f"a number of bytes cannot be negative, got {n}")
     if n < 1024:

@@ -1,4 +1,5 @@
 """Seeding and determinism: one call that makes a notebook print the same numbers twice."""
+
 from __future__ import annotations
 
 import os
@@ -6,6 +7,8 @@ import random
 
 import numpy as np
 import torch
+
+from .validation import check_bool, check_int
 
 __all__ = ["seed_everything"]
 
@@ -22,12 +25,10 @@ def seed_everything(seed: int = 0, *, deterministic: bool = True) -> int:
     >>> seed_everything(1234)
     1234
     """
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise TypeError(f"seed must be an int, got {type(seed).__name__}")
+    check_int("seed", seed)
     if not 0 <= seed < 2**32:
         raise ValueError(f"seed must be in [0, 2**32), got {seed}")
-    if not isinstance(deterministic, bool):
-        raise TypeError(f"deterministic must be a bool, got {type(deterministic).__name__}")
+    check_bool("deterministic", deterministic)
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)  # also seeds every CUDA device

@@ -9,6 +9,7 @@ the ipywidgets HTML manager). Pages load only ``_site/assets/`` (copied from the
 see scripts/build_slides.py), so the folder works with no network, opened from disk or served with
 ``python -m http.server -d _site``.
 """
+
 from __future__ import annotations
 
 import html
@@ -47,12 +48,8 @@ def build_page(path: Path, nb: nbformat.NotebookNode, out_dir: Path, nav: list[t
     config = Config()
     config.HTMLExporter.update(exporter_urls())
     config.HTMLExporter.embed_images = True
-    exporter = HTMLExporter(
-        config=config, template_name="course_lab", extra_template_basedirs=[str(TEMPLATES)]
-    )
-    body, _ = exporter.from_notebook_node(
-        nb, resources={"metadata": {"name": path.stem}, "course_nav": nav}
-    )
+    exporter = HTMLExporter(config=config, template_name="course_lab", extra_template_basedirs=[str(TEMPLATES)])
+    body, _ = exporter.from_notebook_node(nb, resources={"metadata": {"name": path.stem}, "course_nav": nav})
     out = out_dir / f"{path.stem}.html"
     out.write_text(body, encoding="utf-8")
     check_offline(out)

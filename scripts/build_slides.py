@@ -14,6 +14,7 @@ scanned, and the build fails if it still loads anything from another machine.
 
 This module also holds what ``scripts/build_site.py`` shares with it (assets, templates, checks).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -163,9 +164,7 @@ def build_deck(path: Path, out_dir: Path) -> Path:
     config.SlidesExporter.reveal_theme = REVEAL_THEME
     config.SlidesExporter.reveal_scroll = True  # long code cells scroll instead of running off the slide
     config.SlidesExporter.embed_images = True
-    exporter = SlidesExporter(
-        config=config, template_name="course_reveal", extra_template_basedirs=[str(TEMPLATES)]
-    )
+    exporter = SlidesExporter(config=config, template_name="course_reveal", extra_template_basedirs=[str(TEMPLATES)])
     body, _ = exporter.from_notebook_node(nb, resources={"metadata": {"name": path.stem}})
     out = out_dir / f"{path.stem}.slides.html"
     out.write_text(body, encoding="utf-8")
@@ -183,8 +182,11 @@ def main(argv: list[str] | None = None) -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
     for path in paths:
         out = build_deck(path, out_dir)
-        n = sum(1 for c in nbformat.read(path, as_version=4).cells
-                if c.metadata.get("slideshow", {}).get("slide_type") in ("slide", "subslide"))
+        n = sum(
+            1
+            for c in nbformat.read(path, as_version=4).cells
+            if c.metadata.get("slideshow", {}).get("slide_type") in ("slide", "subslide")
+        )
         print(f"{out.relative_to(ROOT)}: {n} slides")
     print("open _site/slides/<name>.slides.html in a browser (offline; arrows or space to step)")
     return 0

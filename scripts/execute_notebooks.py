@@ -5,12 +5,14 @@
 Each notebook runs top to bottom in a fresh ``python3`` kernel from the course's environment,
 with its working directory set to ``notebooks/``. Then it is cleaned so that re-running gives
 no diff: notebook metadata is reduced to the kernel spec and the language name, per-cell
-execution timestamps are dropped, split stream outputs are merged, execution counts are renumbered 1..n, and widget model ids
-(random UUIDs) are replaced by stable ones, with the widget state kept so static HTML renders
-widgets; these rewrites touch outputs and widget state only, never a cell's source. A cell whose new
-output equals its old one up to nbval's sanitizers (tests/sanitize.cfg: timings after '~', ...)
-keeps the old one, so a re-execution's diff shows only what changed. Prints each notebook's wall time; exits non-zero if any cell fails.
+execution timestamps are dropped, split stream outputs are merged, execution counts are renumbered
+1..n, and widget model ids (random UUIDs) are replaced by stable ones, with the widget state kept so
+static HTML renders widgets; these rewrites touch outputs and widget state only, never a cell's
+source. A cell whose new output equals its old one up to nbval's sanitizers (tests/sanitize.cfg:
+timings after '~', ...) keeps the old one, so a re-execution's diff shows only what changed. Prints
+each notebook's wall time; exits non-zero if any cell fails.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -37,8 +39,12 @@ def _coalesce_streams(outputs: list) -> list:
     """Merge consecutive stdout (or stderr) chunks: how a print is split varies from run to run."""
     merged: list = []
     for out in outputs:
-        if (out.get("output_type") == "stream" and merged and merged[-1].get("output_type") == "stream"
-                and merged[-1]["name"] == out["name"]):
+        if (
+            out.get("output_type") == "stream"
+            and merged
+            and merged[-1].get("output_type") == "stream"
+            and merged[-1]["name"] == out["name"]
+        ):
             merged[-1]["text"] += out["text"]
         else:
             merged.append(out)
@@ -48,9 +54,7 @@ def _coalesce_streams(outputs: list) -> list:
 def clean(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
     """Strip what differs from machine to machine or run to run; keep teaching metadata."""
     widgets = nb.metadata.get("widgets")
-    nb.metadata = nbformat.NotebookNode(
-        kernelspec=KERNELSPEC, language_info={"name": "python"}
-    )
+    nb.metadata = nbformat.NotebookNode(kernelspec=KERNELSPEC, language_info={"name": "python"})
     count = 0
     for cell in nb.cells:
         cell.metadata.pop("execution", None)
@@ -91,6 +95,7 @@ def clean(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
                 visit(view["model_id"])
     for key in sorted(state, key=lambda k: json.dumps(state[k], sort_keys=True)):
         visit(key)
+
     # Rewrite the outputs and the widget state only, never a cell's source or metadata: replace each
     # id through a temporary token (a new id can never collide with an old one), and tqdm's timings.
     def rewrite(value: object) -> object:

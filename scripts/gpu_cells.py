@@ -13,6 +13,7 @@ an environment or API mistake inside one would ship unseen. This module serves t
 
 A GPU cell is named by the description string it passes to ``requires_gpu``.
 """
+
 from __future__ import annotations
 
 import re
@@ -28,17 +29,21 @@ GUARD = re.compile(r"^if requires_gpu\((?P<what>\"[^\"]*\"|'[^']*')(?P<rest>[^)]
 # or that the calls compose (shapes only), and on the CPU everything already lives on the CPU, or the
 # real sizes would take minutes.
 ON_META = {
-    "model.cuda() moves parameters and buffers, not plain attributes":
-        "placement is the claim: on 'cpu' every tensor is already there, on 'meta' plain attributes stay behind",
-    "peak GPU memory of a training step, fp32 vs bf16 autocast":
-        "a width-4096 MLP on 8192 samples is ~1 TFLOP per step: meta runs the same calls on shapes only",
+    "model.cuda() moves parameters and buffers, not plain attributes": (
+        "placement is the claim: on 'cpu' every tensor is already there, on 'meta' plain attributes stay behind"
+    ),
+    "peak GPU memory of a training step, fp32 vs bf16 autocast": (
+        "a width-4096 MLP on 8192 samples is ~1 TFLOP per step: meta runs the same calls on shapes only"
+    ),
 }
 # Cells whose logic has no CPU meaning: the reason is printed by the test.
 CANNOT_RUN_ON_CPU = {
-    "fork after CUDA initialisation fails in the child":
-        "the error it shows is raised by CUDA itself; a CPU-only process forks without complaint",
-    "matmul throughput: fp32, TF32, fp16, bf16 on tensor cores":
-        "it times tensor cores with CUDA events; the same 4096^3 fp16 matmuls take minutes on a CPU",
+    "fork after CUDA initialisation fails in the child": (
+        "the error it shows is raised by CUDA itself; a CPU-only process forks without complaint"
+    ),
+    "matmul throughput: fp32, TF32, fp16, bf16 on tensor cores": (
+        "it times tensor cores with CUDA events; the same 4096^3 fp16 matmuls take minutes on a CPU"
+    ),
 }
 # Cells that run on the CPU up to one call that needs a GPU: everything before it (environment,
 # process group, conversion) is checked, and the call must fail with exactly this message.
@@ -146,7 +151,7 @@ def on_cpu(source: str, device: str = "cpu") -> str:
     if m is None:
         raise ValueError("not a GPU cell: it has no 'if requires_gpu(...):' line")
     head = source[: m.start()] + f"if _gpu_dry_run({m.group('what')}{m.group('rest')}):"
-    return head + _map_body(source[m.end():], device)
+    return head + _map_body(source[m.end() :], device)
 
 
 def _map_body(src: str, device: str) -> str:

@@ -11,6 +11,7 @@
 The report (markdown) names the GPU, torch and CUDA versions. The script exits 1 if a GPU cell or a
 benchmark failed, 2 if there is no CUDA GPU here (nothing to check: the CPU half is ``make test``).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -49,8 +50,9 @@ def cell_report(nb: nbformat.NotebookNode, cells: list[gpu_cells.GpuCell]) -> tu
 
 def run_notebook(path: Path, workdir: Path) -> tuple[list[str], int]:
     nb = nbformat.read(path, as_version=4)
-    client = NotebookClient(nb, kernel_name="python3", timeout=600, allow_errors=True,
-                            resources={"metadata": {"path": str(workdir)}})
+    client = NotebookClient(
+        nb, kernel_name="python3", timeout=600, allow_errors=True, resources={"metadata": {"path": str(workdir)}}
+    )
     start = time.perf_counter()
     client.execute()
     lines, failed = cell_report(nb, gpu_cells.gpu_cells(path))
@@ -60,7 +62,8 @@ def run_notebook(path: Path, workdir: Path) -> tuple[list[str], int]:
 def run_benchmark(script: str) -> tuple[list[str], int]:
     proc = subprocess.run([sys.executable, script], cwd=ROOT, capture_output=True, text=True, timeout=1800)
     return [f"### {script} (exit {proc.returncode})", "```", (proc.stdout + proc.stderr).rstrip(), "```", ""], int(
-        proc.returncode != 0)
+        proc.returncode != 0
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -74,8 +77,12 @@ def main(argv: list[str] | None = None) -> int:
         print("no CUDA GPU on this machine: nothing to check here (the CPU half is `make test`)", file=sys.stderr)
         return 2
     names = ", ".join(torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count()))
-    report = [f"# GPU check: {names}", "",
-              f"torch {torch.__version__}, CUDA {torch.version.cuda}, {torch.cuda.device_count()} GPU(s)", ""]
+    report = [
+        f"# GPU check: {names}",
+        "",
+        f"torch {torch.__version__}, CUDA {torch.version.cuda}, {torch.cuda.device_count()} GPU(s)",
+        "",
+    ]
     failed = 0
     with tempfile.TemporaryDirectory(prefix="course_gpu_") as tmp:
         work = Path(tmp) / "notebooks"

@@ -17,6 +17,7 @@ their slide types and tags; the notebook adds the outputs. Syncing from the text
   (the executor keeps each output that is unchanged up to the sanitizers, so the diff shows what
   the change changed).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,8 +32,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from course_lib.manifest import ROOT, notebook_paths  # noqa: E402
 
 SOURCES = ROOT / "sources"
-FORMAT = {"extension": ".py", "format_name": "percent",
-          "notebook_metadata_filter": "-all", "cell_metadata_filter": "slideshow,tags,-all", "cell_markers": "\"\"\""}
+FORMAT = {
+    "extension": ".py",
+    "format_name": "percent",
+    "notebook_metadata_filter": "-all",
+    "cell_metadata_filter": "slideshow,tags,-all",
+    "cell_markers": '"""',
+}
 KEPT_METADATA = ("slideshow", "tags")
 
 
@@ -147,8 +153,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{nb_path.name} -> {source_path(nb_path).relative_to(ROOT)}")
         elif args.check:
             text = source_path(nb_path)
-            diff = (differences(nbformat.read(nb_path, as_version=4), read_text(text)) if text.is_file()
-                    else ["no text source"])
+            diff = (
+                differences(nbformat.read(nb_path, as_version=4), read_text(text))
+                if text.is_file()
+                else ["no text source"]
+            )
             if diff:
                 bad += 1
                 print(f"{nb_path.name}: out of sync with {text.relative_to(ROOT)}: {'; '.join(diff[:5])}")

@@ -5,8 +5,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from course_lib.activations import Swish, SwishModule, swish, swish_derivative
+from course_lib.activations import Swish, SwishModule, swish
 from course_lib.saved_tensors import SavedTensorMeter
+
+
+def swish_derivative(x: torch.Tensor) -> torch.Tensor:
+    """Notebook 03's formula: ``d/dx [x * sigmoid(x)] = s * (1 + x * (1 - s))`` with ``s = sigmoid(x)``."""
+    s = torch.sigmoid(x)
+    return s * (1 + x * (1 - s))
 
 
 @pytest.fixture
@@ -36,8 +42,10 @@ def test_gradient_matches_autograd_of_silu(x64: torch.Tensor) -> None:
 
 def test_known_derivative_values() -> None:
     # swish'(0) = sigmoid(0) = 1/2; far left the slope tends to 0, far right to 1
-    d = swish_derivative(torch.tensor([0.0, -40.0, 40.0], dtype=torch.float64))
+    x = torch.tensor([0.0, -40.0, 40.0], dtype=torch.float64, requires_grad=True)
+    (d,) = torch.autograd.grad(swish(x).sum(), x)
     torch.testing.assert_close(d, torch.tensor([0.5, 0.0, 1.0], dtype=torch.float64))
+    torch.testing.assert_close(swish_derivative(x.detach()), d)
 
 
 def test_saves_only_the_input() -> None:
@@ -84,7 +92,7 @@ def test_rejects_non_tensors(bad: object) -> None:
     with pytest.raises(TypeError, match="torch.Tensor"):
         swish(bad)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="torch.Tensor"):
-        swish_derivative(bad)  # type: ignore[arg-type]
+        SwishModule()(bad)
 
 
 @pytest.mark.parametrize("dtype", [torch.int64, torch.bool, torch.complex64])

@@ -65,7 +65,13 @@ def test_checkpoint_momentum_rejects_bad_arguments() -> None:
 
 def _block(momentum: float | None = 0.1) -> nn.Sequential:
     torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(4, 6), nn.BatchNorm1d(6, momentum=momentum), nn.ReLU(), nn.Linear(6, 6), nn.BatchNorm1d(6, momentum=momentum))
+    return nn.Sequential(
+        nn.Linear(4, 6),
+        nn.BatchNorm1d(6, momentum=momentum),
+        nn.ReLU(),
+        nn.Linear(6, 6),
+        nn.BatchNorm1d(6, momentum=momentum),
+    )
 
 
 def _train(block: nn.Module, steps: int, *, ckpt: bool) -> None:
@@ -85,7 +91,9 @@ def test_prepared_block_matches_the_uncheckpointed_running_stats(use_fix: bool) 
     _train(ref, 5, ckpt=False)
     _train(ck, 5, ckpt=True)
     for i in (1, 4):
-        same = torch.allclose(ref[i].running_mean, ck[i].running_mean, atol=1e-6) and torch.allclose(ref[i].running_var, ck[i].running_var, atol=1e-6)
+        same = torch.allclose(ref[i].running_mean, ck[i].running_mean, atol=1e-6) and torch.allclose(
+            ref[i].running_var, ck[i].running_var, atol=1e-6
+        )
         assert same is use_fix
         assert int(ck[i].num_batches_tracked) == 10  # counted twice either way
         assert int(ref[i].num_batches_tracked) == 5

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from course_lib.exercises import CheckResult, Wrong, call_learner, exercise, is_placeholder
+from course_lib.exercises.core import CheckResult, Wrong, call_learner, exercise, is_placeholder
 
 
 @exercise("double", todo="write double(x) returning 2 * x")
@@ -71,7 +71,7 @@ def test_check_result_is_a_value() -> None:
 def test_as_number_accepts_numbers_and_scalar_tensors() -> None:
     import torch
 
-    from course_lib.exercises import as_number
+    from course_lib.exercises.core import as_number
 
     assert as_number(3, "f()") == 3.0 and as_number(torch.tensor(2.5), "f()") == 2.5
     for bad in ("0.5", [1, 2], torch.ones(2), True, None):
@@ -82,7 +82,7 @@ def test_as_number_accepts_numbers_and_scalar_tensors() -> None:
 
 
 def test_dict_answer_checks_shape_only() -> None:
-    from course_lib.exercises import NotDone, dict_answer
+    from course_lib.exercises.core import NotDone, dict_answer
 
     keys = ["a", "b"]
     assert dict_answer({"a": 1, "b": 2}, keys, name="answer") == {"a": 1, "b": 2}

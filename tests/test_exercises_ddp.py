@@ -2,23 +2,24 @@ from __future__ import annotations
 
 import math
 
+from checks import assert_check
 from course_lib.exercises.ddp import check_global_rank, check_shard_indices, check_sync_schedule
 
 
 def test_global_rank() -> None:
-    assert check_global_rank(lambda node, local, per_node: node * per_node + local)
-    assert check_global_rank(...).status == "not done yet"
-    r = check_global_rank(lambda node, local, per_node: local)  # seed 002's rank = gpu
-    assert r.status == "wrong" and "not the local rank" in r.message
-    r = check_global_rank(lambda node, local, per_node: node + local)
-    assert r.status == "wrong" and "expected" in r.message
-    r = check_global_rank(lambda node, local, per_node: float(node * per_node + local))
-    assert r.status == "wrong" and "int" in r.message
-
     def blank(node: int, local: int, per_node: int) -> int:
         raise NotImplementedError
 
-    assert check_global_rank(blank).status == "not done yet"
+    assert_check(
+        check_global_rank,
+        right=[lambda node, local, per_node: node * per_node + local],
+        not_done=[..., blank],
+        wrong=[
+            (lambda node, local, per_node: local, "not the local rank"),  # seed 002's rank = gpu
+            (lambda node, local, per_node: node + local, "expected"),
+            (lambda node, local, per_node: float(node * per_node + local), "int"),
+        ],
+    )
 
 
 def test_shard_indices() -> None:
@@ -28,22 +29,26 @@ def test_shard_indices() -> None:
         idx += (idx * math.ceil(per * world / n))[: per * world - n]
         return idx[rank::world]
 
-    assert check_shard_indices(shard)
-    assert check_shard_indices(...).status == "not done yet"
-    r = check_shard_indices(lambda n, world, rank: list(range(n))[rank::world])  # no padding
-    assert r.status == "wrong" and "padded" in r.message
-    r = check_shard_indices(lambda n, world, rank: list(range(rank * (n // world), (rank + 1) * (n // world))))
-    assert r.status == "wrong"
-    r = check_shard_indices(lambda n, world, rank: "abc")
-    assert r.status == "wrong" and "list of ints" in r.message
+    assert_check(
+        check_shard_indices,
+        right=[shard],
+        not_done=[...],
+        wrong=[
+            (lambda n, world, rank: list(range(n))[rank::world], "padded"),  # no padding
+            (lambda n, world, rank: list(range(rank * (n // world), (rank + 1) * (n // world))), ""),
+            (lambda n, world, rank: "abc", "list of ints"),
+        ],
+    )
 
 
 def test_sync_schedule() -> None:
-    assert check_sync_schedule(lambda n, k: [(i + 1) % k == 0 or i == n - 1 for i in range(n)])
-    assert check_sync_schedule(...).status == "not done yet"
-    r = check_sync_schedule(lambda n, k: [(i + 1) % k == 0 for i in range(n)])  # forgets the last group
-    assert r.status == "wrong" and "last one" in r.message
-    r = check_sync_schedule(lambda n, k: [True] * n)
-    assert r.status == "wrong"
-    r = check_sync_schedule(lambda n, k: [True])
-    assert r.status == "wrong" and "list of" in r.message
+    assert_check(
+        check_sync_schedule,
+        right=[lambda n, k: [(i + 1) % k == 0 or i == n - 1 for i in range(n)]],
+        not_done=[...],
+        wrong=[
+            (lambda n, k: [(i + 1) % k == 0 for i in range(n)], "last one"),  # forgets the last group
+            (lambda n, k: [True] * n, ""),
+            (lambda n, k: [True], "list of"),
+        ],
+    )

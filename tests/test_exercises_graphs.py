@@ -2,23 +2,24 @@ from __future__ import annotations
 
 import torch
 
+from checks import assert_check
 from course_lib.exercises.graphs import check_fresh_grad, check_mul_saves, check_two_backwards
 
 
 def test_mul_saves() -> None:
-    assert check_mul_saves({"self"})
-    assert check_mul_saves(["self"])
-    assert check_mul_saves(...).status == "not done yet"
-    for wrong, hint in [
-        ({"self", "other"}, "only if both required grad"),
-        ({"other"}, "`other` is w"),
-        (set(), "something must be kept"),
-        ({"x"}, "names its inputs"),
-        ("self", "set of names"),
-        ({1}, "set of names"),
-    ]:
-        r = check_mul_saves(wrong)
-        assert r.status == "wrong" and hint in r.message, (wrong, r)
+    assert_check(
+        check_mul_saves,
+        right=[{"self"}, ["self"]],
+        not_done=[...],
+        wrong=[
+            ({"self", "other"}, "only if both required grad"),
+            ({"other"}, "`other` is w"),
+            (set(), "something must be kept"),
+            ({"x"}, "names its inputs"),
+            ("self", "set of names"),
+            ({1}, "set of names"),
+        ],
+    )
 
 
 def test_fresh_grad() -> None:
@@ -46,19 +47,19 @@ def test_fresh_grad() -> None:
     def blank(w, loss_fn):
         raise NotImplementedError
 
-    assert check_fresh_grad(good)
-    assert check_fresh_grad(blank).status == "not done yet"
-    assert check_fresh_grad(...).status == "not done yet"
-    for wrong, hint in [
-        (accumulates, "accumulates"),
-        (stale, "stale gradient"),
-        (returns_elsewhere, "leave it in w.grad"),
-        (wrong_value, "not d loss / d w"),
-        (lambda w, f: 3.0, "return a tensor"),
-        (lambda w, f: torch.zeros(2), "shape"),
-    ]:
-        r = check_fresh_grad(wrong)
-        assert r.status == "wrong" and hint in r.message, (wrong, r)
+    assert_check(
+        check_fresh_grad,
+        right=[good],
+        not_done=[blank, ...],
+        wrong=[
+            (accumulates, "accumulates"),
+            (stale, "stale gradient"),
+            (returns_elsewhere, "leave it in w.grad"),
+            (wrong_value, "not d loss / d w"),
+            (lambda w, f: 3.0, "return a tensor"),
+            (lambda w, f: torch.zeros(2), "shape"),
+        ],
+    )
 
 
 def test_two_backwards() -> None:
@@ -81,15 +82,15 @@ def test_two_backwards() -> None:
     def blank(w):
         raise NotImplementedError
 
-    assert check_two_backwards(good)
-    assert check_two_backwards(blank).status == "not done yet"
-    assert check_two_backwards(...).status == "not done yet"
-    for wrong, hint in [
-        (no_retain, "retain_graph=True"),
-        (once, "one backward"),
-        (lambda w: 2 * torch.sin(w), "2 * cos(w)"),
-        (lambda w: "grad", "a tensor"),
-        (lambda w: torch.zeros(1), "shape"),
-    ]:
-        r = check_two_backwards(wrong)
-        assert r.status == "wrong" and hint in r.message, (wrong, r)
+    assert_check(
+        check_two_backwards,
+        right=[good],
+        not_done=[blank, ...],
+        wrong=[
+            (no_retain, "retain_graph=True"),
+            (once, "one backward"),
+            (lambda w: 2 * torch.sin(w), "2 * cos(w)"),
+            (lambda w: "grad", "a tensor"),
+            (lambda w: torch.zeros(1), "shape"),
+        ],
+    )

@@ -3,6 +3,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from checks import assert_check
 from course_lib.exercises.tensors import LEAF_QUESTION, check_leaves, check_module_state, check_sgd_step
 
 RIGHT = {"x": True, "w": True, "x2": True, "h": False, "loss": False}
@@ -15,22 +16,22 @@ def test_leaf_question_runs() -> None:
 
 
 def test_leaves() -> None:
-    assert check_leaves(RIGHT)
-    assert check_leaves(...).status == "not done yet"
-    assert check_leaves({**RIGHT, "x": None}).status == "not done yet"
-    for wrong, hint in [
-        ({**RIGHT, "x": False}, "even without requires_grad"),
-        ({**RIGHT, "x2": False}, "recorded nothing"),
-        ({**RIGHT, "h": True}, "MulBackward0"),
-        ({**RIGHT, "w": False}, "it is a leaf"),
-        ({**RIGHT, "loss": True}, "SumBackward0"),
-        ({k: v for k, v in RIGHT.items() if k != "h"}, "missing: h"),
-        ({**RIGHT, "y": True}, "remove: y"),
-        ({**RIGHT, "x": "yes"}, "True or False"),
-        ([True] * 5, "dict"),
-    ]:
-        r = check_leaves(wrong)
-        assert r.status == "wrong" and hint in r.message, (wrong, r)
+    assert_check(
+        check_leaves,
+        right=[RIGHT],
+        not_done=[..., {**RIGHT, "x": None}],
+        wrong=[
+            ({**RIGHT, "x": False}, "even without requires_grad"),
+            ({**RIGHT, "x2": False}, "recorded nothing"),
+            ({**RIGHT, "h": True}, "MulBackward0"),
+            ({**RIGHT, "w": False}, "it is a leaf"),
+            ({**RIGHT, "loss": True}, "SumBackward0"),
+            ({k: v for k, v in RIGHT.items() if k != "h"}, "missing: h"),
+            ({**RIGHT, "y": True}, "remove: y"),
+            ({**RIGHT, "x": "yes"}, "True or False"),
+            ([True] * 5, "dict"),
+        ],
+    )
 
 
 class Good(nn.Module):
@@ -91,20 +92,20 @@ class Blank(nn.Module):
 
 
 def test_module_state() -> None:
-    assert check_module_state(Good)
-    assert check_module_state(...).status == "not done yet"
-    assert check_module_state(Blank).status == "not done yet"
-    for wrong, hint in [
-        (PlainScale, "plain tensor attribute"),
-        (ParamCalls, "only `scale` should be a parameter"),
-        (PlainCalls, "register_buffer"),
-        (NonPersistent, "state_dict"),
-        (NoCount, "after two forward calls"),
-        (Detached, "depend on `scale`"),
-        (int, "subclasses torch.nn.Module"),
-    ]:
-        r = check_module_state(wrong)
-        assert r.status == "wrong" and hint in r.message, (wrong, r)
+    assert_check(
+        check_module_state,
+        right=[Good],
+        not_done=[..., Blank],
+        wrong=[
+            (PlainScale, "plain tensor attribute"),
+            (ParamCalls, "only `scale` should be a parameter"),
+            (PlainCalls, "register_buffer"),
+            (NonPersistent, "state_dict"),
+            (NoCount, "after two forward calls"),
+            (Detached, "depend on `scale`"),
+            (int, "subclasses torch.nn.Module"),
+        ],
+    )
 
 
 def test_sgd_step() -> None:
@@ -140,16 +141,16 @@ def test_sgd_step() -> None:
     def blank(params, lr):
         raise NotImplementedError
 
-    assert check_sgd_step(good)
-    assert check_sgd_step(blank).status == "not done yet"
-    assert check_sgd_step(...).status == "not done yet"
-    for wrong, hint in [
-        (rebinds, "only rebinds a name"),
-        (no_no_grad, "in-place operation"),
-        (keeps_grad, "p.grad = None"),
-        (wrong_sign, "p - lr * p.grad"),
-        (replaces, "in place"),
-        ("sgd", "expected a function"),
-    ]:
-        r = check_sgd_step(wrong)
-        assert r.status == "wrong" and hint in r.message, (wrong, r)
+    assert_check(
+        check_sgd_step,
+        right=[good],
+        not_done=[blank, ...],
+        wrong=[
+            (rebinds, "only rebinds a name"),
+            (no_no_grad, "in-place operation"),
+            (keeps_grad, "p.grad = None"),
+            (wrong_sign, "p - lr * p.grad"),
+            (replaces, "in place"),
+            ("sgd", "expected a function"),
+        ],
+    )

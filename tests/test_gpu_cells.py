@@ -5,6 +5,7 @@ a missing environment variable or a renamed API inside one would reach the first
 GPU. Here each notebook that has GPU cells runs (its cells up to the last GPU cell, launches of
 other processes left out) with every GPU cell's body mapped to the CPU by ``scripts/gpu_cells.py``.
 """
+
 from __future__ import annotations
 
 import re
@@ -44,9 +45,11 @@ def test_gpu_cells_are_found_and_classified() -> None:
 
 
 def test_the_cpu_mapping() -> None:
-    src = ('if requires_gpu("x", count=2):\n    a = torch.randn(2, device="cuda").cuda(1)\n'
-           '    torch.cuda.synchronize()\n    dist.init_process_group("nccl")\n    assert a.is_cuda\n'
-           '    with torch.autocast("cuda", dtype=torch.bfloat16):\n        pass\n')
+    src = (
+        'if requires_gpu("x", count=2):\n    a = torch.randn(2, device="cuda").cuda(1)\n'
+        '    torch.cuda.synchronize()\n    dist.init_process_group("nccl")\n    assert a.is_cuda\n'
+        '    with torch.autocast("cuda", dtype=torch.bfloat16):\n        pass\n'
+    )
     out = gpu_cells.on_cpu(src, "meta")
     assert out.startswith('if _gpu_dry_run("x", count=2):')
     assert 'device="meta").to("meta")' in out and "_cuda_on_cpu.synchronize()" in out
@@ -59,8 +62,9 @@ def test_the_cpu_mapping() -> None:
 @pytest.mark.parametrize("path", WITH_GPU_CELLS, ids=[p.stem for p in WITH_GPU_CELLS])
 def test_gpu_cells_run_on_cpu(path: Path, tmp_path: Path) -> None:
     nb, positions = gpu_cells.dry_run_notebook(path)
-    client = NotebookClient(nb, kernel_name="python3", timeout=240, allow_errors=True,
-                            resources={"metadata": {"path": str(tmp_path)}})
+    client = NotebookClient(
+        nb, kernel_name="python3", timeout=240, allow_errors=True, resources={"metadata": {"path": str(tmp_path)}}
+    )
     client.execute()
     for pos, cell in positions.items():
         outputs = nb.cells[pos].outputs
@@ -75,7 +79,8 @@ def test_gpu_cells_run_on_cpu(path: Path, tmp_path: Path) -> None:
             expected = gpu_cells.CPU_STOPS_AT[cell.what]
             assert errors and expected in errors[0].evalue, (
                 f"{where}: should run on the CPU until '{expected}', got: "
-                + (_traceback(errors[0]) if errors else "no error"))
+                + (_traceback(errors[0]) if errors else "no error")
+            )
             continue
         assert not errors, f"{where} failed on the CPU:\n" + _traceback(errors[0])
         print(f"{where}: ran on {cell.mode}")
@@ -84,12 +89,14 @@ def test_gpu_cells_run_on_cpu(path: Path, tmp_path: Path) -> None:
 def test_gpu_check_script_reports_each_gpu_cell_and_refuses_without_cuda(tmp_path: Path) -> None:
     import subprocess
 
-    import nbformat
     import gpu_check
+    import nbformat
 
     nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_code_cell('if requires_gpu("a"):\n    pass'),
-                nbformat.v4.new_code_cell('if requires_gpu("b"):\n    pass')]
+    nb.cells = [
+        nbformat.v4.new_code_cell('if requires_gpu("a"):\n    pass'),
+        nbformat.v4.new_code_cell('if requires_gpu("b"):\n    pass'),
+    ]
     nb.cells[0].outputs = [nbformat.v4.new_output("stream", name="stdout", text="42 TFLOP/s\n")]
     nb.cells[1].outputs = [nbformat.v4.new_output("error", ename="RuntimeError", evalue="boom", traceback=[])]
     cells = [gpu_cells.GpuCell("x.ipynb", i, w, "") for i, w in enumerate("ab")]
@@ -97,7 +104,11 @@ def test_gpu_check_script_reports_each_gpu_cell_and_refuses_without_cuda(tmp_pat
     text = "\n".join(lines)
     assert failed == 1 and "cell 0: a (ran)" in text and "42 TFLOP/s" in text and "RuntimeError: boom" in text
     if not __import__("torch").cuda.is_available():
-        proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_check.py"), "--out", str(tmp_path / "r.md")],
-                              capture_output=True, text=True, timeout=120)
+        proc = subprocess.run(
+            [sys.executable, str(ROOT / "scripts" / "gpu_check.py"), "--out", str(tmp_path / "r.md")],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert proc.returncode == 2 and "no CUDA GPU" in proc.stderr
         assert not (tmp_path / "r.md").exists()

@@ -4,12 +4,16 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.text import Annotation  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
+from matplotlib.text import Annotation  # noqa: E402
 
-from course_lib import build_graph, describe_graph, draw_graph  # noqa: E402
-from course_lib.graph_view import saved_tensors_of  # noqa: E402
+from course_lib.graph_view import (  # noqa: E402
+    build_graph,
+    describe_graph,
+    draw_graph,
+    saved_tensors_of,  # noqa: E402
+)
 
 
 def _mlp_loss() -> tuple[torch.nn.Module, torch.Tensor]:
@@ -92,7 +96,7 @@ def test_arrows_start_and_end_on_box_edges_and_boxes_do_not_overlap() -> None:
     boxes = [t for t in ax.texts if not isinstance(t, Annotation)]
     extents = [to_data.transform(t.get_bbox_patch().get_window_extent().get_points()) for t in boxes]
     for i, a in enumerate(extents):
-        for b in extents[i + 1:]:
+        for b in extents[i + 1 :]:
             overlap_x = min(a[1][0], b[1][0]) - max(a[0][0], b[0][0])
             overlap_y = min(a[1][1], b[1][1]) - max(a[0][1], b[0][1])
             assert overlap_x <= 1e-6 or overlap_y <= 1e-6, "two boxes overlap"

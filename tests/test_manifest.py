@@ -1,4 +1,5 @@
 """The course manifest (course.toml) is the one list of notebooks; what is generated from it is current."""
+
 from __future__ import annotations
 
 import json
@@ -50,28 +51,44 @@ def test_renderers() -> None:
 
 def test_notebook_00_prints_the_map_from_the_manifest() -> None:
     nb = json.loads((ROOT / "notebooks" / "00_start_here.ipynb").read_text())
-    printed = ["".join(o.get("text", "")) for c in nb["cells"] if c["cell_type"] == "code"
-               for o in c.get("outputs", []) if "course_map()" in "".join(c["source"])]
+    printed = [
+        "".join(o.get("text", ""))
+        for c in nb["cells"]
+        if c["cell_type"] == "code"
+        for o in c.get("outputs", [])
+        if "course_map()" in "".join(c["source"])
+    ]
     assert printed and printed[0].strip() == course_map().strip()
 
 
 def test_cli_prints_the_paths(tmp_path: Path) -> None:
-    out = subprocess.run([sys.executable, "-m", "course_lib.manifest"], capture_output=True, text=True,
-                         check=True, timeout=60).stdout.split()
+    out = subprocess.run(
+        [sys.executable, "-m", "course_lib.manifest"], capture_output=True, text=True, check=True, timeout=60
+    ).stdout.split()
     assert out == [str(p.relative_to(ROOT)) for p in notebook_paths()]
-    bad = subprocess.run([sys.executable, "-m", "course_lib.manifest", "--nope"], capture_output=True, text=True,
-                         timeout=60)
+    bad = subprocess.run(
+        [sys.executable, "-m", "course_lib.manifest", "--nope"], capture_output=True, text=True, timeout=60
+    )
     assert bad.returncode == 2 and "usage" in bad.stderr
 
 
-@pytest.mark.parametrize("text, message", [
-    ("", "must hold a list"),
-    ('[[notebook]]\nstem = "00_a"\n', "missing fields"),
-    ('[[notebook]]\nstem = "01_a"\ntitle = "t"\nsummary = "s"\nlecture = 1\nexercises = 1\n'
-     'exercise_module = "m"\nlive = "l"\n', "numbered in order"),
-    ('[[notebook]]\nstem = "00_a"\ntitle = "t"\nsummary = "s"\nlecture = "1"\nexercises = 1\n'
-     'exercise_module = "m"\nlive = "l"\n', "lecture must be a int"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("", "must hold a list"),
+        ('[[notebook]]\nstem = "00_a"\n', "missing fields"),
+        (
+            '[[notebook]]\nstem = "01_a"\ntitle = "t"\nsummary = "s"\nlecture = 1\nexercises = 1\n'
+            'exercise_module = "m"\nlive = "l"\n',
+            "numbered in order",
+        ),
+        (
+            '[[notebook]]\nstem = "00_a"\ntitle = "t"\nsummary = "s"\nlecture = "1"\nexercises = 1\n'
+            'exercise_module = "m"\nlive = "l"\n',
+            "lecture must be a int",
+        ),
+    ],
+)
 def test_a_broken_manifest_is_refused_clearly(tmp_path: Path, text: str, message: str) -> None:
     path = tmp_path / "course.toml"
     path.write_text(text)

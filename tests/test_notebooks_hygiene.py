@@ -1,4 +1,5 @@
 """What nbval cannot see: every committed notebook is executed, clean, and follows the course's shape."""
+
 from __future__ import annotations
 
 import json
@@ -49,7 +50,11 @@ def test_metadata_is_clean_and_names_the_kernel(path: Path) -> None:
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_every_cell_has_slide_metadata(path: Path) -> None:
     cells = _load(path)["cells"]
-    missing = [i for i, c in enumerate(cells) if c["metadata"].get("slideshow", {}).get("slide_type") not in ALLOWED_SLIDE_TYPES]
+    missing = [
+        i
+        for i, c in enumerate(cells)
+        if c["metadata"].get("slideshow", {}).get("slide_type") not in ALLOWED_SLIDE_TYPES
+    ]
     assert not missing, f"cells {missing} lack metadata.slideshow.slide_type"
     assert cells[0]["metadata"]["slideshow"]["slide_type"] == "slide"
 
@@ -61,6 +66,6 @@ def test_notebook_opens_with_objectives_and_closes_with_summary_exercises_refere
     head = "\n".join(markdown[:2]).lower()
     assert re.search(r"you will be able to|you will learn", head), "first cells must state the objectives"
     assert re.search(r"assum|prerequisite", head), "first cells must state what the notebook assumes"
-    headings = [l.strip().lower() for m in markdown for l in m.splitlines() if l.startswith("#")]
+    headings = [line.strip().lower() for m in markdown for line in m.splitlines() if line.startswith("#")]
     for needed in ("summary", "exercises", "references"):
         assert any(needed in h for h in headings), f"missing a '{needed}' heading"

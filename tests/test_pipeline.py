@@ -6,7 +6,15 @@ matplotlib.use("Agg")
 
 import pytest
 
-from course_lib.pipeline import Task, bubble_fraction, gpipe_schedule, idle_fraction, makespan, min_micro_batches, plot_gantt
+from course_lib.pipeline import (
+    Task,
+    bubble_fraction,
+    gpipe_schedule,
+    idle_fraction,
+    makespan,
+    min_micro_batches,
+    plot_gantt,
+)
 
 
 @pytest.mark.parametrize("p,m", [(1, 1), (2, 1), (2, 4), (3, 5), (4, 8), (8, 2)])
@@ -51,7 +59,12 @@ def test_naive_split_keeps_one_stage_busy_at_a_time() -> None:
 
 
 def test_idle_fraction_of_measured_tasks() -> None:
-    tasks = [Task(0, 0, "F", 10.0, 11.0), Task(1, 0, "F", 11.5, 12.5), Task(1, 0, "B", 12.5, 13.5), Task(0, 0, "B", 14.0, 15.0)]
+    tasks = [
+        Task(0, 0, "F", 10.0, 11.0),
+        Task(1, 0, "F", 11.5, 12.5),
+        Task(1, 0, "B", 12.5, 13.5),
+        Task(0, 0, "B", 14.0, 15.0),
+    ]
     assert makespan(tasks) == 5.0
     assert idle_fraction(tasks) == pytest.approx(1 - 4 / 10)
     assert idle_fraction(tasks, n_stages=4) == pytest.approx(1 - 4 / 20)

@@ -1,4 +1,5 @@
 """The project's own files: dependency lists agree, the lock pins torch, CI runs the README's command."""
+
 from __future__ import annotations
 
 import re
@@ -27,7 +28,9 @@ def test_environment_yml_lists_the_same_packages_as_pyproject() -> None:
 
 
 def test_lock_pins_every_dependency_exactly_and_torch_without_local_suffix() -> None:
-    lines = [l for l in (ROOT / "requirements.lock").read_text().splitlines() if l and not l.startswith("#")]
+    lines = [
+        line for line in (ROOT / "requirements.lock").read_text().splitlines() if line and not line.startswith("#")
+    ]
     pinned = {}
     for line in lines:
         req = Requirement(line)

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from course_lib import best_device, environment_report, gpu_available, requires_gpu, seed_everything
+from course_lib.device import best_device, environment_report, gpu_available, requires_gpu
+from course_lib.seeding import seed_everything
 
 
 def _draw() -> tuple[float, float, float]:
@@ -84,6 +85,6 @@ def test_environment_report_describes_this_machine() -> None:
     assert report.cpu_cores >= 1
     assert report.gloo is True  # the course's distributed parts need gloo
     lines = report.lines()
-    assert any(l.startswith("PyTorch") and torch.__version__ in l for l in lines)
+    assert any(line.startswith("PyTorch") and torch.__version__ in line for line in lines)
     if not torch.cuda.is_available():
-        assert any("GPU cells will be skipped" in l for l in lines)
+        assert any("GPU cells will be skipped" in line for line in lines)

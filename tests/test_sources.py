@@ -1,4 +1,5 @@
 """Every notebook has a text source in sources/ that agrees with it; syncing keeps ids and outputs."""
+
 from __future__ import annotations
 
 import sys
@@ -19,15 +20,19 @@ def test_notebook_and_text_source_agree(path: Path) -> None:
     text = sync_notebooks.source_path(path)
     assert text.is_file(), f"{text.relative_to(ROOT)} is missing: run `make sync FROM=ipynb`"
     diff = sync_notebooks.differences(nbformat.read(path, as_version=4), sync_notebooks.read_text(text))
-    assert not diff, f"{path.name} and {text.name} are out of sync ({diff[:3]}): run `make sync` or `make sync FROM=ipynb`"
+    assert not diff, (
+        f"{path.name} and {text.name} are out of sync ({diff[:3]}): run `make sync` or `make sync FROM=ipynb`"
+    )
     assert text.read_text() == sync_notebooks.to_text(nbformat.read(path, as_version=4)), "not in canonical form"
 
 
 def _notebook() -> nbformat.NotebookNode:
     nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_markdown_cell("# Title\n\nOne sentence."),
-                nbformat.v4.new_code_cell("print(1)"),
-                nbformat.v4.new_markdown_cell("More text.")]
+    nb.cells = [
+        nbformat.v4.new_markdown_cell("# Title\n\nOne sentence."),
+        nbformat.v4.new_code_cell("print(1)"),
+        nbformat.v4.new_markdown_cell("More text."),
+    ]
     nb.cells[1].outputs = [nbformat.v4.new_output("stream", name="stdout", text="1\n")]
     nb.cells[1].execution_count = 1
     for cell in nb.cells:

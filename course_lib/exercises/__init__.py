@@ -1,4 +1,9 @@
-"""Exercise checks, one module per notebook topic, on the shared API in :mod:`.core`."""
-from .core import CheckResult, NotDone, Wrong, as_number, call_learner, dict_answer, exercise, is_placeholder
+"""Exercise checks, one module per notebook, on the shared API in :mod:`course_lib.exercises.core`.
 
-__all__ = ["CheckResult", "NotDone", "Wrong", "as_number", "call_learner", "dict_answer", "exercise", "is_placeholder"]
+Import a check from its notebook's module (``from course_lib.exercises.graphs import check_fresh_grad``):
+
+* ``core`` — ``exercise``, ``CheckResult``, ``NotDone``, ``Wrong`` and helpers every check uses
+* ``start`` (00), ``tensors`` (01), ``graphs`` (02), ``custom_autograd`` (03), ``checkpointing`` (04),
+  ``mixed_precision`` (05), ``accumulation`` (06), ``all_reduce`` (07), ``ddp`` (08),
+  ``model_parallel`` (09), ``capstone`` (10)
+"""

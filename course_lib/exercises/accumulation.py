@@ -1,4 +1,5 @@
 """Checks for notebook 06 (gradient accumulation)."""
+
 from __future__ import annotations
 
 import copy
@@ -7,7 +8,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .core import NotDone, Wrong, call_learner, exercise, is_placeholder
+from .core import NotDone, Wrong, call_learner, exercise, grads_of, is_placeholder
 
 __all__ = ["check_micro_batch_weights", "check_accumulate", "check_scaled_accumulation_step"]
 
@@ -34,7 +35,9 @@ def check_micro_batch_weights(fn: Any) -> str:
                     f"for sizes {sizes} you gave every micro-batch 1/k: that is exact only when all sizes are "
                     "equal. A micro-batch of n samples holds n/N of the big batch's samples."
                 )
-            raise Wrong(f"micro_batch_weights({sizes}) gave {got}; sum_i w_i * mean_i must equal the mean over all samples")
+            raise Wrong(
+                f"micro_batch_weights({sizes}) gave {got}; sum_i w_i * mean_i must equal the mean over all samples"
+            )
     return "weights n_i / N make the accumulated gradient equal the big batch's, even with a short last batch"
 
 
@@ -69,7 +72,7 @@ def _big_batch_grads(model: nn.Module, micro: list[tuple[torch.Tensor, torch.Ten
     x = torch.cat([m[0] for m in micro])
     y = torch.cat([m[1] for m in micro])
     nn.functional.cross_entropy(ref(x), y).backward()
-    return [p.grad.clone() for p in ref.parameters()]
+    return grads_of(ref.parameters())
 
 
 @exercise(
@@ -82,8 +85,8 @@ def check_accumulate(fn: Any) -> str:
         want = _big_batch_grads(model, micro)
         model.zero_grad(set_to_none=True)
         _run_in_place(fn, model, micro)
-        grads = [p.grad for p in model.parameters()]
-        if any(g is None for g in grads):
+        grads = [p.grad for p in model.parameters() if p.grad is not None]
+        if len(grads) != len(want):
             raise Wrong("after accumulate(...) some parameters have no .grad: call backward() on each micro-batch loss")
         first = grads[0] / want[0]
         ratio = float(first[want[0].abs() > 1e-6].median())
@@ -113,7 +116,9 @@ def check_scaled_accumulation_step(fn: Any) -> str:
     scaler = torch.amp.GradScaler("cpu", init_scale=1024.0, growth_interval=1)  # grows x2 per clean update
     _run_in_place(fn, model, opt, scaler, micro)
     if scaler.get_scale() != 2048.0:
-        updates = "no" if scaler.get_scale() == 1024.0 else f"{torch.log2(torch.tensor(scaler.get_scale() / 1024.0)):.0f}"
+        updates = (
+            "no" if scaler.get_scale() == 1024.0 else f"{torch.log2(torch.tensor(scaler.get_scale() / 1024.0)):.0f}"
+        )
         raise Wrong(
             f"the scaler saw {updates} update() calls: call scaler.update() exactly once per optimizer step, "
             "after scaler.step(optimizer)"
@@ -122,7 +127,7 @@ def check_scaled_accumulation_step(fn: Any) -> str:
         raise Wrong("the parameters did not change: call scaler.step(optimizer) after the last micro-batch")
     for p, q in zip(model.parameters(), ref.parameters()):
         if not torch.allclose(p, q, atol=1e-10):
-            if p.grad is not None and torch.allclose(p.grad, q.grad * 1024.0, rtol=1e-6):
+            if p.grad is not None and q.grad is not None and torch.allclose(p.grad, q.grad * 1024.0, rtol=1e-6):
                 raise Wrong("the step used scaled gradients: let scaler.step (or scaler.unscale_) divide them back")
             raise Wrong("after your step the parameters differ from one plain SGD step on the big batch")
     return "scale every micro-batch loss, then one unscale_/step/update per optimizer step: same as the big batch"

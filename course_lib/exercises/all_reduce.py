@@ -1,9 +1,11 @@
 """Checks for notebook 07 (data parallelism and all-reduce)."""
+
 from __future__ import annotations
 
 from typing import Any
 
 from ..allreduce_sim import parameter_server_bytes_formula, ring_bytes_formula
+from ..validation import is_int
 from .core import NotDone, Wrong, as_number, call_learner, dict_answer, exercise, is_placeholder
 
 __all__ = ["check_ring_bytes", "check_ring_schedule", "check_collective_choice", "COLLECTIVE_TASKS"]
@@ -18,7 +20,9 @@ def check_ring_bytes(fn: Any) -> str:
             if abs(got - want / 2) < 1e-6 * max(1.0, want) and n > 1:
                 raise Wrong("that is one phase only: the ring runs scatter-reduce AND all-gather, N-1 steps each")
             if abs(got - parameter_server_bytes_formula(nbytes, n)["server"]) < 1e-6 * max(1.0, want) and n > 1:
-                raise Wrong("that is what a parameter server's link carries; in a ring each step moves one chunk of S/N")
+                raise Wrong(
+                    "that is what a parameter server's link carries; in a ring each step moves one chunk of S/N"
+                )
             raise Wrong(f"ring_bytes({nbytes}, {n}) = {got}: count the steps (2(N-1)) and the size of one chunk (S/N)")
     return "2(N-1)/N x S per worker: it approaches 2S, and does not grow with N"
 
@@ -29,7 +33,7 @@ def _simulate_schedule(fn: Any, n: int) -> list[list[frozenset[int]]]:
         sends = []
         for i in range(n):
             c = call_learner(fn, i, s, n)
-            if isinstance(c, bool) or not isinstance(c, int) or not 0 <= c < n:
+            if not is_int(c) or not 0 <= c < n:
                 raise Wrong(f"send_chunk({i}, {s}, {n}) returned {c!r}: it must be a chunk index in 0..{n - 1}")
             sends.append((i, (i + 1) % n, c, have[i][c]))
         for _src, dst, c, contrib in sends:

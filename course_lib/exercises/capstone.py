@@ -1,8 +1,10 @@
 """Checks for notebook 10 (capstone)."""
+
 from __future__ import annotations
 
 from typing import Any
 
+from ..validation import is_int
 from .core import Wrong, call_learner, dict_answer, exercise, is_placeholder
 
 __all__ = ["check_effective_batch", "check_technique_choice", "TECHNIQUES", "BOTTLENECKS"]
@@ -11,25 +13,34 @@ TECHNIQUES = ("checkpointing", "mixed precision", "accumulation", "ddp", "pipeli
 
 # each bottleneck -> the techniques that address it first (the notebook's decision guide)
 _GUIDE: dict[str, tuple[set[str], str]] = {
-    "activations do not fit, the model does": ({"checkpointing", "accumulation", "mixed precision"},
-                                               "activation memory shrinks with recomputation, smaller micro-batches or 16-bit activations"),
-    "the wanted batch does not fit on the one device you have": ({"accumulation"},
-                                                                "one device, bigger batch: add up the gradients of micro-batches"),
-    "the model fits but an epoch takes too long, several devices": ({"ddp"},
-                                                                   "more devices on a model that fits: data parallelism"),
-    "the parameters and optimizer state do not fit on one device": ({"pipeline", "tensor parallel"},
-                                                                   "only splitting the model itself spreads its parameters"),
-    "matmuls are slow on a GPU with tensor cores": ({"mixed precision"},
-                                                    "16-bit matmuls run on tensor cores"),
+    "activations do not fit, the model does": (
+        {"checkpointing", "accumulation", "mixed precision"},
+        "activation memory shrinks with recomputation, smaller micro-batches or 16-bit activations",
+    ),
+    "the wanted batch does not fit on the one device you have": (
+        {"accumulation"},
+        "one device, bigger batch: add up the gradients of micro-batches",
+    ),
+    "the model fits but an epoch takes too long, several devices": (
+        {"ddp"},
+        "more devices on a model that fits: data parallelism",
+    ),
+    "the parameters and optimizer state do not fit on one device": (
+        {"pipeline", "tensor parallel"},
+        "only splitting the model itself spreads its parameters",
+    ),
+    "matmuls are slow on a GPU with tensor cores": ({"mixed precision"}, "16-bit matmuls run on tensor cores"),
 }
 BOTTLENECKS = tuple(_GUIDE)
 
 
-@exercise("effective batch", todo="write effective_batch(micro, accum, world) returning the samples behind one optimizer step")
+@exercise(
+    "effective batch", todo="write effective_batch(micro, accum, world) returning the samples behind one optimizer step"
+)
 def check_effective_batch(effective_batch: Any) -> str:
     for micro, accum, world in [(32, 1, 1), (16, 4, 1), (32, 1, 2), (8, 4, 2), (4, 8, 16)]:
         got = call_learner(effective_batch, micro, accum, world)
-        if isinstance(got, bool) or not isinstance(got, int):
+        if not is_int(got):
             raise Wrong(f"effective_batch should return an int, got {got!r}")
         want = micro * accum * world
         if got != want:

@@ -11,14 +11,28 @@ A check function (``check_<something>``) takes the learner's answer and returns 
 Write a check with the :func:`exercise` decorator: inside it, ``raise NotDone`` for "not done
 yet" and ``raise Wrong("hint")`` for a wrong answer; returning a string means correct.
 """
+
 from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal
 
-__all__ = ["CheckResult", "NotDone", "Wrong", "as_number", "dict_answer", "exercise", "is_placeholder", "call_learner"]
+if TYPE_CHECKING:
+    import torch
+
+__all__ = [
+    "CheckResult",
+    "NotDone",
+    "Wrong",
+    "as_number",
+    "call_learner",
+    "dict_answer",
+    "exercise",
+    "grads_of",
+    "is_placeholder",
+]
 
 Status = Literal["correct", "not done yet", "wrong"]
 _ICONS = {"correct": "✅ Correct", "not done yet": "⏳ Not done yet", "wrong": "❌ Not quite"}
@@ -78,7 +92,8 @@ def call_learner(fn: Any, *args: Any, **kwargs: Any) -> Any:
 def as_number(value: Any, call: str, hint: str = "") -> float:
     """A learner's return value as a float (a 0-d tensor counts), or :class:`Wrong` naming the call.
 
-    >>> as_number(torch.tensor(2.5), "f(1)")  # doctest: +SKIP
+    >>> import torch
+    >>> as_number(torch.tensor(2.5), "f(1)")
     2.5
     """
     if isinstance(value, (bool, str, bytes)):  # float("0.5") works, but a string is not an answer
@@ -96,8 +111,10 @@ def dict_answer(answer: Any, keys: Iterable[Any], *, name: str) -> dict:
     if is_placeholder(answer):
         raise NotDone
     if not isinstance(answer, dict):
-        raise Wrong(f"`{name}` should be a dict with one answer for each of {', '.join(map(repr, keys))}; "
-                    f"got {type(answer).__name__}")
+        raise Wrong(
+            f"`{name}` should be a dict with one answer for each of {', '.join(map(repr, keys))}; "
+            f"got {type(answer).__name__}"
+        )
     if answer and all(is_placeholder(v) for v in answer.values()):
         raise NotDone
     missing = [k for k in keys if k not in answer]
@@ -106,7 +123,14 @@ def dict_answer(answer: Any, keys: Iterable[Any], *, name: str) -> dict:
     return answer
 
 
-F = TypeVar("F", bound=Callable[..., Any])
+def grads_of(params: Iterable[torch.Tensor]) -> list[torch.Tensor]:
+    """Copies of the ``.grad`` of ``params``, after a backward the check ran itself (so each one exists)."""
+    grads = []
+    for p in params:
+        if p.grad is None:
+            raise RuntimeError("the check's own backward left a tensor without .grad: a bug in the check")
+        grads.append(p.grad.clone())
+    return grads
 
 
 def exercise(name: str, todo: str) -> Callable[[Callable[..., str]], Callable[..., CheckResult]]:

@@ -4,6 +4,7 @@
 * :func:`check_lean_scaled_tanh` — LeCun's scaled tanh, saving nothing the next layer does not keep already.
 * :func:`check_backward_checker` — write a function that tells a right backward from a wrong one with gradcheck.
 """
+
 from __future__ import annotations
 
 import warnings
@@ -65,8 +66,9 @@ def _grad_of(fn: Any, x: torch.Tensor, grad_out: torch.Tensor) -> tuple[torch.Te
     return y.detach(), gx
 
 
-def _compare_backward(gx: torch.Tensor, x: torch.Tensor, grad_out: torch.Tensor, derivative: torch.Tensor,
-                      formula: str) -> None:
+def _compare_backward(
+    gx: torch.Tensor, x: torch.Tensor, grad_out: torch.Tensor, derivative: torch.Tensor, formula: str
+) -> None:
     if gx.shape != x.shape:
         raise Wrong(f"backward returned shape {tuple(gx.shape)}; it must match the input's shape {tuple(x.shape)}")
     if torch.allclose(gx, grad_out * derivative, rtol=1e-6, atol=1e-9):
@@ -118,15 +120,19 @@ def check_lean_scaled_tanh(fn_cls: Any) -> str:
     with SavedTensorMeter() as alone:
         call_learner(cls.apply, x.detach().clone().requires_grad_())
     if alone.count == 0:
-        raise Wrong("your Function saves nothing with ctx.save_for_backward: keep tensors there, not as ctx "
-                    "attributes, so autograd can check them for in-place changes and free them after backward")
+        raise Wrong(
+            "your Function saves nothing with ctx.save_for_backward: keep tensors there, not as ctx "
+            "attributes, so autograd can check them for in-place changes and free them after backward"
+        )
     baseline, _ = _block_bytes(lambda h: h)
     with_act, _ = _block_bytes(cls.apply)
     extra = with_act - baseline
     if extra > 0:
-        raise Wrong(f"Linear -> your Function -> Linear keeps {extra} bytes more than the two Linears alone. "
-                    "The next Linear already keeps your output y; write the derivative with y only "
-                    "(tanh(B*x) = y / A) and save y")
+        raise Wrong(
+            f"Linear -> your Function -> Linear keeps {extra} bytes more than the two Linears alone. "
+            "The next Linear already keeps your output y; write the derivative with y only "
+            "(tanh(B*x) = y / A) and save y"
+        )
     return "it saves only its output, which the next layer keeps anyway: 0 extra bytes"
 
 
@@ -143,23 +149,25 @@ class _SwishMissingTerm(torch.autograd.Function):
         return grad_output * torch.sigmoid(x)  # forgets the x * s * (1 - s) term
 
 
-class _SoftplusGood(torch.autograd.Function):
+# The candidates are not answers to this notebook's exercises: sine is no exercise, and each
+# wrong one is wrong. (A right softplus or scaled tanh here would hand out exercises 1 and 2.)
+class _Sine(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
         ctx.save_for_backward(x)
-        return F.softplus(x)
+        return torch.sin(x)
 
     @staticmethod
     def backward(ctx: Any, grad_output: torch.Tensor) -> torch.Tensor:
         (x,) = ctx.saved_tensors
-        return grad_output * torch.sigmoid(x)
+        return grad_output * torch.cos(x)
 
 
-class _SoftplusNoChainRule(_SoftplusGood):  # same forward, a wrong backward
+class _SineNoChainRule(_Sine):  # same forward, a wrong backward
     @staticmethod
     def backward(ctx: Any, grad_output: torch.Tensor) -> torch.Tensor:
         (x,) = ctx.saved_tensors
-        return torch.sigmoid(x)  # forgets grad_output
+        return torch.cos(x)  # forgets grad_output
 
 
 class _TanhWrongSign(torch.autograd.Function):
@@ -177,10 +185,10 @@ class _TanhWrongSign(torch.autograd.Function):
 
 _CANDIDATES: list[tuple[str, Any, bool]] = [
     ("Swish (course_lib)", Swish.apply, True),
-    ("softplus, right", _SoftplusGood.apply, True),
+    ("sine, right", _Sine.apply, True),
     ("torch.tanh (built in)", torch.tanh, True),
     ("Swish missing a term", _SwishMissingTerm.apply, False),
-    ("softplus without grad_output", _SoftplusNoChainRule.apply, False),
+    ("sine without grad_output", _SineNoChainRule.apply, False),
     ("tanh with the wrong sign", _TanhWrongSign.apply, False),
 ]
 
@@ -198,15 +206,23 @@ def check_backward_checker(backward_is_correct: Any) -> str:
                 verdict = call_learner(backward_is_correct, fn)
             except Wrong as w:
                 if "GradcheckError" in str(w):
-                    raise Wrong("gradcheck raised instead of answering: pass raise_exception=False "
-                                "(or catch GradcheckError, from torch.autograd.gradcheck import GradcheckError) and return False") from None
+                    raise Wrong(
+                        "gradcheck raised instead of answering: pass raise_exception=False "
+                        "(or catch GradcheckError, from torch.autograd.gradcheck import GradcheckError) "
+                        "and return False"
+                    ) from None
                 raise
         if not isinstance(verdict, bool):
             raise Wrong(f"return True or False, not {type(verdict).__name__}")
         if verdict and not right:
-            raise Wrong(f"it accepted a wrong backward ({name}): call gradcheck on fn with an input that "
-                        "requires grad, and return its result")
+            raise Wrong(
+                f"it accepted a wrong backward ({name}): call gradcheck on fn with an input that "
+                "requires grad, and return its result"
+            )
         if not verdict and right:
-            raise Wrong(f"it rejected a correct backward ({name}): use a float64 input (dtype=torch.float64); "
-                        "in float32, finite differences are too coarse for gradcheck's tolerances")
-    return f"it told {sum(r for *_, r in _CANDIDATES)} right and {sum(not r for *_, r in _CANDIDATES)} wrong backwards apart"
+            raise Wrong(
+                f"it rejected a correct backward ({name}): use a float64 input (dtype=torch.float64); "
+                "in float32, finite differences are too coarse for gradcheck's tolerances"
+            )
+    n_right = sum(right for *_, right in _CANDIDATES)
+    return f"it told {n_right} right and {len(_CANDIDATES) - n_right} wrong backwards apart"

@@ -1,4 +1,5 @@
 """Checks for notebook 02 (computation graphs)."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -11,11 +12,14 @@ __all__ = ["check_mul_saves", "check_fresh_grad", "check_two_backwards"]
 
 
 def _saved_by_mul_of_input_and_weight() -> set[str]:
-    x = torch.randn(3)                      # an input: no gradient needed
+    x = torch.randn(3)  # an input: no gradient needed
     w = torch.randn(3, requires_grad=True)  # a weight
     y = x * w
-    return {a[len("_saved_"):] for a in dir(y.grad_fn)
-            if a.startswith("_saved_") and isinstance(getattr(y.grad_fn, a), torch.Tensor)}
+    return {
+        a[len("_saved_") :]
+        for a in dir(y.grad_fn)
+        if a.startswith("_saved_") and isinstance(getattr(y.grad_fn, a), torch.Tensor)
+    }
 
 
 @exercise("what MulBackward0 saves", todo="set `saved` to the set of names MulBackward0 keeps for y = x * w")
@@ -42,7 +46,7 @@ def check_fresh_grad(fresh_grad: Any) -> str:
     w.grad = torch.full((3,), 5.0)  # a stale gradient from "an earlier step"
 
     def loss_fn(t: torch.Tensor) -> torch.Tensor:
-        return (t ** 3).sum()
+        return (t**3).sum()
 
     expected = 3 * w.detach() ** 2
     result = call_learner(fresh_grad, w, loss_fn)
@@ -75,4 +79,3 @@ def check_two_backwards(two_backwards: Any) -> str:
     if not torch.allclose(result, expected):
         raise Wrong("after two backward passes through y = sin(w).sum(), w.grad should be 2 * cos(w)")
     return "retain_graph=True on the first backward keeps the saved tensors for the second"
-

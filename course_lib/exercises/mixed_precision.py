@@ -1,4 +1,5 @@
 """Checks for notebook 05 (mixed precision)."""
+
 from __future__ import annotations
 
 import math
@@ -14,7 +15,9 @@ __all__ = ["check_fp16_spacing", "check_static_scale", "check_next_scale"]
 _SPACING_POINTS = (1.0, 0.1, 3.5, 1000.0, 1024.0, 2.0**-14, 0.75, 60000.0)
 
 
-@exercise("fp16 spacing", todo="write fp16_spacing(x): the gap from x (positive, normal in fp16) to the next fp16 number")
+@exercise(
+    "fp16 spacing", todo="write fp16_spacing(x): the gap from x (positive, normal in fp16) to the next fp16 number"
+)
 def check_fp16_spacing(fp16_spacing: Any) -> str:
     for x in _SPACING_POINTS:
         got = as_number(call_learner(fp16_spacing, x), f"fp16_spacing({x})")
@@ -40,22 +43,31 @@ def _scale_cases() -> list[torch.Tensor]:
     ]
 
 
-@exercise("static loss scale", todo="write pick_scale(grads): the largest power of two that keeps max|grads| * scale finite in fp16")
+@exercise(
+    "static loss scale",
+    todo="write pick_scale(grads): the largest power of two that keeps max|grads| * scale finite in fp16",
+)
 def check_static_scale(pick_scale: Any) -> str:
     for grads in _scale_cases():
         s = as_number(call_learner(pick_scale, grads.clone()), "pick_scale(grads)", hint="; return e.g. 2.0 ** 12")
         if not s > 0 or not math.isfinite(s) or math.frexp(s)[0] != 0.5:
-            raise Wrong(f"pick_scale returned {s!r}; a loss scale should be a power of two (exact to multiply and undo)")
+            raise Wrong(
+                f"pick_scale returned {s!r}; a loss scale should be a power of two (exact to multiply and undo)"
+            )
         peak = grads.abs().max()
         if torch.isinf((peak * s).to(torch.float16)):
             raise Wrong(f"with scale {s:g} the largest gradient {peak.item():.3g} overflows fp16 to inf")
         if not torch.isinf((peak * 2 * s).to(torch.float16)):
-            raise Wrong(f"scale {s:g} is safe, but {2 * s:g} would be too: pick the largest safe power of two, "
-                        "so that as few small gradients as possible underflow")
+            raise Wrong(
+                f"scale {s:g} is safe, but {2 * s:g} would be too: pick the largest safe power of two, "
+                "so that as few small gradients as possible underflow"
+            )
     return "the largest power of two that keeps the biggest gradient finite saves the most small ones"
 
 
-@exercise("dynamic scale update", todo="write next_scale(scale, tracker, found_inf, growth_interval) -> (scale, tracker)")
+@exercise(
+    "dynamic scale update", todo="write next_scale(scale, tracker, found_inf, growth_interval) -> (scale, tracker)"
+)
 def check_next_scale(next_scale: Any) -> str:
     g = torch.Generator().manual_seed(7)
     for interval in (1, 3, 5):

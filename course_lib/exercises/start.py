@@ -1,4 +1,5 @@
 """Checks for notebook 00 (start here)."""
+
 from __future__ import annotations
 
 from typing import Any

@@ -1,11 +1,12 @@
 """Checks for notebook 01 (tensors and parameters)."""
+
 from __future__ import annotations
 
 from typing import Any
 
 import torch
 
-from .core import NotDone, Wrong, call_learner, exercise, is_placeholder
+from .core import NotDone, Wrong, call_learner, exercise, grads_of, is_placeholder
 
 __all__ = ["LEAF_QUESTION", "check_leaves", "check_module_state", "check_sgd_step"]
 
@@ -29,9 +30,9 @@ _LEAF_HINTS = {
     "x": "`x` was created by you (torch.randn) and has no grad_fn: it is a leaf, even without requires_grad",
     "w": "`w` was created by you with requires_grad=True: grad_fn is None, so it is a leaf",
     "x2": "`x2 = x * 2` came from an operation, but nothing in it requires grad, so autograd recorded "
-          "nothing: grad_fn is None and it is a leaf",
+    "nothing: grad_fn is None and it is a leaf",
     "h": "`h = x2 * w` involves `w`, which requires grad: autograd recorded MulBackward0 as its grad_fn, "
-         "so it is not a leaf",
+    "so it is not a leaf",
     "loss": "`loss` has grad_fn SumBackward0: not a leaf",
 }
 
@@ -91,12 +92,16 @@ def check_module_state(cls: Any) -> str:
         raise Wrong("the output should depend on `scale` so that autograd can train it")
     call_learner(m, x)
     if m.calls.item() != 2:
-        raise Wrong(f"after two forward calls `calls` holds {m.calls.item()}; add 1 to it in forward, in place, "
-                    "under torch.no_grad()")
+        raise Wrong(
+            f"after two forward calls `calls` holds {m.calls.item()}; add 1 to it in forward, in place, "
+            "under torch.no_grad()"
+        )
     m.to(torch.float64)
     if m.scale.dtype != torch.float64 or m.calls.dtype != torch.float64:
-        raise Wrong("after .to(torch.float64) both scale and calls should be float64: register them, "
-                    "do not keep them in a list or dict")
+        raise Wrong(
+            "after .to(torch.float64) both scale and calls should be float64: register them, "
+            "do not keep them in a list or dict"
+        )
     return "one trained Parameter, one buffer saved and moved with the module but never trained"
 
 
@@ -106,7 +111,7 @@ def check_sgd_step(sgd_step: Any) -> str:
     params = [torch.randn(3, generator=gen, requires_grad=True), torch.randn(2, 2, generator=gen, requires_grad=True)]
     ((params[0] ** 2).sum() + (params[1] ** 3).sum()).backward()
     before = [p.detach().clone() for p in params]
-    grads = [p.grad.clone() for p in params]
+    grads = grads_of(params)
     objects = [id(p) for p in params]
     if not callable(sgd_step):
         raise Wrong(f"expected a function, got {type(sgd_step).__name__}")
@@ -121,8 +126,10 @@ def check_sgd_step(sgd_step: Any) -> str:
         raise Wrong("update the tensors in the list in place; do not replace them with new tensors")
     for p, b, g in zip(params, before, grads):
         if torch.equal(p.detach(), b):
-            raise Wrong("the parameters did not change: `p = p - lr * p.grad` only rebinds a name; "
-                        "update in place (p -= lr * p.grad) under torch.no_grad()")
+            raise Wrong(
+                "the parameters did not change: `p = p - lr * p.grad` only rebinds a name; "
+                "update in place (p -= lr * p.grad) under torch.no_grad()"
+            )
         if not torch.allclose(p.detach(), b - 0.1 * g):
             raise Wrong("each parameter should become p - lr * p.grad")
         if not (p.is_leaf and p.requires_grad and p.grad_fn is None):
