@@ -12,11 +12,12 @@ PYTEST_NBVAL := --nbval --nbval-current-env --nbval-sanitize-with tests/sanitize
 CHROMIUM ?= /usr/bin/chromium
 NPM_STAMP := node_modules/.package-lock.json
 
-.PHONY: help venv lab test test-lib test-notebooks test-portable test-browser execute sync slides html lock benchmarks clean
+.PHONY: help venv lab test lint test-lib test-notebooks test-portable test-browser execute sync slides html lock benchmarks clean
 
 help:
 	@echo "make lab        - create $(VENV), install the pinned environment, open JupyterLab in notebooks/"
-	@echo "make test       - create/update $(VENV), run pytest over course_lib and nbval over every notebook"
+	@echo "make test       - create/update $(VENV), lint, run pytest over course_lib and nbval over every notebook"
+	@echo "make lint       - ruff (lint and format), mypy course_lib, course_lib's doctests"
 	@echo "make execute    - re-execute notebooks in place (NB='notebooks/01_*.ipynb' for some)"
 	@echo "make sync       - update notebooks/*.ipynb from their edited text sources in sources/ (FROM=ipynb: the reverse)"
 	@echo "make slides     - a reveal.js deck per notebook in _site/slides/, offline (needs npm for the pinned assets)"
@@ -45,6 +46,7 @@ lab: $(STAMP)
 	$(BIN)/jupyter lab notebooks/
 
 test: $(STAMP)
+	@$(MAKE) --no-print-directory lint
 	$(BIN)/python -m pytest -p no:cacheprovider $(PYTEST_NBVAL) tests notebooks
 	@if [ -x "$(CHROMIUM)" ]; then $(MAKE) --no-print-directory test-browser; \
 	elif [ "$$COURSE_REQUIRE_BROWSER_TESTS" = 1 ]; then \
@@ -57,7 +59,6 @@ test-lib: $(STAMP)
 
 # Style and types of the library, scripts and tests (pyproject.toml's [tool.ruff] and [tool.mypy] say
 # what is left out), and every example in course_lib's docstrings run as a doctest.
-.PHONY: lint
 lint: $(STAMP)
 	$(BIN)/ruff check course_lib scripts tests
 	$(BIN)/ruff format --check course_lib scripts tests

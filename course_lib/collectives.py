@@ -5,6 +5,7 @@ the same sums and sends the same bytes as this copy; ``benchmarks/all_reduce.py`
 against ``dist.all_reduce``. (``course_lib.allreduce_sim`` is the single-process simulation of the
 same algorithm, used to count bytes and draw the steps.)
 """
+
 from __future__ import annotations
 
 import torch
@@ -35,13 +36,19 @@ def ring_all_reduce(t: torch.Tensor) -> int:
         incoming = torch.empty_like(chunks[recv_c])
         request = dist.isend(chunks[send_c], dst=right)
         dist.recv(incoming, src=left)
-        request.wait()
+        _wait(request)
         chunks[recv_c].add_(incoming)
         sent += chunks[send_c].numel() * t.element_size()
     for step in range(n - 1):  # all-gather
         send_c, recv_c = (rank + 1 - step) % n, (rank - step) % n
         request = dist.isend(chunks[send_c], dst=right)
         dist.recv(chunks[recv_c], src=left)  # receive straight into place
-        request.wait()
+        _wait(request)
         sent += chunks[send_c].numel() * t.element_size()
     return sent
+
+
+def _wait(request: dist.Work | None) -> None:
+    """Wait for an ``isend`` (typed ``Work | None``: ``None`` only for a rank outside the group)."""
+    if request is not None:
+        request.wait()

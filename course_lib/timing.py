@@ -2,6 +2,7 @@
 
 Notebook 05's GPU cell and ``benchmarks/mixed_precision.py`` both report TFLOP/s with this function.
 """
+
 from __future__ import annotations
 
 import time

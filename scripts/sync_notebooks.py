@@ -133,7 +133,11 @@ def sync(notebook: Path) -> str:
         return "updated (markdown or metadata only: not re-executed)"
     import execute_notebooks
 
-    seconds = execute_notebooks.execute(notebook)
+    try:
+        seconds = execute_notebooks.execute(notebook)
+    except BaseException:
+        nbformat.write(old, notebook)  # a cell failed: leave the notebook as it was, outputs included
+        raise
     return f"updated and re-executed in {seconds:.1f} s (code changed)"
 
 

@@ -54,11 +54,11 @@ where *M* is the number of mantissa bits. When the exponent field is all zeros t
 | fp16 (`torch.float16`) | 16 | 5 | 10 | IEEE half: precise, narrow range |
 | bf16 (`torch.bfloat16`) | 16 | 8 | 7 | "brain float": fp32's range, little precision |
 
-The limits come from `torch.finfo`; `course_lib.precision.float_format` adds the bit layout and the smallest subnormal, which `finfo` does not report.
+The limits come from `torch.finfo`; `course_lib.float_formats.float_format` adds the bit layout and the smallest subnormal, which `finfo` does not report.
 """
 
 # %% slideshow={"slide_type": "fragment"}
-from course_lib.precision import FORMATS, bits_of, describe, float_format, from_bits, neighbors, round_to, ulp
+from course_lib.float_formats import FORMATS, bits_of, describe, float_format, from_bits, neighbors, round_to, ulp
 
 for dt in FORMATS:
     fi = torch.finfo(dt)
@@ -365,11 +365,11 @@ class HandScaler:
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-Now the proof that it is the same algorithm as PyTorch's. Three copies of a model train on the same batches with three scalers: ours, `course_lib.precision.DynamicLossScaler` (the course's second, deliberate copy of the same algorithm, kept equal to ours by this test), and `torch.amp.GradScaler("cpu")`. At a few steps we inject an overflow (an inf in one gradient, as fp16 would produce). A short `growth_interval=3` makes growth visible. We record, per step, the scale used and whether the weights moved.
+Now the proof that it is the same algorithm as PyTorch's. Three copies of a model train on the same batches with three scalers: ours, `course_lib.loss_scaling.DynamicLossScaler` (the course's second, deliberate copy of the same algorithm, kept equal to ours by this test), and `torch.amp.GradScaler("cpu")`. At a few steps we inject an overflow (an inf in one gradient, as fp16 would produce). A short `growth_interval=3` makes growth visible. We record, per step, the scale used and whether the weights moved.
 """
 
 # %% slideshow={"slide_type": "fragment"}
-from course_lib.precision import DynamicLossScaler
+from course_lib.loss_scaling import DynamicLossScaler
 
 OVERFLOW_AT = {2, 3, 9, 15}
 STEPS = 20
@@ -855,8 +855,7 @@ Half the bytes per element should mean half the activation memory. We count the 
 """
 
 # %% slideshow={"slide_type": "fragment"}
-from course_lib.precision import saved_cast_copy_bytes
-from course_lib.saved_tensors import SavedTensorMeter, format_bytes
+from course_lib.saved_tensors import SavedTensorMeter, format_bytes, saved_cast_copy_bytes
 
 big = mlp(width=256)
 xb, yb = X[:512].clone(), Y[:512]   # clone: a slice would share (and be counted as) the whole dataset's storage

@@ -1,4 +1,5 @@
 """A worker for tests/test_collectives_timing.py: course_lib's ring against dist.all_reduce, on one rank."""
+
 from __future__ import annotations
 
 import torch

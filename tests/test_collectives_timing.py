@@ -1,4 +1,5 @@
 """course_lib.collectives (the real ring) and course_lib.timing (matmul throughput)."""
+
 from __future__ import annotations
 
 from pathlib import Path

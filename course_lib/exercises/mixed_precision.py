@@ -7,7 +7,8 @@ from typing import Any
 
 import torch
 
-from ..precision import ulp, update_scale
+from ..float_formats import ulp
+from ..loss_scaling import update_scale
 from .core import Wrong, as_number, call_learner, exercise
 
 __all__ = ["check_fp16_spacing", "check_static_scale", "check_next_scale"]
