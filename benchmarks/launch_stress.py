@@ -35,7 +35,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from course_lib.launch import LaunchError, run_torchrun, spawn  # noqa: E402
+from course_lib.launch import LaunchError, run_torchrun, spawn
 
 PORTABLE_ENV = {
     "ATEN_CPU_CAPABILITY": "default",
