@@ -493,9 +493,11 @@ def spawn(
 
 def _spawn_worker_main() -> None:
     """Entry point of a :func:`spawn` child: ``python -c ... spec.pkl rank``."""
+    import gc
     import importlib
     import importlib.util
     import traceback
+    import weakref
     from datetime import timedelta
 
     spec_file, rank_s = sys.argv[1], sys.argv[2]
@@ -524,6 +526,12 @@ def _spawn_worker_main() -> None:
         args = pickle.loads(spec["payload"])
         import torch.distributed as dist
 
+        # Before the group exists: functions of torch.distributed.nn.functional take
+        # ``group=group.WORLD`` as a default argument, evaluated at import. DDP imports that module
+        # lazily (through torch._dynamo); imported after init_process_group, it would hold the
+        # default group for good, and destroy_process_group() below could not free it.
+        import torch.distributed.nn  # noqa: F401
+
         group = spec["init_method"] != "none"
         if group:
             url = "env://" if spec["init_method"] == "env" else f"tcp://127.0.0.1:{spec['port']}"
@@ -539,17 +547,25 @@ def _spawn_worker_main() -> None:
                 dist.destroy_process_group()
             raise
         Path(spec["dir"], f"result_{rank}.pkl").write_bytes(pickle.dumps(value))
+        del value, fn, args  # fn's module may hold the job's objects; the result is on disk
         if group and dist.is_initialized():
-            # Tear down together: a rank that closes its connections while another is still
-            # finishing DDP's last collectives can make gloo abort ("terminate called without an
-            # active exception", exit -6) in the slower rank.
+            # Tear down together, then free the group while Python is fully alive: the last
+            # reference going joins gloo's worker threads. A gloo thread still alive at interpreter
+            # shutdown that drops a finished collective holding Python tensors needs the GIL, is
+            # ended by Python instead, and the process aborts: "terminate called without an active
+            # exception", SIGABRT, after all the work is done.
             dist.barrier()
+            world = weakref.ref(dist.group.WORLD)
             dist.destroy_process_group()
+            gc.collect()
+            if world() is not None:
+                sys.stderr.write(
+                    f"warning: rank {rank}: the process group outlived destroy_process_group() (something "
+                    "still holds it: a DDP model or a Work kept in a global?); its gloo threads may abort "
+                    "the process at exit\n"
+                )
         sys.stdout.flush()
         sys.stderr.flush()
-        # Skip interpreter teardown: C++ static destructors of the distributed stack are the other
-        # place that abort shows up, after all the work is done and the result is written.
-        os._exit(0)
     except BaseException:
         text = traceback.format_exc()
         err = Path(spec["dir"], f"error_{rank}.txt")
@@ -557,6 +573,8 @@ def _spawn_worker_main() -> None:
             err.write_text(f"{time.time():.6f}\n{text}")
         sys.stderr.write(text)
         sys.stderr.flush()
+        # After a failure, skip interpreter teardown: a peer may be gone and a gloo thread stuck in
+        # its collective; the error is recorded and the exit code says the rest.
         os._exit(1)
 
 
