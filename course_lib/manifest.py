@@ -23,6 +23,7 @@ __all__ = [
     "ROOT",
     "course",
     "notebook_paths",
+    "written_file",
     "readme_table",
     "lecture_plan",
     "course_map",
@@ -97,6 +98,26 @@ def course(manifest: str | Path | None = None) -> list[Notebook]:
 def notebook_paths(manifest: str | Path | None = None) -> list[Path]:
     """The notebooks' paths, in course order (what the Makefile, scripts and tests iterate over)."""
     return [n.path for n in course(manifest)]
+
+
+def written_file(stem: str, filename: str) -> str:
+    """The text a notebook writes with ``%%writefile FILENAME``, read from its text source ``sources/STEM.py``.
+
+    A benchmark runs a notebook's own script this way, instead of keeping a copy that could drift.
+
+    >>> "init_process_group" in written_file("08_ddp_in_practice", "_runs/ddp_train.py")
+    True
+    """
+    import jupytext
+
+    if stem not in {n.stem for n in course()}:
+        raise ValueError(f"{stem!r} is not a notebook of the course (course.toml)")
+    nb = jupytext.read(ROOT / "sources" / f"{stem}.py", fmt="py:percent")
+    for cell in nb.cells:
+        first, _, body = cell.source.partition("\n")
+        if cell.cell_type == "code" and first.split() == ["%%writefile", filename]:
+            return body + "\n"
+    raise ValueError(f"{stem} writes no file {filename!r} with %%writefile")
 
 
 def readme_table(notebooks: list[Notebook] | None = None) -> str:

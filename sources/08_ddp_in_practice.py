@@ -9,6 +9,7 @@ By the end you will be able to:
 - write the parts of a DDP script that people get wrong: `init_process_group` (`env://`, `tcp://`), backend choice, `DistributedSampler` with `set_epoch`, seeding, rank-0-only I/O behind a barrier, checkpoints, metrics gathered with collectives, `SyncBatchNorm`, `no_sync()`;
 - prove that 2-process DDP computes the same training as one process on the full batch;
 - explain what DDP does inside (parameter broadcast, gradient buckets, overlap) and measure `bucket_cap_mb` and `no_sync`.
+- recognise a hang in a collective and a crash at exit (`terminate called without an active exception`), and write the teardown that prevents the crash.
 
 This notebook assumes: notebook 06 (gradient accumulation) and 07 (all-reduce and the collectives), and a training loop you could write yourself. No GPU: every distributed run here is CPU processes with the gloo backend; GPU-only cells say what they skipped.
 """
@@ -58,11 +59,18 @@ What to look for, in order: **backend choice** (nccl for GPUs, gloo for CPUs); *
 # %%writefile _runs/ddp_train.py
 """Train a small MLP on the digits with DistributedDataParallel; launch with torchrun, the legacy launcher or mp.spawn."""
 import argparse
+import gc
 import os
 import sys
+import weakref
 
 import torch
 import torch.distributed as dist
+# Before init_process_group, on purpose. DDP imports this module lazily (through torch._dynamo), and
+# its functions take `group=group.WORLD` as a default argument, evaluated at import: imported after
+# init_process_group, ten of them hold the default process group for good, destroy_process_group()
+# cannot free it, and its gloo threads live on into interpreter shutdown (see the teardown below).
+import torch.distributed.nn  # noqa: F401
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -150,11 +158,21 @@ if __name__ == "__main__":  # started by torchrun or python -m torch.distributed
     dist.init_process_group(backend)  # init_method="env://": MASTER_ADDR/PORT, RANK, WORLD_SIZE from the environment
     r, n = dist.get_rank(), dist.get_world_size()
     log(f"backend={backend} RANK={r} LOCAL_RANK={local_rank} WORLD_SIZE={n} GROUP_RANK={os.environ.get('GROUP_RANK')}")
+    # Teardown, in this order. (1) train() returns: the DDP model, its reducer, the optimizer and the
+    # results of the last collectives die with its frame (keep none of them in a global). (2) barrier:
+    # every rank is done communicating. (3) destroy_process_group() drops the last reference to the
+    # group, which joins gloo's worker threads now, while Python is fully alive; a gloo thread still
+    # holding a finished collective when the interpreter shuts down aborts the process with
+    # "terminate called without an active exception".
+    world = weakref.ref(dist.group.WORLD)
     try:
         train(r, n, epochs=args.epochs, out=args.out)
-        dist.barrier()  # every rank done communicating before anyone tears the group down
+        dist.barrier()
     finally:
         dist.destroy_process_group()
+    gc.collect()
+    if world() is not None:  # something still holds the group: its threads outlive the script
+        sys.stderr.write(f"warning: rank {r}: the process group outlived destroy_process_group()\n")
 
 # %% [markdown] slideshow={"slide_type": "slide"}
 """
@@ -250,6 +268,7 @@ print("mp.spawn(nprocs=0) returned at once, having trained nothing")
 import sys
 
 import torch.distributed as dist
+import torch.distributed.nn  # noqa: F401  (before init_process_group: see the note in ddp_train.py)
 import torch.multiprocessing as mp
 
 from course_lib.launch import free_port
@@ -259,10 +278,10 @@ from ddp_train import train  # importable: this file's folder is on sys.path
 def worker(rank, world_size, port, out):
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
     try:
-        train(rank, world_size, epochs=2, out=out)
-        dist.barrier()
+        train(rank, world_size, epochs=2, out=out)  # the DDP model and the last collectives' tensors die with train()
+        dist.barrier()  # every rank done communicating
     finally:
-        dist.destroy_process_group()
+        dist.destroy_process_group()  # the last reference: gloo's threads are joined here, not at interpreter exit
 
 
 if __name__ == "__main__":
@@ -634,7 +653,9 @@ What 2 cores allow: the two processes share two cores with their own compute, so
 
 # %% [markdown] slideshow={"slide_type": "slide"}
 """
-## 10. Metrics with collectives, and the hang in seed 003
+## 10. What goes wrong: the hang in seed 003, and a crash after the work is done
+
+### 10.1 Metrics with collectives: every rank calls every collective
 
 Logging a loss averaged over ranks needs a collective, and **every rank must call every collective**, in the same order. Seed 003 reduces the loss inside `if args.local_rank == 0:`, so rank 0 waits in `reduce` for a rank 1 that never comes: a hang, not an error. The launcher's timeout turns it into one, and kills both processes.
 """
@@ -674,6 +695,71 @@ The fix: call the collective on every rank, print on one. `reduce` leaves the su
 # %% slideshow={"slide_type": "-"}
 assert not hasattr(dist, "allgather") and not hasattr(dist, "allreduce")
 print("dist has all_gather and all_reduce:", hasattr(dist, "all_gather"), hasattr(dist, "all_reduce"))
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+### 10.2 `terminate called without an active exception`
+
+Learners meet this one in their own DDP scripts on gloo: the job trains, every rank prints its last line, and then one rank dies on the way out:
+
+```
+[rank0]: checkpoint loaded = my parameters: True; parameters identical on all 2 ranks: True
+terminate called without an active exception
+Fatal Python error: Aborted
+... failed (exitcode: -6) local_rank: 1 ... ChildFailedError
+```
+
+The launcher reports a failure (exit code 1) for a run whose work was complete. With this notebook's earlier `ddp_train.py` it happened in 3 of 102 launches (and 6 of 99 in another series) on a 2-core machine shared with other jobs, and almost never on an idle one: it is a race, and two things must meet for it.
+
+1. **The process group outlives `destroy_process_group()`.** The first `DDP(...)` model imports `torch._dynamo`, which imports `torch.distributed.nn.functional`. Ten functions there are declared with a default argument `group=group.WORLD`, and Python evaluates a default once, when the module is imported: imported *after* `init_process_group`, they hold the live default group for the rest of the process. `destroy_process_group()` empties `torch.distributed`'s own tables, but these references keep the C++ group, and its gloo threads, alive.
+2. **A gloo worker thread lets go of a finished collective late.** `wait()` returns as soon as a collective is marked complete; the worker thread drops its reference a moment after. If the last collective's tensors were created in Python, freeing them needs the GIL. If by then the main thread has left the script and entered interpreter shutdown, Python ends the worker thread instead of giving it the GIL; that forced unwind runs into a C++ destructor declared `noexcept`, and C++ calls `std::terminate()` with no exception in flight, hence the message, then `abort()`.
+
+A core dump of an aborted rank shows exactly that chain, from the gloo thread (`ProcessGroupGloo::runLoop`) through `~AsyncAllgatherWork` and `take_gil` to `pthread_exit` and `std::terminate`, while the main thread is in `Py_FinalizeEx`; `docs/crash_at_exit.md` has the stacks. The race itself cannot be shown on demand (it needs a thread to lose the CPU at the wrong millisecond), but its first ingredient can. Below, rank 0 imports `torch.distributed.nn` before `init_process_group` and rank 1 lets DDP import it afterwards; both then tear down in the right order, and a weak reference (one that does not keep its object alive) tells whether the group was really freed:
+"""
+
+# %% slideshow={"slide_type": "-"}
+# %%writefile _runs/exit_probe.py
+"""Does destroy_process_group() free the group? Rank 0 imports torch.distributed.nn before init_process_group;
+rank 1 leaves it to DDP, which imports it afterwards (through torch._dynamo), as most DDP scripts do."""
+import gc
+import sys
+import weakref
+
+import torch
+import torch.distributed as dist
+
+rank, port = int(sys.argv[1]), sys.argv[2]
+if rank == 0:
+    import torch.distributed.nn  # noqa: F401  (before init_process_group: its defaults capture no group)
+
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+when = "after" if "torch.distributed.nn" not in sys.modules else "before"
+model = DDP(torch.nn.Linear(4, 2))  # the first DDP model imports torch._dynamo, and with it torch.distributed.nn
+model(torch.randn(3, 4)).sum().backward()
+world = weakref.ref(dist.group.WORLD)  # a weak reference: it does not keep the group alive
+del model
+dist.barrier()
+dist.destroy_process_group()
+gc.collect()
+print(f"[rank{rank}]: torch.distributed.nn imported {when} init_process_group -> "
+      f"destroy_process_group() freed the group: {world() is None}", flush=True)
+
+# %% slideshow={"slide_type": "-"}
+port = free_port()
+probe = run_script([["python", "_runs/exit_probe.py", str(rank), str(port)] for rank in (0, 1)], timeout=60)
+assert "freed the group: True" in probe.output(0) and "freed the group: False" in probe.output(1)
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+The fix, in the training script of section 1 and in `course_lib.launch.spawn`'s workers, is two habits:
+
+- **`import torch.distributed.nn` before `init_process_group`**, so its defaults capture no group;
+- **tear down in order**: let `train()` return, so the DDP model, its reducer, the optimizer and the last collectives' tensors die with its frame (keep none in a global); then `dist.barrier()`; then `dist.destroy_process_group()`, which now drops the last reference and joins gloo's threads while Python is fully alive. The script then checks with a weak reference that the group is gone and warns on stderr if something still holds it.
+
+With both, a rank ends its script with one thread instead of four (the main thread, two gloo workers and gloo's network loop), so nothing is left to race with shutdown. `benchmarks/launch_stress.py` launches the script 102 times under `torchrun`, the legacy launcher and `spawn`: with the old teardown 3 of 102 launches crashed this way, with the fixed one none (`RESULT launches=102 crashes=0`). Hiding the crash with `os._exit(0)` after the work (what `course_lib.launch` did before) also works, but skips every `atexit` handler and buffer flush; the import order is the fix.
+"""
 
 # %% [markdown] slideshow={"slide_type": "slide"}
 """
@@ -727,7 +813,7 @@ if requires_gpu("DataParallel over 2 GPUs", count=2):
 | same seed everywhere "or the gradients are wrong" | DDP broadcasts rank 0's weights; call `set_epoch` for a new order each epoch | §7, §9 |
 | a DDP `DataLoader` without a `DistributedSampler` (seed 002) | every rank trains on the whole dataset | §2 |
 | `--nnodes=1` on both nodes, `--node_rank=0--master_port=1234` | `--nnodes=2`, with a space | §5 |
-| reduce the loss only `if local_rank == 0` | a hang: every rank calls every collective | §10 |
+| reduce the loss only `if local_rank == 0` | a hang: every rank calls every collective | §10.1 |
 | checkpoint saved only `if not os.path.exists(dir)` (indentation) | saves once, never again: `os.makedirs(exist_ok=True)` then save | §1 |
 | Apex `amp.initialize` | Apex is not needed: `torch.autocast` + `torch.amp.GradScaler` | §11 |
 """
@@ -740,6 +826,7 @@ if requires_gpu("DataParallel over 2 GPUs", count=2):
 - In the script: backend by device, `init_process_group()` (env:// from the launcher, or tcp://), `DistributedSampler` + `set_epoch`, rank-0 I/O behind a barrier, rank-0 checkpoint loaded everywhere with `weights_only=True`, collectives called by every rank.
 - DDP is exact: 2 processes on half-batches end allclose to one process on the full batch, and bit-identical across ranks and across launchers.
 - Inside: broadcast at construction, bucketed all-reduce overlapped with backward, `no_sync()` to skip all-reduces during accumulation.
+- A clean exit: import `torch.distributed.nn` before `init_process_group`, let the DDP model die with `train()`, then `barrier()` and `destroy_process_group()`; otherwise gloo's threads can outlive the script and abort it with `terminate called without an active exception`.
 """
 
 # %% [markdown] slideshow={"slide_type": "slide"}
