@@ -60,8 +60,8 @@ test-lib: $(STAMP)
 # Style and types of the library, scripts and tests (pyproject.toml's [tool.ruff] and [tool.mypy] say
 # what is left out), and every example in course_lib's docstrings run as a doctest.
 lint: $(STAMP)
-	$(BIN)/ruff check course_lib scripts tests
-	$(BIN)/ruff format --check course_lib scripts tests
+	$(BIN)/ruff check course_lib scripts tests benchmarks
+	$(BIN)/ruff format --check course_lib scripts tests benchmarks
 	$(BIN)/mypy course_lib
 	$(BIN)/python -m pytest -p no:cacheprovider --doctest-modules course_lib
 

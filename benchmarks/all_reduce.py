@@ -21,6 +21,7 @@ What the times mean depends on the machine: processes on one machine talk over l
 and, with fewer cores than processes, take turns on the CPUs; gloo's own algorithm is not
 visible, so its bytes are not counted.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -70,10 +71,17 @@ def worker(rank: int, world_size: int, sizes: list[int], repeats: int) -> list[d
             dist.all_reduce(buf)
         ring_t = [_timed(ring_all_reduce, buf) for _ in range(reps)]
         gloo_t = [_timed(dist.all_reduce, buf) for _ in range(reps)]
-        rows.append({
-            "numel": numel, "rank": rank, "sent": sent, "equal": equal, "reps": reps,
-            "ring_s": statistics.median(ring_t), "gloo_s": statistics.median(gloo_t),
-        })
+        rows.append(
+            {
+                "numel": numel,
+                "rank": rank,
+                "sent": sent,
+                "equal": equal,
+                "reps": reps,
+                "ring_s": statistics.median(ring_t),
+                "gloo_s": statistics.median(gloo_t),
+            }
+        )
     return rows
 
 
@@ -91,14 +99,21 @@ def main(argv: list[str] | None = None) -> int:
 
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     print(f"torch {torch.__version__}, gloo on {cores} CPU cores; times: median over repetitions of the slowest rank")
-    header = (f"{'N':>2} {'elements':>9} {'S':>9} | {'ring B/rank (max)':>17} {'formula':>11} {'ratio':>6} | "
-              f"{'ring ms':>8} {'gloo ms':>8} {'ring/gloo':>9} | equal")
+    header = (
+        f"{'N':>2} {'elements':>9} {'S':>9} | {'ring B/rank (max)':>17} {'formula':>11} {'ratio':>6} | "
+        f"{'ring ms':>8} {'gloo ms':>8} {'ring/gloo':>9} | equal"
+    )
     print(header)
     print("-" * len(header))
     all_equal, byte_ratios, time_ratios = True, [], []
     for n in args.world_sizes:
-        per_rank = spawn(f"{Path(__file__).resolve()}:worker", nprocs=n, args=(args.sizes, args.repeats),
-                         timeout=args.timeout, echo="none")
+        per_rank = spawn(
+            f"{Path(__file__).resolve()}:worker",
+            nprocs=n,
+            args=(args.sizes, args.repeats),
+            timeout=args.timeout,
+            echo="none",
+        )
         for i, numel in enumerate(args.sizes):
             rows = [per_rank[r][i] for r in range(n)]
             s = numel * 4
@@ -109,10 +124,14 @@ def main(argv: list[str] | None = None) -> int:
             all_equal &= equal
             byte_ratios.append(sent / formula)
             time_ratios.append(ring_ms / gloo_ms)
-            print(f"{n:>2} {numel:>9} {_fmt_bytes(s):>9} | {sent:>17} {formula:>11.0f} {sent / formula:>6.3f} | "
-                  f"{ring_ms:>8.3f} {gloo_ms:>8.3f} {ring_ms / gloo_ms:>9.2f} | {int(equal)}")
+            print(
+                f"{n:>2} {numel:>9} {_fmt_bytes(s):>9} | {sent:>17} {formula:>11.0f} {sent / formula:>6.3f} | "
+                f"{ring_ms:>8.3f} {gloo_ms:>8.3f} {ring_ms / gloo_ms:>9.2f} | {int(equal)}"
+            )
     geo = math.exp(sum(math.log(r) for r in time_ratios) / len(time_ratios))
-    print(f"RESULT ring_equal={int(all_equal)} bytes_ratio_vs_formula={max(byte_ratios):.4f} time_ratio_vs_gloo={geo:.3f}")
+    print(
+        f"RESULT ring_equal={int(all_equal)} bytes_ratio_vs_formula={max(byte_ratios):.4f} time_ratio_vs_gloo={geo:.3f}"
+    )
     return 0 if all_equal else 1
 
 

@@ -17,6 +17,7 @@ machine), interleave the two variants, and report the fastest of the repeats aft
 
 Last line: ``RESULT slope_plain=<f> slope_sqrt=<f> ratio_256=<f> overhead=<f>``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -88,35 +89,53 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(0)
     unit = MEM_BATCH * MEM_WIDTH * 4
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
-    print(f"memory: chain of N blocks Linear({MEM_WIDTH},{MEM_WIDTH})+Tanh, batch {MEM_BATCH}: one activation = {unit // 1024} KiB")
+    print(
+        f"memory: chain of N blocks Linear({MEM_WIDTH},{MEM_WIDTH})+Tanh, batch {MEM_BATCH}: one activation = {unit // 1024} KiB"
+    )
     print()
-    print(f"{'N':>6} {'segments':>8} {'plain peak':>12} {'sqrt(N) peak':>13} {'plain/act':>10} {'sqrt/act':>9} {'ratio':>6}")
+    print(
+        f"{'N':>6} {'segments':>8} {'plain peak':>12} {'sqrt(N) peak':>13} {'plain/act':>10} {'sqrt/act':>9} {'ratio':>6}"
+    )
     rows = memory_sweep(depths)
     for n, plain, ckpt in rows:
-        print(f"{n:>6} {math.isqrt(n):>8} {plain / 2**20:>9.2f} MiB {ckpt / 2**20:>9.2f} MiB {plain / unit:>10.1f} {ckpt / unit:>9.1f} {plain / ckpt:>6.2f}")
+        print(
+            f"{n:>6} {math.isqrt(n):>8} {plain / 2**20:>9.2f} MiB {ckpt / 2**20:>9.2f} MiB {plain / unit:>10.1f} {ckpt / unit:>9.1f} {plain / ckpt:>6.2f}"
+        )
     logn = np.log([r[0] for r in rows])
     slope_plain = float(np.polyfit(logn, np.log([r[1] for r in rows]), 1)[0])
     slope_sqrt = float(np.polyfit(logn, np.log([r[2] for r in rows]), 1)[0])
     ratio_256 = next(p / c for n, p, c in rows if n == 256)
-    print(f"\nlog-log slope of peak vs N: plain {slope_plain:.3f} (target 1.0 +- 0.1), sqrt(N) segments {slope_sqrt:.3f} (target 0.5 +- 0.1)")
+    print(
+        f"\nlog-log slope of peak vs N: plain {slope_plain:.3f} (target 1.0 +- 0.1), sqrt(N) segments {slope_sqrt:.3f} (target 0.5 +- 0.1)"
+    )
     print(f"ratio at N = 256: {ratio_256:.2f} (target >= 6)")
 
     k = math.isqrt(TIME_DEPTH)
     extra = (TIME_DEPTH - TIME_DEPTH // k) / TIME_DEPTH
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    print(f"\ntime (1 thread): chain of {TIME_DEPTH} blocks Linear({TIME_WIDTH},{TIME_WIDTH})+Tanh, batch {TIME_BATCH}, {k} segments,"
-          f" fastest and median of {repeats}")
+    print(
+        f"\ntime (1 thread): chain of {TIME_DEPTH} blocks Linear({TIME_WIDTH},{TIME_WIDTH})+Tanh, batch {TIME_BATCH}, {k} segments,"
+        f" fastest and median of {repeats}"
+    )
     t_plain, t_ckpt, m_plain, m_ckpt = time_steps(TIME_DEPTH, TIME_WIDTH, TIME_BATCH, repeats)
     overhead = t_ckpt / t_plain - 1
-    print(f"  step: plain {t_plain * 1e3:.1f} ms, checkpointed {t_ckpt * 1e3:.1f} ms, overhead {overhead:+.1%}"
-          f"   (medians {m_plain * 1e3:.1f} / {m_ckpt * 1e3:.1f} ms, {m_ckpt / m_plain - 1:+.1%})")
-    print(f"  recomputed: {extra:.3f} of a forward pass; if backward = 2 forwards, expected arithmetic overhead {extra / 3:+.1%}")
+    print(
+        f"  step: plain {t_plain * 1e3:.1f} ms, checkpointed {t_ckpt * 1e3:.1f} ms, overhead {overhead:+.1%}"
+        f"   (medians {m_plain * 1e3:.1f} / {m_ckpt * 1e3:.1f} ms, {m_ckpt / m_plain - 1:+.1%})"
+    )
+    print(
+        f"  recomputed: {extra:.3f} of a forward pass; if backward = 2 forwards, expected arithmetic overhead {extra / 3:+.1%}"
+    )
     tn_plain, tn_ckpt, _, _ = time_steps(TIME_DEPTH, MEM_WIDTH, 256, repeats)
     torch.set_num_threads(threads)
-    print(f"  for contrast, narrow Linear({MEM_WIDTH},{MEM_WIDTH}) blocks, batch 256: plain {tn_plain * 1e3:.2f} ms,"
-          f" checkpointed {tn_ckpt * 1e3:.2f} ms, overhead {tn_ckpt / tn_plain - 1:+.0%} (per-call bookkeeping dominates)")
-    print(f"RESULT slope_plain={slope_plain:.3f} slope_sqrt={slope_sqrt:.3f} ratio_256={ratio_256:.2f} overhead={overhead:.3f}")
+    print(
+        f"  for contrast, narrow Linear({MEM_WIDTH},{MEM_WIDTH}) blocks, batch 256: plain {tn_plain * 1e3:.2f} ms,"
+        f" checkpointed {tn_ckpt * 1e3:.2f} ms, overhead {tn_ckpt / tn_plain - 1:+.0%} (per-call bookkeeping dominates)"
+    )
+    print(
+        f"RESULT slope_plain={slope_plain:.3f} slope_sqrt={slope_sqrt:.3f} ratio_256={ratio_256:.2f} overhead={overhead:.3f}"
+    )
     return 0
 
 

@@ -26,6 +26,7 @@ Prints a table, then:
 RESULT speedup_2proc_vs_1proc=<best DDP row over 1 process, 1 thread> best_bucket_mb=<f> buckets_at_best=<n>
        threads2_vs_1proc=<1 process with 2 threads over 1 thread>
 """
+
 from __future__ import annotations
 
 import argparse
@@ -74,7 +75,7 @@ def worker(rank: int, world_size: int, threads: int, bucket_mb: float | None, gl
     local = global_batch // world_size
     x, y = torch.randn(local, 64, generator=g), torch.randint(0, 10, (local,), generator=g)
     times = []
-    for step in range(steps + 5):
+    for _step in range(steps + 5):
         seen.clear()  # keeps the last step's buckets (DDP rebuilds its buckets after the first step)
         if dist.is_initialized():
             dist.barrier()
@@ -85,8 +86,12 @@ def worker(rank: int, world_size: int, threads: int, bucket_mb: float | None, gl
         times.append(time.perf_counter() - t0)
     n_buckets = len(seen)
     params_mb = sum(p.numel() * 4 for p in model.parameters()) / 2**20
-    return {"ms": 1000 * statistics.median(times[5:]), "min_ms": 1000 * min(times[5:]), "buckets": n_buckets,
-            "params_mb": params_mb}
+    return {
+        "ms": 1000 * statistics.median(times[5:]),
+        "min_ms": 1000 * min(times[5:]),
+        "buckets": n_buckets,
+        "params_mb": params_mb,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -99,22 +104,32 @@ def main(argv: list[str] | None = None) -> int:
     target = f"{os.path.abspath(__file__)}:worker"
     rows = []
     for threads in (1, 2):
-        r = spawn(target, 1, (threads, None, args.global_batch, args.steps), init_method="none", echo="none", timeout=300)[0]
+        r = spawn(
+            target, 1, (threads, None, args.global_batch, args.steps), init_method="none", echo="none", timeout=300
+        )[0]
         rows.append((f"1 process, no DDP, {threads} thread{'s' if threads > 1 else ''}", "-", r))
     for bucket in (0.05, 2.5, 25.0):
         r = spawn(target, 2, (1, bucket, args.global_batch, args.steps), echo="none", timeout=300)[0]
-        rows.append((f"2 processes, DDP, 1 thread each", f"{bucket:g}", r))
-    print(f"model: {rows[0][2]['params_mb']:.2f} MB of float32 parameters; global batch {args.global_batch}; "
-          f"{os.cpu_count()} CPU cores; {args.steps} timed steps per row")
-    print(f"{'configuration':<36} {'bucket_cap_mb':>13} {'buckets':>8} {'median ms':>10} {'best ms':>8} {'samples/s (best)':>17}")
+        rows.append(("2 processes, DDP, 1 thread each", f"{bucket:g}", r))
+    print(
+        f"model: {rows[0][2]['params_mb']:.2f} MB of float32 parameters; global batch {args.global_batch}; "
+        f"{os.cpu_count()} CPU cores; {args.steps} timed steps per row"
+    )
+    print(
+        f"{'configuration':<36} {'bucket_cap_mb':>13} {'buckets':>8} {'median ms':>10} {'best ms':>8} {'samples/s (best)':>17}"
+    )
     for name, bucket, r in rows:
-        print(f"{name:<36} {bucket:>13} {r['buckets'] or '-':>8} {r['ms']:>10.2f} {r['min_ms']:>8.2f} "
-              f"{args.global_batch / r['min_ms'] * 1000:>17.0f}")
+        print(
+            f"{name:<36} {bucket:>13} {r['buckets'] or '-':>8} {r['ms']:>10.2f} {r['min_ms']:>8.2f} "
+            f"{args.global_batch / r['min_ms'] * 1000:>17.0f}"
+        )
     base = rows[0][2]["min_ms"]
     ddp_rows = rows[2:]
     best = min(ddp_rows, key=lambda row: row[2]["min_ms"])
-    print(f"RESULT speedup_2proc_vs_1proc={base / best[2]['min_ms']:.2f} best_bucket_mb={best[1]} "
-          f"buckets_at_best={best[2]['buckets']} threads2_vs_1proc={base / rows[1][2]['min_ms']:.2f}")
+    print(
+        f"RESULT speedup_2proc_vs_1proc={base / best[2]['min_ms']:.2f} best_bucket_mb={best[1]} "
+        f"buckets_at_best={best[2]['buckets']} threads2_vs_1proc={base / rows[1][2]['min_ms']:.2f}"
+    )
     return 0
 
 

@@ -5,7 +5,8 @@
 The bug this guards against: a gloo job that did all its work, printed its results, and then
 aborted in interpreter shutdown ("terminate called without an active exception", SIGABRT, exit
 code 1 through the launcher). It is a race (a gloo worker thread still dropping a finished
-collective while Python shuts down; see docs/crash_at_exit.md and notebook 08, section 10), so one launch proves nothing: this script
+collective while Python shuts down; see docs/crash_at_exit.md and notebook 08, section 10), so one
+launch proves nothing: this script
 starts the training script ``--launches`` times in total, round-robin under ``torchrun``, the legacy
 ``python -m torch.distributed.launch`` and ``course_lib.launch.spawn`` (2 processes each), and
 counts a launch as a crash when it exits nonzero or any process printed "terminate called".
@@ -22,6 +23,7 @@ clean run on an idle machine is weaker evidence than one under load.
 Prints a table (one row per launcher), then:
 RESULT launches=<n> crashes=<n> terminate=<launches with 'terminate called'> nonzero=<launches that exited nonzero> wall_s=<s>
 """
+
 from __future__ import annotations
 
 import argparse
@@ -50,16 +52,33 @@ LAUNCHERS = ("torchrun", "launch", "spawn")
 TRAIN_SCRIPT = written_file("08_ddp_in_practice", "_runs/ddp_train.py")
 
 
-def one_launch(launcher: str, script: Path, epochs: int, out: Path, env: dict[str, str], timeout: float) -> tuple[bool, bool, str]:
+def one_launch(
+    launcher: str, script: Path, epochs: int, out: Path, env: dict[str, str], timeout: float
+) -> tuple[bool, bool, str]:
     """Run the script once; return (exited nonzero, printed 'terminate called', first error line)."""
     text, nonzero = "", False
     try:
         if launcher == "spawn":
             # spawn initialises the group, calls train(rank, world_size, epochs, batch_size, lr, out), tears down
-            spawn(f"{script}:train", 2, (epochs, 32, 0.1, str(out)), timeout=timeout, env=env, cwd=script.parent, echo="none")
+            spawn(
+                f"{script}:train",
+                2,
+                (epochs, 32, 0.1, str(out)),
+                timeout=timeout,
+                env=env,
+                cwd=script.parent,
+                echo="none",
+            )
         else:
-            result = run_torchrun(script.name, args=["--epochs", epochs, "--out", str(out)], module=launcher,
-                                  timeout=timeout, env=env, cwd=script.parent, echo="none")
+            result = run_torchrun(
+                script.name,
+                args=["--epochs", epochs, "--out", str(out)],
+                module=launcher,
+                timeout=timeout,
+                env=env,
+                cwd=script.parent,
+                echo="none",
+            )
             text = result.output()
     except LaunchError as e:
         nonzero = True
@@ -71,11 +90,19 @@ def one_launch(launcher: str, script: Path, epochs: int, out: Path, env: dict[st
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--launches", type=int, default=102, help="launches in total, shared round-robin by the 3 launchers")
+    parser.add_argument(
+        "--launches", type=int, default=102, help="launches in total, shared round-robin by the 3 launchers"
+    )
     parser.add_argument("--epochs", type=int, default=1, help="epochs per launch (the bug is at exit: 1 is enough)")
-    parser.add_argument("--portable", action="store_true", help="children use the portable (default-capability) kernels")
-    parser.add_argument("--script", type=Path, default=None, help="launch this training script instead of notebook 08's")
-    parser.add_argument("--launchers", default=",".join(LAUNCHERS), help="comma-separated subset of torchrun,launch,spawn")
+    parser.add_argument(
+        "--portable", action="store_true", help="children use the portable (default-capability) kernels"
+    )
+    parser.add_argument(
+        "--script", type=Path, default=None, help="launch this training script instead of notebook 08's"
+    )
+    parser.add_argument(
+        "--launchers", default=",".join(LAUNCHERS), help="comma-separated subset of torchrun,launch,spawn"
+    )
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds per launch")
     parser.add_argument("--verbose", action="store_true", help="print one line per crash as it happens")
     args = parser.parse_args(argv)
@@ -110,14 +137,22 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"launch {i + 1} ({launcher}): crash: {first}", flush=True)
     wall = time.perf_counter() - start
     total = {key: sum(row[key] for row in counts.values()) for key in ("launches", "nonzero", "terminate", "crashes")}
-    print(f"script: {'notebook 08 _runs/ddp_train.py' if args.script is None else args.script}; --epochs {args.epochs}; "
-          f"portable kernels: {'yes' if args.portable else 'no'}; {os.cpu_count()} CPU cores")
-    print(f"{'launcher':<10} {'launches':>9} {'crashes':>8} {'nonzero exit':>13} {'terminate called':>17} {'s/launch':>9}")
+    print(
+        f"script: {'notebook 08 _runs/ddp_train.py' if args.script is None else args.script}; --epochs {args.epochs}; "
+        f"portable kernels: {'yes' if args.portable else 'no'}; {os.cpu_count()} CPU cores"
+    )
+    print(
+        f"{'launcher':<10} {'launches':>9} {'crashes':>8} {'nonzero exit':>13} {'terminate called':>17} {'s/launch':>9}"
+    )
     for name, row in counts.items():
-        print(f"{name:<10} {row['launches']:>9} {row['crashes']:>8} {row['nonzero']:>13} {row['terminate']:>17} "
-              f"{row['seconds'] / max(row['launches'], 1):>9.2f}")
-    print(f"RESULT launches={total['launches']} crashes={total['crashes']} terminate={total['terminate']} "
-          f"nonzero={total['nonzero']} wall_s={wall:.0f}")
+        print(
+            f"{name:<10} {row['launches']:>9} {row['crashes']:>8} {row['nonzero']:>13} {row['terminate']:>17} "
+            f"{row['seconds'] / max(row['launches'], 1):>9.2f}"
+        )
+    print(
+        f"RESULT launches={total['launches']} crashes={total['crashes']} terminate={total['terminate']} "
+        f"nonzero={total['nonzero']} wall_s={wall:.0f}"
+    )
     return 0
 
 

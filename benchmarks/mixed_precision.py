@@ -13,6 +13,7 @@ Prints a table, then ``RESULT saved_bytes_ratio=<bf16/fp32> step_time_ratio=<bf1
 larger batch on the CPU. Whether bf16 is faster depends on the CPU: with AVX512-BF16/AMX it can be;
 on an AVX2-only CPU bf16 arithmetic is emulated and much slower.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -36,9 +37,12 @@ WIDTH = 512
 def make_model(device: str) -> nn.Module:
     torch.manual_seed(0)
     return nn.Sequential(
-        nn.Linear(64, WIDTH), nn.ReLU(),
-        nn.Linear(WIDTH, WIDTH), nn.ReLU(),
-        nn.Linear(WIDTH, WIDTH), nn.ReLU(),
+        nn.Linear(64, WIDTH),
+        nn.ReLU(),
+        nn.Linear(WIDTH, WIDTH),
+        nn.ReLU(),
+        nn.Linear(WIDTH, WIDTH),
+        nn.ReLU(),
         nn.Linear(WIDTH, 10),
     ).to(device)
 
@@ -79,8 +83,12 @@ def measure(device: str, batch: int, low: bool, steps: int) -> tuple[int, int, f
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=10, help="timed training steps per configuration (default 10)")
-    parser.add_argument("--threads", type=int, default=1,
-                        help="CPU threads for torch (default 1: steady timings on a shared 2-core machine)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="CPU threads for torch (default 1: steady timings on a shared 2-core machine)",
+    )
     args = parser.parse_args(argv)
     if args.steps < 1:
         parser.error("--steps must be >= 1")
@@ -89,13 +97,17 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
 
     devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
-    print(f"torch {torch.__version__}, CPU capability {torch.backends.cpu.get_cpu_capability()}, "
-          f"threads {torch.get_num_threads()}, devices {devices}")
+    print(
+        f"torch {torch.__version__}, CPU capability {torch.backends.cpu.get_cpu_capability()}, "
+        f"threads {torch.get_num_threads()}, devices {devices}"
+    )
     print(f"model: MLP 64-{WIDTH}-{WIDTH}-{WIDTH}-10, SGD; bf16 = torch.autocast(device, dtype=torch.bfloat16)")
     print("act = activation bytes autograd keeps for backward (parameters and autocast's bf16 weight copies left out);")
     print("copies = those bf16 weight copies; ratio = bf16 / fp32 activations; step = median forward+backward+SGD step")
-    header = (f"{'device':<6} {'batch':>5} | {'act fp32':>9} {'act bf16':>9} {'copies':>9} {'ratio':>6} | "
-              f"{'step fp32':>10} {'step bf16':>10} {'ratio':>6}")
+    header = (
+        f"{'device':<6} {'batch':>5} | {'act fp32':>9} {'act bf16':>9} {'copies':>9} {'ratio':>6} | "
+        f"{'step fp32':>10} {'step bf16':>10} {'ratio':>6}"
+    )
     print(header)
     print("-" * len(header))
     result: tuple[float, float] | None = None
@@ -103,14 +115,20 @@ def main(argv: list[str] | None = None) -> int:
         for batch in BATCHES:
             b32, _, t32 = measure(device, batch, low=False, steps=args.steps)
             b16, c16, t16 = measure(device, batch, low=True, steps=args.steps)
-            print(f"{device:<6} {batch:>5} | {format_bytes(b32):>9} {format_bytes(b16):>9} {format_bytes(c16):>9} "
-                  f"{b16 / b32:>6.3f} | {t32 * 1e3:>8.2f}ms {t16 * 1e3:>8.2f}ms {t16 / t32:>6.2f}")
+            print(
+                f"{device:<6} {batch:>5} | {format_bytes(b32):>9} {format_bytes(b16):>9} {format_bytes(c16):>9} "
+                f"{b16 / b32:>6.3f} | {t32 * 1e3:>8.2f}ms {t16 * 1e3:>8.2f}ms {t16 / t32:>6.2f}"
+            )
             if device == "cpu" and batch == max(BATCHES):
                 result = (b16 / b32, t16 / t32)
     if "cuda" in devices:
         print(f"\nGPU matmul 4096^3 on {torch.cuda.get_device_name()}:")
-        for name, dtype, tf32 in (("fp32", torch.float32, False), ("tf32", torch.float32, True),
-                                  ("fp16", torch.float16, False), ("bf16", torch.bfloat16, False)):
+        for name, dtype, tf32 in (
+            ("fp32", torch.float32, False),
+            ("tf32", torch.float32, True),
+            ("fp16", torch.float16, False),
+            ("bf16", torch.bfloat16, False),
+        ):
             print(f"  {name}: {matmul_tflops(4096, dtype, tf32=tf32, repeats=20):8.1f} TFLOP/s")
     assert result is not None
     print(f"RESULT saved_bytes_ratio={result[0]:.3f} step_time_ratio={result[1]:.3f}")

@@ -9,6 +9,8 @@ import time
 
 import torch
 
+from .validation import check_int
+
 __all__ = ["matmul_tflops"]
 
 
@@ -21,10 +23,8 @@ def matmul_tflops(n: int, dtype: torch.dtype, *, device: str = "cuda", tf32: boo
     >>> matmul_tflops(64, torch.float32, device="cpu", repeats=2) > 0
     True
     """
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ValueError(f"n must be a positive int, got {n!r}")
-    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
-        raise ValueError(f"repeats must be a positive int, got {repeats!r}")
+    check_int("n", n, minimum=1)
+    check_int("repeats", repeats, minimum=1)
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise TypeError(f"dtype must be a floating-point torch.dtype, got {dtype!r}")
     on_cuda = torch.device(device).type == "cuda"

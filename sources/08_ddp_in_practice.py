@@ -363,7 +363,7 @@ torchrun --nnodes=2 --node_rank=0 --nproc_per_node=4 \    torchrun --nnodes=2 --
   --master_addr=10.0.0.1 --master_port=29500 train.py      --master_addr=10.0.0.1 --master_port=29500 train.py
 ```
 
-or, without fixed node ranks, the elastic rendezvous: `torchrun --nnodes=2 --nproc_per_node=4 --rdzv-backend=c10d --rdzv-endpoint=10.0.0.1:29500 --rdzv-id=job42 train.py` on every node. Under SLURM, one `torchrun` per node started by `srun`:
+or, without fixed node ranks, the elastic rendezvous: one identical command on every node, `--rdzv-backend=c10d --rdzv-endpoint=HOST:PORT` with a job id of your choice instead of `--node_rank` and the master address (the cell after next prints it). Under SLURM, one `torchrun` per node started by `srun`:
 
 ```bash
 #!/bin/bash
@@ -384,6 +384,10 @@ assert "--nnodes=2" in cmd and "--node_rank=1" in cmd and "--master_port=1234" i
 with expect_error(ValueError, match="node_rank must be"):
     torchrun_command("train.py", nnodes=1, node_rank=1)  # seed 003's second node
 print("node 1 of 2:", shown(cmd))
+elastic = torchrun_command("train.py", nnodes=2, nproc_per_node=4, master_addr="10.0.0.1", master_port=29500,
+                           rdzv="c10d", tee=False)
+assert "--rdzv-endpoint=10.0.0.1:29500" in elastic and not any(a.startswith("--node_rank") for a in elastic)
+print("elastic rendezvous, the same on every node:", shown(elastic))
 
 # %% [markdown] slideshow={"slide_type": "slide"}
 """

@@ -1,4 +1,5 @@
 """The notebook launcher: real multi-process jobs that fail in every way, cleanly and in time."""
+
 from __future__ import annotations
 
 import socket
@@ -22,7 +23,7 @@ from course_lib.launch import (
     torchrun_command,
 )
 
-WORKERS = '''
+WORKERS = """
 import time
 import torch
 import torch.distributed as dist
@@ -43,26 +44,26 @@ def raise_on_rank_1(rank, world_size):
 
 def no_group(rank, world_size):
     return dist.is_initialized()
-'''
+"""
 
 SCRIPTS = {
-    "ok.py": '''
+    "ok.py": """
         import torch, torch.distributed as dist
         dist.init_process_group("gloo")
         t = torch.tensor([float(dist.get_rank() + 1)])
         dist.all_reduce(t)
         print(f"rank {dist.get_rank()}: sum={t.item():.1f}")
         dist.destroy_process_group()
-    ''',
-    "raises.py": '''
+    """,
+    "raises.py": """
         import torch.distributed as dist
         dist.init_process_group("gloo")
         if dist.get_rank() == 1:
             raise ValueError("rank 1 broke on purpose")
         dist.barrier()
         dist.destroy_process_group()
-    ''',
-    "hangs.py": '''
+    """,
+    "hangs.py": """
         import time, torch, torch.distributed as dist
         dist.init_process_group("gloo")
         print("in the job", flush=True)
@@ -70,13 +71,13 @@ SCRIPTS = {
             dist.all_reduce(torch.ones(1))  # rank 1 never joins: rank 0 waits forever
         else:
             time.sleep(600)
-    ''',
-    "fixed_port.py": '''
+    """,
+    "fixed_port.py": """
         import os, sys, torch.distributed as dist
         os.environ["MASTER_ADDR"] = "127.0.0.1"
         os.environ["MASTER_PORT"] = sys.argv[1]
         dist.init_process_group("gloo", rank=0, world_size=1)
-    ''',
+    """,
 }
 
 
@@ -125,8 +126,15 @@ def test_free_port_is_free_and_port_in_use_sees_a_listener() -> None:
 
 
 def test_torchrun_command_is_what_one_types() -> None:
-    cmd = torchrun_command("train.py", nproc_per_node=4, nnodes=2, node_rank=1, master_addr="10.0.0.1",
-                           master_port=1234, args=["--epochs", 3])
+    cmd = torchrun_command(
+        "train.py",
+        nproc_per_node=4,
+        nnodes=2,
+        node_rank=1,
+        master_addr="10.0.0.1",
+        master_port=1234,
+        args=["--epochs", 3],
+    )
     assert Path(cmd[0]).name == "torchrun" or cmd[1:3] == ["-m", "torch.distributed.run"]
     assert "--nnodes=2" in cmd and "--node_rank=1" in cmd and "--nproc_per_node=4" in cmd
     assert "--master_addr=10.0.0.1" in cmd and "--master_port=1234" in cmd
@@ -249,8 +257,14 @@ def test_spawn_returns_each_ranks_value_in_rank_order(jobs: Path, capsys: pytest
     assert values == [30.0, 30.0]
     assert capsys.readouterr().out.strip() == "[rank 0] rank 0 of 2: sum=3.0\n[rank 1] rank 1 of 2: sum=3.0"
     # tcp:// initialisation, and no group at all
-    assert spawn(str(jobs / "launch_test_workers.py") + ":add_ranks", 2, (1.0,), init_method="tcp", echo="none") == [3.0, 3.0]
-    assert spawn(str(jobs / "launch_test_workers.py") + ":no_group", 2, init_method="none", echo="none") == [False, False]
+    assert spawn(str(jobs / "launch_test_workers.py") + ":add_ranks", 2, (1.0,), init_method="tcp", echo="none") == [
+        3.0,
+        3.0,
+    ]
+    assert spawn(str(jobs / "launch_test_workers.py") + ":no_group", 2, init_method="none", echo="none") == [
+        False,
+        False,
+    ]
     _assert_nothing_left()
 
 
@@ -281,8 +295,7 @@ def test_launch_result_output_selects_by_rank_or_label() -> None:
     assert r.ranks == ["rank 1", "agent", "rank 0"]
     assert r.output(0) == "a" and r.output("agent") == "log"
     assert r.output() == "[rank 1] b\n[agent] log\n[rank 0] a"
-    assert r.grouped() == "[rank 0] a\n[rank 1] b"
-    assert r.grouped(include_agents=True) == "[rank 0] a\n[rank 1] b\n[agent] log"
+    assert r.grouped() == "[rank 0] a\n[rank 1] b"  # agents' lines are not a rank's output
     with pytest.raises(TypeError, match="rank must be"):
         r.output(1.5)  # type: ignore[arg-type]
 

@@ -68,3 +68,10 @@ def test_ci_runs_the_portability_check_after_the_readme_command() -> None:
     ci = (ROOT / ".ci" / "run").read_text()
     assert "make test\n" in ci and "make test-portable" in ci
     assert ci.index("make test\n") < ci.index("make test-portable")
+
+
+def test_every_course_lib_package_is_installed() -> None:
+    data = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    listed = set(data["tool"]["setuptools"]["packages"])
+    found = {".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "course_lib").rglob("__init__.py")}
+    assert found == listed, f"pyproject.toml [tool.setuptools] packages must list exactly {sorted(found)}"

@@ -14,6 +14,7 @@ present): it sets ``COURSE_BROWSER_TESTS=1``. Without it this folder is not coll
 - One static HTTP server on 127.0.0.1 serves ``_site/`` (built by ``make slides``/``make html``).
 - On failure the page's screenshot and HTML are saved in ``test-artifacts/``.
 """
+
 from __future__ import annotations
 
 import functools
@@ -106,7 +107,9 @@ class OfflinePage:
         """Nothing was fetched from another machine and (if complete) nothing the page asked for was
         missing. JupyterLab itself probes optional endpoints that answer 404, so it passes False."""
         assert not self.blocked, f"the page tried to reach other machines: {sorted(set(self.blocked))}"
-        assert not complete or not self.missing, f"the page asked for files that are not there: {sorted(set(self.missing))}"
+        assert not complete or not self.missing, (
+            f"the page asked for files that are not there: {sorted(set(self.missing))}"
+        )
 
 
 def _is_local(url: str) -> bool:
@@ -135,8 +138,14 @@ def offline_page(browser, request) -> Iterator[OfflinePage]:
     page.on("request", lambda req: None if _is_local(req.url) else result.blocked.append(req.url))
     page.on("pageerror", lambda exc: result.page_errors.append(str(exc)))
     page.on("requestfailed", lambda req: result.failed.append(f"{req.url} ({req.failure})"))
-    page.on("response", lambda resp: result.missing.append(f"{resp.url} ({resp.status})")
-            if resp.status >= 400 and not resp.url.endswith("/favicon.ico") else None)
+    page.on(
+        "response",
+        lambda resp: (
+            result.missing.append(f"{resp.url} ({resp.status})")
+            if resp.status >= 400 and not resp.url.endswith("/favicon.ico")
+            else None
+        ),
+    )
     request.node._offline_page = result
     yield result
     context.close()
@@ -158,8 +167,12 @@ def pytest_runtest_makereport(item, call):
     try:
         holder.page.screenshot(path=str(ARTIFACTS / f"{stem}.png"), full_page=True)
         (ARTIFACTS / f"{stem}.html").write_text(holder.page.content(), encoding="utf-8")
-        notes = {"blocked": holder.blocked, "missing": holder.missing, "page_errors": holder.page_errors,
-                 "failed": holder.failed}
+        notes = {
+            "blocked": holder.blocked,
+            "missing": holder.missing,
+            "page_errors": holder.page_errors,
+            "failed": holder.failed,
+        }
         (ARTIFACTS / f"{stem}.json").write_text(json.dumps(notes, indent=1), encoding="utf-8")
         report.sections.append(("browser artifacts", f"saved test-artifacts/{stem}.png/.html/.json"))
     except Exception as exc:  # a crashed page cannot be captured; say so rather than hide the failure
@@ -185,8 +198,9 @@ class Lab:
             self.api(f"/api/sessions/{session['id']}", method="DELETE")
 
     def api(self, path: str, method: str = "GET") -> bytes:
-        req = urllib.request.Request(f"{self.base}{path}", method=method,
-                                     headers={"Authorization": f"token {self.token}"})
+        req = urllib.request.Request(
+            f"{self.base}{path}", method=method, headers={"Authorization": f"token {self.token}"}
+        )
         with urllib.request.urlopen(req, timeout=10) as resp:
             return resp.read()
 
@@ -214,28 +228,39 @@ LAB_SETTINGS = {
 def lab(tmp_path_factory) -> Iterator[Lab]:
     tmp = tmp_path_factory.mktemp("lab")
     root = tmp / "notebooks"
-    shutil.copytree(ROOT / "notebooks", root,
-                    ignore=shutil.ignore_patterns("_runs", "*.pt", ".ipynb_checkpoints"))
+    shutil.copytree(ROOT / "notebooks", root, ignore=shutil.ignore_patterns("_runs", "*.pt", ".ipynb_checkpoints"))
     settings = tmp / "settings"
     for name, values in LAB_SETTINGS.items():
         path = settings / name
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(values))
     port, token = free_port(), secrets.token_hex(16)
-    env = dict(os.environ, JUPYTER_CONFIG_DIR=str(tmp / "config"), JUPYTER_RUNTIME_DIR=str(tmp / "runtime"),
-               IPYTHONDIR=str(tmp / "ipython"), PYTHONUNBUFFERED="1")
+    env = dict(
+        os.environ,
+        JUPYTER_CONFIG_DIR=str(tmp / "config"),
+        JUPYTER_RUNTIME_DIR=str(tmp / "runtime"),
+        IPYTHONDIR=str(tmp / "ipython"),
+        PYTHONUNBUFFERED="1",
+    )
     log = ARTIFACTS / "jupyterlab-server.log"
     ARTIFACTS.mkdir(exist_ok=True)
     cmd = [
-        sys.executable, "-m", "jupyterlab", "--no-browser",
-        "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={port}", "--ServerApp.port_retries=0",
-        f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root}",
-        f"--LabApp.user_settings_dir={settings}", f"--LabApp.workspaces_dir={tmp / 'workspaces'}",
-        "--LabApp.extension_manager=readonly", "--ServerApp.allow_root=True",
+        sys.executable,
+        "-m",
+        "jupyterlab",
+        "--no-browser",
+        "--ServerApp.ip=127.0.0.1",
+        f"--ServerApp.port={port}",
+        "--ServerApp.port_retries=0",
+        f"--IdentityProvider.token={token}",
+        f"--ServerApp.root_dir={root}",
+        f"--LabApp.user_settings_dir={settings}",
+        f"--LabApp.workspaces_dir={tmp / 'workspaces'}",
+        "--LabApp.extension_manager=readonly",
+        "--ServerApp.allow_root=True",
     ]
     with log.open("w") as out:
-        proc = subprocess.Popen(cmd, env=env, cwd=root, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        proc = subprocess.Popen(cmd, env=env, cwd=root, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     server = Lab(base=f"http://127.0.0.1:{port}", token=token, root=root, log=log)
     try:
         deadline = time.monotonic() + 90
@@ -272,8 +297,9 @@ def site() -> Path:
     if not (ROOT / "node_modules" / "reveal.js" / "package.json").exists():
         skip_or_fail("node_modules/ is missing: run `npm ci` (the decks and site need the pinned assets)")
     for script in ("build_slides.py", "build_site.py"):
-        done = subprocess.run([sys.executable, str(ROOT / "scripts" / script)], cwd=ROOT,
-                              capture_output=True, text=True, timeout=300)
+        done = subprocess.run(
+            [sys.executable, str(ROOT / "scripts" / script)], cwd=ROOT, capture_output=True, text=True, timeout=300
+        )
         assert done.returncode == 0, f"scripts/{script} failed:\n{done.stdout}\n{done.stderr}"
     return SITE
 

@@ -1,4 +1,5 @@
 """What a committed notebook says the browser should show: plots, widgets, controls, maths, slides."""
+
 from __future__ import annotations
 
 import re
@@ -17,10 +18,22 @@ WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
 # Widgets a learner moves: the test drags or sets one of these and expects an output to change.
 CONTROL_MODELS = {
-    "IntSliderModel", "FloatSliderModel", "FloatLogSliderModel", "SelectionSliderModel",
-    "IntRangeSliderModel", "FloatRangeSliderModel", "DropdownModel", "RadioButtonsModel",
-    "ToggleButtonsModel", "CheckboxModel", "ToggleButtonModel",
-    "TextModel", "IntTextModel", "FloatTextModel", "BoundedIntTextModel", "BoundedFloatTextModel",
+    "IntSliderModel",
+    "FloatSliderModel",
+    "FloatLogSliderModel",
+    "SelectionSliderModel",
+    "IntRangeSliderModel",
+    "FloatRangeSliderModel",
+    "DropdownModel",
+    "RadioButtonsModel",
+    "ToggleButtonsModel",
+    "CheckboxModel",
+    "ToggleButtonModel",
+    "TextModel",
+    "IntTextModel",
+    "FloatTextModel",
+    "BoundedIntTextModel",
+    "BoundedFloatTextModel",
 }
 _CODE = re.compile(r"```.*?```|~~~.*?~~~|`[^`\n]*`", re.S)  # code blocks and spans: no maths there
 _MATH = re.compile(r"\$\$.+?\$\$|(?<![\\$])\$[^$\s][^$]*?\$|\\\(.+?\\\)|\\\[.+?\\\]", re.S)
@@ -29,13 +42,13 @@ _MATH = re.compile(r"\$\$.+?\$\$|(?<![\\$])\$[^$\s][^$]*?\$|\\\(.+?\\\)|\\\[.+?\
 @dataclass(frozen=True)
 class NotebookFacts:
     name: str
-    code_cells: int      # non-empty code cells (each gets an execution count when run)
-    images: int          # plot outputs
-    widget_views: int    # widget outputs (tqdm bars, explorers)
-    controls: int        # control widgets in the saved widget state (sliders, dropdowns, ...)
-    progress_bars: int   # progress bars (tqdm) in the saved widget state
+    code_cells: int  # non-empty code cells (each gets an execution count when run)
+    images: int  # plot outputs
+    widget_views: int  # widget outputs (tqdm bars, explorers)
+    controls: int  # control widgets in the saved widget state (sliders, dropdowns, ...)
+    progress_bars: int  # progress bars (tqdm) in the saved widget state
     has_math: bool
-    slides: int          # slide + subslide cells: the deck's pages
+    slides: int  # slide + subslide cells: the deck's pages
     fragments: int
 
 
@@ -51,7 +64,9 @@ def notebook_facts(path: Path) -> NotebookFacts:
         images=sum(1 for o in outputs if any(t in o.get("data", {}) for t in IMAGE_TYPES)),
         widget_views=sum(1 for o in outputs if WIDGET_VIEW in o.get("data", {})),
         controls=sum(1 for m in state.values() if m.get("model_name") in CONTROL_MODELS),
-        progress_bars=sum(1 for m in state.values() if m.get("model_name") in ("FloatProgressModel", "IntProgressModel")),
+        progress_bars=sum(
+            1 for m in state.values() if m.get("model_name") in ("FloatProgressModel", "IntProgressModel")
+        ),
         has_math=any(c.cell_type == "markdown" and _MATH.search(_CODE.sub("", c.source)) for c in nb.cells),
         slides=sum(1 for k in kinds[1:] if k in ("slide", "subslide")) + 1,
         fragments=sum(1 for k in kinds if k == "fragment"),

@@ -8,6 +8,7 @@ also cleared and run all cells here: every widget must be drawn live (not as its
 and, where there is a control (slider, dropdown, ...), moving it must change the output it drives.
 The page may not reach other machines.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -51,8 +52,10 @@ IMAGES_JS = """sel => [...document.querySelectorAll(sel + ' img')].map(
 WIDGET_JS = """sel => [...document.querySelectorAll(sel + ' > .jupyter-widgets')]
   .filter(w => !w.parentElement.closest('.jupyter-widgets')).length"""
 # A widget output that failed to load shows its text/plain fallback, e.g. "IntSlider(value=3)".
-WIDGET_FALLBACK = re.compile(r"^(?:interactive|[A-Z][A-Za-z]*(?:Box|Slider|Progress|Output|Dropdown|Button|Buttons|Text|"
-                             r"Checkbox|Label|HTML|Select|Widget))\(")
+WIDGET_FALLBACK = re.compile(
+    r"^(?:interactive|[A-Z][A-Za-z]*(?:Box|Slider|Progress|Output|Dropdown|Button|Buttons|Text|"
+    r"Checkbox|Label|HTML|Select|Widget))\("
+)
 FALLBACK_MESSAGES = ("Error displaying widget", "Loading widget...", "model not found")
 
 
@@ -85,8 +88,10 @@ def open_notebook(page, lab, name: str, workspace: str) -> None:
     # The execution indicator says "idle" before any kernel exists: wait for the server to report
     # this notebook's kernel started, idle and connected to the page, then for the page to agree.
     deadline = time.monotonic() + 90
-    while not any(s["path"] == name and s["kernel"]["execution_state"] == "idle" and s["kernel"]["connections"]
-                  for s in json.loads(lab.api("/api/sessions"))):
+    while not any(
+        s["path"] == name and s["kernel"]["execution_state"] == "idle" and s["kernel"]["connections"]
+        for s in json.loads(lab.api("/api/sessions"))
+    ):
         assert time.monotonic() < deadline, f"{name}: its kernel did not start within 90 s"
         page.wait_for_timeout(300)  # not time.sleep: Playwright serves the page's routed requests only while waiting
     page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=30_000)
@@ -103,8 +108,7 @@ def run_all(page, facts: NotebookFacts) -> float:
     page.wait_for_function(f"() => !document.querySelector(`{OUTPUT}`)", timeout=10_000)
     start = time.monotonic()
     menu_command(page, "Run", "runmenu:run-all")
-    page.wait_for_function(DONE_JS, arg=[facts.code_cells, OUTPUT], timeout=RUN_TIMEOUT_S * 1000,
-                           polling=250)
+    page.wait_for_function(DONE_JS, arg=[facts.code_cells, OUTPUT], timeout=RUN_TIMEOUT_S * 1000, polling=250)
     return time.monotonic() - start
 
 
@@ -120,7 +124,8 @@ def check_outputs(offline, facts: NotebookFacts) -> None:
     broken = [i["src"] for i in images if not i["ok"]]
     assert not broken, f"{facts.name}: images that did not decode: {broken}"
     assert len(images) >= facts.images, (
-        f"{facts.name}: {len(images)} plots drawn as images in JupyterLab, the committed notebook has {facts.images}")
+        f"{facts.name}: {len(images)} plots drawn as images in JupyterLab, the committed notebook has {facts.images}"
+    )
     texts = page.locator(OUTPUT).all_inner_texts()
     fallback = [t for t in texts if t.startswith("<Figure size")]
     assert not fallback, f"{facts.name}: a plot was shown as text, not an image: {fallback[:3]}"
@@ -129,7 +134,8 @@ def check_outputs(offline, facts: NotebookFacts) -> None:
     fallback = [t[:200] for t in texts if WIDGET_FALLBACK.match(t) or any(m in t for m in FALLBACK_MESSAGES)]
     assert not fallback, f"{facts.name}: widgets shown as their text fallback, not live: {fallback}"
     assert live >= facts.widget_views, (
-        f"{facts.name}: {live} live widgets in JupyterLab, the committed notebook shows {facts.widget_views}")
+        f"{facts.name}: {live} live widgets in JupyterLab, the committed notebook shows {facts.widget_views}"
+    )
     offline.assert_offline(complete=False)
 
 
@@ -176,7 +182,8 @@ def move_one_control(page, name: str) -> str:
         while fingerprint(cell) == before:
             assert time.monotonic() < deadline, (
                 f"{name}: moved a control ({how} {selector.split(',')[0].rsplit(' ', 1)[-1]}) "
-                "but its cell's output did not change within 20 s")
+                "but its cell's output did not change within 20 s"
+            )
             page.wait_for_timeout(200)
         return f"{how} {selector.split(',')[0].rsplit(' ', 1)[-1]}"
     pytest.fail(f"{name}: its saved widget state has controls, but none was found on the page")
@@ -187,8 +194,9 @@ def check_saved_outputs(offline, facts: NotebookFacts) -> None:
     page = offline.page
     errors = page.evaluate(RAISED_JS, OUTPUT)
     assert not errors, f"{facts.name}: the committed notebook shows an error:\n" + "\n---\n".join(errors)
-    page.wait_for_function(f"sel => document.querySelectorAll(sel + ' img').length >= {facts.images}",
-                           arg=OUTPUT, timeout=30_000)
+    page.wait_for_function(
+        f"sel => document.querySelectorAll(sel + ' img').length >= {facts.images}", arg=OUTPUT, timeout=30_000
+    )
     images = page.evaluate(IMAGES_JS, OUTPUT)
     broken = [i["src"] for i in images if not i["ok"]]
     assert not broken, f"{facts.name}: images that did not decode: {broken}"
@@ -242,8 +250,17 @@ def _write_probe(lab, name: str, sources) -> None:
 
 def test_harness_moves_a_slider_and_sees_the_plot_change(lab, offline_page) -> None:
     _write_probe(lab, "widget_probe.ipynb", PROBE_CELLS)
-    facts = NotebookFacts(name="widget_probe.ipynb", code_cells=3, images=1, widget_views=2, controls=2, progress_bars=0,
-                          has_math=False, slides=1, fragments=0)
+    facts = NotebookFacts(
+        name="widget_probe.ipynb",
+        code_cells=3,
+        images=1,
+        widget_views=2,
+        controls=2,
+        progress_bars=0,
+        has_math=False,
+        slides=1,
+        fragments=0,
+    )
     page = offline_page.page
     open_notebook(page, lab, "widget_probe.ipynb", workspace="probe")
     run_all(page, facts)
@@ -287,8 +304,17 @@ def test_rise_presents_a_notebook_as_live_slides(lab, offline_page) -> None:
 def test_harness_reports_a_cell_that_raises(lab, offline_page) -> None:
     """The run-all check stops at a raising cell at once (not at the timeout) and reports it."""
     _write_probe(lab, "raising_probe.ipynb", ("x = 1", "assert x == 2, 'planted failure'", "y = 3"))
-    facts = NotebookFacts(name="raising_probe.ipynb", code_cells=3, images=0, widget_views=0, controls=0, progress_bars=0,
-                          has_math=False, slides=1, fragments=0)
+    facts = NotebookFacts(
+        name="raising_probe.ipynb",
+        code_cells=3,
+        images=0,
+        widget_views=0,
+        controls=0,
+        progress_bars=0,
+        has_math=False,
+        slides=1,
+        fragments=0,
+    )
     page = offline_page.page
     open_notebook(page, lab, "raising_probe.ipynb", workspace="raising")
     seconds = run_all(page, facts)
@@ -301,13 +327,28 @@ def test_harness_reports_a_committed_error_in_an_opened_notebook(lab, offline_pa
     """The opened-not-run check sees an error output that a notebook was saved with."""
     nb = nbformat.v4.new_notebook()
     cell = nbformat.v4.new_code_cell("1 / 0", execution_count=1)
-    cell.outputs = [nbformat.v4.new_output("error", ename="ZeroDivisionError", evalue="division by zero",
-                                           traceback=["Traceback (most recent call last)", "ZeroDivisionError: division by zero"])]
+    cell.outputs = [
+        nbformat.v4.new_output(
+            "error",
+            ename="ZeroDivisionError",
+            evalue="division by zero",
+            traceback=["Traceback (most recent call last)", "ZeroDivisionError: division by zero"],
+        )
+    ]
     nb.cells = [cell]
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}
     nbformat.write(nb, lab.root / "saved_error_probe.ipynb")
-    facts = NotebookFacts(name="saved_error_probe.ipynb", code_cells=1, images=0, widget_views=0, controls=0,
-                          progress_bars=0, has_math=False, slides=1, fragments=0)
+    facts = NotebookFacts(
+        name="saved_error_probe.ipynb",
+        code_cells=1,
+        images=0,
+        widget_views=0,
+        controls=0,
+        progress_bars=0,
+        has_math=False,
+        slides=1,
+        fragments=0,
+    )
     page = offline_page.page
     open_notebook(page, lab, "saved_error_probe.ipynb", workspace="saved-error")
     page.wait_for_selector(OUTPUT, timeout=30_000)

@@ -6,6 +6,7 @@ through with the keyboard from its first slide to its last; every slide must be 
 visible. Pages must typeset their maths, decode their plots and draw their saved widgets. Any
 request to another machine is aborted and fails the test.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -65,7 +66,8 @@ def test_slide_deck_steps_through_offline(site, site_url: str, offline_page, pat
     page.wait_for_selector(".reveal.ready", timeout=30_000)
     state = page.evaluate(STATE_JS)
     assert state["leaves"] == facts.slides, (
-        f"the deck has {state['leaves']} slides, the notebook's metadata makes {facts.slides}")
+        f"the deck has {state['leaves']} slides, the notebook's metadata makes {facts.slides}"
+    )
     assert state["current"] == 0, "the deck does not open on its first slide"
     visited = {0}
     page.locator(".reveal").click(position={"x": 5, "y": 5})  # keyboard focus on the deck
@@ -83,7 +85,9 @@ def test_slide_deck_steps_through_offline(site, site_url: str, offline_page, pat
             problem = page.evaluate(SLIDE_SHOWN_JS)
             assert not problem, f"slide {state['current'] + 1} of {state['leaves']}: {problem}"
     assert state["current"] == state["leaves"] - 1, "stepping stopped before the last slide"
-    assert visited == set(range(state["leaves"])), f"slides never reached: {sorted(set(range(state['leaves'])) - visited)}"
+    assert visited == set(range(state["leaves"])), (
+        f"slides never reached: {sorted(set(range(state['leaves'])) - visited)}"
+    )
     check_page_content(page, facts, f"deck {path.stem}")
     assert not offline_page.page_errors, f"JavaScript errors: {offline_page.page_errors}"
     offline_page.assert_offline()

@@ -1,0 +1,57 @@
+"""Which rank failed first, and its traceback: causes told apart from their effects."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from pathlib import Path
+
+_ROOT_CAUSE = re.compile(r"Root Cause.*?rank\s*:\s*(\d+)", re.S)
+
+
+_COLLATERAL = re.compile(r"Connection closed by peer|Connection reset by peer|Broken pipe|SIGTERM|Signal 15", re.I)
+
+
+_PORT_BUSY = re.compile(r"address already in use|EADDRINUSE|errno: 98|Errno 98", re.I)
+
+
+def _last_traceback(text: str) -> str:
+    idx = text.rfind("Traceback (most recent call last)")
+    if idx < 0:
+        tail = text.strip().splitlines()[-15:]
+        return "\n".join(tail)
+    return text[idx:].strip()
+
+
+def _failing_rank(lines: Sequence[tuple[str, str]], error_dir: Path | None) -> tuple[str | None, str]:
+    """The label of the root-cause rank and its traceback."""
+    if error_dir is not None:
+        found = []
+        for path in error_dir.glob("error_*.txt"):
+            stamp, _, tb = path.read_text().partition("\n")
+            # a rank whose peer died fails with a connection error: an effect, not the cause
+            found.append((_COLLATERAL.search(tb) is not None, float(stamp), path.stem.split("_")[1], tb.strip()))
+        if found:
+            _, _, rank, tb = min(found)
+            return f"rank {rank}", tb
+    agent_text = "\n".join(t for lab, t in lines if lab.startswith("agent"))
+    m = _ROOT_CAUSE.search(agent_text)
+    if m:
+        label = f"rank {m.group(1)}"
+        return label, _last_traceback("\n".join(t for lab, t in lines if lab == label))
+    candidates = []
+    for i, (label, text) in enumerate(lines):  # first rank to print a traceback, causes before effects
+        if text.startswith("Traceback (most recent call last)") and not label.startswith("agent"):
+            tb = _last_traceback("\n".join(t for lab, t in lines if lab == label))
+            candidates.append((_COLLATERAL.search(tb) is not None, i, label, tb))
+    if candidates:
+        _, _, label, tb = min(candidates)
+        return label, tb
+    return None, ""
+
+
+def _rank_number(label: str | None) -> int | None:
+    if label is None:
+        return None
+    m = re.fullmatch(r"rank (\d+)", label)
+    return int(m.group(1)) if m else None

@@ -1,0 +1,128 @@
+"""Run a function in fresh processes with a process group ready, and return what each rank returns."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import sys
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from .checks import _check_cwd, _check_positive_int, _check_timeout
+from .engine import _run
+from .ports import _check_port, free_port, port_in_use
+from .results import LaunchError
+
+__all__ = ["spawn"]
+
+
+def _target_spec(fn: Any) -> tuple[str, str, str | None]:
+    """(module name, function name, file path or None) that a fresh process can import."""
+    if isinstance(fn, str):
+        if ":" not in fn:
+            raise ValueError(
+                f"fn as a string must be 'path/to/file.py:function' or 'package.module:function', got {fn!r}"
+            )
+        where, name = fn.rsplit(":", 1)
+        if not name.isidentifier():
+            raise ValueError(f"{name!r} is not a function name")
+        if where.endswith(".py"):
+            path = Path(where).resolve()
+            if not path.is_file():
+                raise FileNotFoundError(f"worker file not found: {where!r}")
+            return path.stem, name, str(path)
+        return where, name, None
+    if not callable(fn):
+        raise TypeError(f"fn must be a function or a 'file.py:function' string, got {type(fn).__name__}")
+    module = getattr(fn, "__module__", None)
+    qualname = getattr(fn, "__qualname__", "")
+    if module in (None, "__main__", "__mp_main__") or "<locals>" in qualname or "<lambda>" in qualname:
+        raise ValueError(
+            f"{qualname or fn!r} is defined in {module or 'no module'} (a notebook cell or a local scope): a "
+            "freshly started process cannot import it. Write the worker to a file (e.g. %%writefile "
+            "_runs/worker.py), import it from there, and pass that function or 'file.py:function'."
+        )
+    source = getattr(sys.modules.get(module), "__file__", None)
+    return str(module), qualname, source
+
+
+def spawn(
+    fn: Callable[..., Any] | str,
+    nprocs: int = 2,
+    args: Sequence[Any] = (),
+    *,
+    timeout: float = 60.0,
+    backend: str = "gloo",
+    init_method: str = "env",
+    master_port: int | None = None,
+    env: Mapping[str, str] | None = None,
+    cwd: str | os.PathLike[str] | None = None,
+    echo: str = "auto",
+) -> list[Any]:
+    """Run ``fn(rank, world_size, *args)`` in ``nprocs`` new processes; return their results in rank order.
+
+    Each process initialises the default process group before calling ``fn``
+    (``init_method="env"``: ``env://`` with ``MASTER_ADDR``/``MASTER_PORT``/``RANK``/
+    ``WORLD_SIZE`` set; ``"tcp"``: ``tcp://127.0.0.1:<port>``; ``"none"``: no group, ``fn``
+    does it) and destroys it afterwards. ``args`` and the return values must be picklable.
+    ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT`` are set in
+    every process either way.
+    """
+    nprocs = _check_positive_int("nprocs", nprocs)
+    if backend not in ("gloo", "nccl", "mpi"):
+        raise ValueError(f"backend must be 'gloo', 'nccl' or 'mpi', got {backend!r}")
+    if init_method not in ("env", "tcp", "none"):
+        raise ValueError(f"init_method must be 'env', 'tcp' or 'none', got {init_method!r}")
+    if isinstance(args, (str, bytes)) or not isinstance(args, Sequence):
+        raise TypeError("args must be a tuple or list of extra arguments for fn")
+    timeout = _check_timeout(timeout)
+    module, name, path = _target_spec(fn)
+    if master_port is None:
+        master_port = free_port()
+    elif port_in_use(_check_port(master_port)):
+        raise LaunchError(
+            f"master port {master_port} is already in use; pass master_port=None to use a free port",
+            reason="port in use",
+        )
+    try:
+        payload = pickle.dumps(tuple(args))
+    except Exception as e:  # noqa: BLE001 - say what could not be pickled
+        raise TypeError(f"args must be picklable to reach the new processes: {e}") from e
+    with tempfile.TemporaryDirectory(prefix="course_spawn_") as tmp:
+        spec = {
+            "module": module,
+            "name": name,
+            "path": path,
+            "payload": payload,
+            "backend": backend,
+            "init_method": init_method,
+            "world_size": nprocs,
+            "port": master_port,
+            "dir": tmp,
+            "sys_path": [str(Path.cwd()), *[p for p in sys.path if p]],
+            "timeout": timeout,
+        }
+        spec_file = Path(tmp) / "spec.pkl"
+        spec_file.write_bytes(pickle.dumps(spec))
+        boot = "from course_lib.launch.worker import _spawn_worker_main; _spawn_worker_main()"
+        commands = [[sys.executable, "-c", boot, str(spec_file), str(rank)] for rank in range(nprocs)]
+        result = _run(
+            commands,
+            [f"rank {r}" for r in range(nprocs)],
+            list(range(nprocs)),
+            timeout=timeout,
+            env=env,
+            cwd=_check_cwd(cwd),
+            echo=echo,
+            error_dir=Path(tmp),
+        )
+        results = []
+        for rank in range(nprocs):
+            out = Path(tmp) / f"result_{rank}.pkl"
+            if not out.exists():
+                raise LaunchError(f"rank {rank} exited without returning a result", rank=rank, result=result)
+            results.append(pickle.loads(out.read_bytes()))
+        result.results = results
+        return results

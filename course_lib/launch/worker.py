@@ -1,0 +1,109 @@
+"""The entry point of a :func:`~course_lib.launch.spawn` child process: load the function, join the
+group, run, write the result, and tear down so that the process exits cleanly."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+
+def _spawn_worker_main() -> None:
+    """Entry point of a :func:`spawn` child: ``python -c ... spec.pkl rank``."""
+    import gc
+    import importlib
+    import importlib.util
+    import traceback
+    import weakref
+    from datetime import timedelta
+
+    spec_file, rank_s = sys.argv[1], sys.argv[2]
+    rank = int(rank_s)
+    spec = pickle.loads(Path(spec_file).read_bytes())
+    ws = spec["world_size"]
+    os.environ.update(
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(ws),
+        LOCAL_WORLD_SIZE=str(ws),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(spec["port"]),
+    )
+    for p in reversed(spec["sys_path"]):
+        if p not in sys.path:
+            sys.path.append(p)
+    try:
+        if spec["path"] is not None:
+            mod = sys.modules.get(spec["module"])
+            if mod is None or getattr(mod, "__file__", None) != spec["path"]:
+                ispec = importlib.util.spec_from_file_location(spec["module"], spec["path"])
+                assert ispec is not None and ispec.loader is not None
+                mod = importlib.util.module_from_spec(ispec)
+                sys.modules[spec["module"]] = mod
+                ispec.loader.exec_module(mod)
+        else:
+            mod = importlib.import_module(spec["module"])
+        fn: Any = mod
+        for part in spec["name"].split("."):
+            fn = getattr(fn, part)
+        args = pickle.loads(spec["payload"])
+        import torch.distributed as dist
+
+        # Before the group exists: functions of torch.distributed.nn.functional take
+        # ``group=group.WORLD`` as a default argument, evaluated at import. DDP imports that module
+        # lazily (through torch._dynamo); imported after init_process_group, it would hold the
+        # default group for good, and destroy_process_group() below could not free it.
+        import torch.distributed.nn  # noqa: F401
+
+        group = spec["init_method"] != "none"
+        if group:
+            url = "env://" if spec["init_method"] == "env" else f"tcp://127.0.0.1:{spec['port']}"
+            dist.init_process_group(
+                spec["backend"],
+                init_method=url,
+                rank=rank,
+                world_size=ws,
+                timeout=timedelta(seconds=max(spec["timeout"], 1.0)),
+            )
+        try:
+            value = fn(rank, ws, *args)
+        except BaseException:
+            # record before destroy_process_group(): destroying closes the connections, and the
+            # other ranks then fail too; the time stamp lets the launcher tell cause from effect
+            Path(spec["dir"], f"error_{rank}.txt").write_text(f"{time.time():.6f}\n{traceback.format_exc()}")
+            if group and dist.is_initialized():
+                dist.destroy_process_group()
+            raise
+        Path(spec["dir"], f"result_{rank}.pkl").write_bytes(pickle.dumps(value))
+        del value, fn, args  # fn's module may hold the job's objects; the result is on disk
+        if group and dist.is_initialized():
+            # Tear down together, then free the group while Python is fully alive: the last
+            # reference going joins gloo's worker threads. A gloo thread still alive at interpreter
+            # shutdown that drops a finished collective holding Python tensors needs the GIL, is
+            # ended by Python instead, and the process aborts: "terminate called without an active
+            # exception", SIGABRT, after all the work is done.
+            dist.barrier()
+            world = weakref.ref(dist.group.WORLD)
+            dist.destroy_process_group()
+            gc.collect()
+            if world() is not None:
+                sys.stderr.write(
+                    f"warning: rank {rank}: the process group outlived destroy_process_group() (something "
+                    "still holds it: a DDP model or a Work kept in a global?); its gloo threads may abort "
+                    "the process at exit\n"
+                )
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except BaseException:
+        text = traceback.format_exc()
+        err = Path(spec["dir"], f"error_{rank}.txt")
+        if not err.exists():
+            err.write_text(f"{time.time():.6f}\n{text}")
+        sys.stderr.write(text)
+        sys.stderr.flush()
+        # After a failure, skip interpreter teardown: a peer may be gone and a gloo thread stuck in
+        # its collective; the error is recorded and the exit code says the rest.
+        os._exit(1)
