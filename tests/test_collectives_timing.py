@@ -10,16 +10,20 @@ import torch
 from course_lib.allreduce_sim import ring_all_reduce as simulated_ring
 from course_lib.collectives import ring_all_reduce
 from course_lib.launch import spawn
+from course_lib.manifest import written_file
 from course_lib.timing import matmul_tflops
 
 
-def test_ring_all_reduce_equals_dist_all_reduce_on_three_processes() -> None:
-    worker = f"{Path(__file__).with_name('_ring_worker.py')}:ring_vs_all_reduce"
-    rows = spawn(worker, nprocs=3, args=([3, 10, 1000],), timeout=90, echo="none")
+def test_ring_all_reduce_equals_dist_all_reduce_and_notebook_07s_ring(tmp_path: Path) -> None:
+    """Notebook 07's worker (its _runs/ring.py, read from the text source) runs its hand-written ring,
+    dist.all_reduce and course_lib's copy on every rank; all three must agree, bytes sent included."""
+    worker = tmp_path / "ring.py"
+    worker.write_text(written_file("07_data_parallel_and_all_reduce", "_runs/ring.py"))
+    rows = spawn(f"{worker}:check", nprocs=3, args=([3, 10, 1000],), timeout=90, echo="none")
     for rank, rank_rows in enumerate(rows):
-        for numel, sent, close, exact in rank_rows:
-            assert close and exact, (rank, numel)
-            assert sent == simulated_ring([torch.zeros(numel) for _ in range(3)]).sent_bytes[rank]
+        for row in rank_rows:
+            assert row["close"] and row["exact"] and row["library"], (rank, row)
+            assert row["sent"] == simulated_ring([torch.zeros(row["numel"]) for _ in range(3)]).sent_bytes[rank]
 
 
 def test_ring_all_reduce_refuses_what_it_cannot_do() -> None:

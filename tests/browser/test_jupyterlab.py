@@ -243,24 +243,29 @@ PROBE_CELLS = [
 def _write_probe(lab, name: str, sources) -> None:
     """A throw-away notebook of code cells in the test server's folder, for the harness self-checks."""
     nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_code_cell(src) for src in sources]
+    nb.cells = [src if isinstance(src, dict) else nbformat.v4.new_code_cell(src) for src in sources]
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}
     nbformat.write(nb, lab.root / name)
 
 
-def test_harness_moves_a_slider_and_sees_the_plot_change(lab, offline_page) -> None:
-    _write_probe(lab, "widget_probe.ipynb", PROBE_CELLS)
-    facts = NotebookFacts(
-        name="widget_probe.ipynb",
-        code_cells=3,
-        images=1,
-        widget_views=2,
-        controls=2,
+def probe_facts(name: str, code_cells: int, images: int = 0, widget_views: int = 0, controls: int = 0) -> NotebookFacts:
+    """What a harness probe notebook should show: a one-slide notebook of plain code cells."""
+    return NotebookFacts(
+        name=name,
+        code_cells=code_cells,
+        images=images,
+        widget_views=widget_views,
+        controls=controls,
         progress_bars=0,
         has_math=False,
         slides=1,
         fragments=0,
     )
+
+
+def test_harness_moves_a_slider_and_sees_the_plot_change(lab, offline_page) -> None:
+    _write_probe(lab, "widget_probe.ipynb", PROBE_CELLS)
+    facts = probe_facts("widget_probe.ipynb", code_cells=3, images=1, widget_views=2, controls=2)
     page = offline_page.page
     open_notebook(page, lab, "widget_probe.ipynb", workspace="probe")
     run_all(page, facts)
@@ -304,17 +309,7 @@ def test_rise_presents_a_notebook_as_live_slides(lab, offline_page) -> None:
 def test_harness_reports_a_cell_that_raises(lab, offline_page) -> None:
     """The run-all check stops at a raising cell at once (not at the timeout) and reports it."""
     _write_probe(lab, "raising_probe.ipynb", ("x = 1", "assert x == 2, 'planted failure'", "y = 3"))
-    facts = NotebookFacts(
-        name="raising_probe.ipynb",
-        code_cells=3,
-        images=0,
-        widget_views=0,
-        controls=0,
-        progress_bars=0,
-        has_math=False,
-        slides=1,
-        fragments=0,
-    )
+    facts = probe_facts("raising_probe.ipynb", code_cells=3)
     page = offline_page.page
     open_notebook(page, lab, "raising_probe.ipynb", workspace="raising")
     seconds = run_all(page, facts)
@@ -325,7 +320,6 @@ def test_harness_reports_a_cell_that_raises(lab, offline_page) -> None:
 
 def test_harness_reports_a_committed_error_in_an_opened_notebook(lab, offline_page) -> None:
     """The opened-not-run check sees an error output that a notebook was saved with."""
-    nb = nbformat.v4.new_notebook()
     cell = nbformat.v4.new_code_cell("1 / 0", execution_count=1)
     cell.outputs = [
         nbformat.v4.new_output(
@@ -335,20 +329,8 @@ def test_harness_reports_a_committed_error_in_an_opened_notebook(lab, offline_pa
             traceback=["Traceback (most recent call last)", "ZeroDivisionError: division by zero"],
         )
     ]
-    nb.cells = [cell]
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}
-    nbformat.write(nb, lab.root / "saved_error_probe.ipynb")
-    facts = NotebookFacts(
-        name="saved_error_probe.ipynb",
-        code_cells=1,
-        images=0,
-        widget_views=0,
-        controls=0,
-        progress_bars=0,
-        has_math=False,
-        slides=1,
-        fragments=0,
-    )
+    _write_probe(lab, "saved_error_probe.ipynb", [cell])
+    facts = probe_facts("saved_error_probe.ipynb", code_cells=1)
     page = offline_page.page
     open_notebook(page, lab, "saved_error_probe.ipynb", workspace="saved-error")
     page.wait_for_selector(OUTPUT, timeout=30_000)
