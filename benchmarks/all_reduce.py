@@ -37,6 +37,7 @@ import torch.distributed as dist
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from course_lib.collectives import ring_all_reduce  # noqa: E402  (the ring notebook 07 writes by hand)
 from course_lib.launch import spawn  # noqa: E402
+from course_lib.saved_tensors import format_bytes  # noqa: E402
 
 DEFAULT_SIZES = (1024, 16384, 262144, 1048576)  # float32 elements: 4 KiB .. 4 MiB
 
@@ -125,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
             byte_ratios.append(sent / formula)
             time_ratios.append(ring_ms / gloo_ms)
             print(
-                f"{n:>2} {numel:>9} {_fmt_bytes(s):>9} | {sent:>17} {formula:>11.0f} {sent / formula:>6.3f} | "
+                f"{n:>2} {numel:>9} {format_bytes(s):>9} | {sent:>17} {formula:>11.0f} {sent / formula:>6.3f} | "
                 f"{ring_ms:>8.3f} {gloo_ms:>8.3f} {ring_ms / gloo_ms:>9.2f} | {int(equal)}"
             )
     geo = math.exp(sum(math.log(r) for r in time_ratios) / len(time_ratios))
@@ -133,14 +134,6 @@ def main(argv: list[str] | None = None) -> int:
         f"RESULT ring_equal={int(all_equal)} bytes_ratio_vs_formula={max(byte_ratios):.4f} time_ratio_vs_gloo={geo:.3f}"
     )
     return 0 if all_equal else 1
-
-
-def _fmt_bytes(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.0f} {unit}" if n == int(n) else f"{n:.1f} {unit}"
-        n /= 1024
-    return str(n)
 
 
 if __name__ == "__main__":
