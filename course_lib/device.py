@@ -48,6 +48,7 @@ class EnvironmentReport:
     python: str
     torch: str
     cpu_cores: int
+    cpu_kernels: str
     torch_threads: int
     cuda_devices: tuple[str, ...]
     distributed: bool
@@ -59,6 +60,7 @@ class EnvironmentReport:
             f"Python           : {self.python}",
             f"PyTorch          : {self.torch}",
             f"CPU cores        : {self.cpu_cores}",
+            f"CPU kernels      : {self.cpu_kernels} (what PyTorch dispatches to on this CPU)",
             f"torch threads    : {self.torch_threads}",
             f"CUDA GPUs        : {gpus}",
             f"torch.distributed: {'available' if self.distributed else 'missing'}"
@@ -78,6 +80,7 @@ def environment_report() -> EnvironmentReport:
         python=platform.python_version(),
         torch=torch.__version__,
         cpu_cores=len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1),
+        cpu_kernels=torch.backends.cpu.get_cpu_capability(),
         torch_threads=torch.get_num_threads(),
         cuda_devices=gpus,
         distributed=available,

@@ -35,6 +35,29 @@ assert report.distributed and report.gloo, "the distributed notebooks need torch
 assert report.cpu_cores >= 1
 print("Environment OK: PyTorch >= 2.6 with torch.distributed and the gloo backend.")
 
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+### Which of your numbers will match, and which will differ
+
+The outputs committed in these notebooks were recorded on 2 cores of an Intel Xeon server CPU with AVX-512 and AMX (PyTorch's `AVX512` kernels), with the CPU build of PyTorch 2.13.0; the report above shows what your machine has. Kernels, thread counts and allocators change the last bits of floats and the size of temporary buffers from one CPU to another, so the course prints three kinds of number, and the test suite checks every notebook again under PyTorch's portable kernels with one thread and under AVX2 kernels (a typical laptop's):
+
+- **a relation**, printed as one (`allclose: True, largest difference < 1e-6`): the same on every correct machine;
+- **exact by construction** (byte counts, bit patterns, counts, seeded random integers): the same to the character;
+- **a number right after a `~`** (a timing, a speed ratio, an allocator peak that includes the kernels' temporary buffers, a result of bf16 training): **yours will differ**. The claim made about it (an order, a band, a ratio) is asserted, so it holds on your machine too.
+"""
+
+# %% slideshow={"slide_type": "fragment"}
+import time
+
+a = torch.randn(256, 256, generator=torch.Generator().manual_seed(0))
+start = time.perf_counter()
+b = a @ a
+elapsed = time.perf_counter() - start
+close = torch.allclose(b, (a.double() @ a.double()).float(), rtol=1e-4, atol=1e-4)
+print(f"a 256x256 matmul agrees with float64: {close} (a relation)")
+print(f"its result takes {b.numel() * b.element_size()} bytes (exact by construction)")
+print(f"it took ~{elapsed * 1e3:.3f} ms here (yours will differ)")
+
 # %% [markdown] slideshow={"slide_type": "slide"}
 """
 ## 2. Every claim is shown by running code

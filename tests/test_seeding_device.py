@@ -83,6 +83,7 @@ def test_environment_report_describes_this_machine() -> None:
     report = environment_report()
     assert report.torch == torch.__version__
     assert report.cpu_cores >= 1
+    assert report.cpu_kernels == torch.backends.cpu.get_cpu_capability()
     assert report.gloo is True  # the course's distributed parts need gloo
     lines = report.lines()
     assert any(line.startswith("PyTorch") and torch.__version__ in line for line in lines)
