@@ -16,8 +16,8 @@ each notebook's wall time; exits non-zero if any cell fails.
 from __future__ import annotations
 
 import argparse
-import configparser
 import copy
+import html
 import json
 import re
 import shutil
@@ -112,11 +112,53 @@ def clean(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
     return nb
 
 
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+LIVE_VIEW_TEXT = "[live output of the launched processes while they ran; their output, grouped by rank, follows]"
+EXPLORER_TEXT = "[interactive widget: run this notebook in Jupyter to use it]"
+
+
+def static_widget_text(nb: nbformat.NotebookNode) -> int:
+    """Give every widget output a text/plain that reads right where widgets do not render (a static page, a
+    text-only viewer): a progress bar as it ended (``100%|##########| 100/100``, from the saved widget state,
+    not the ``0%`` of the moment it was displayed), the launcher's live view as what it was, and any other
+    widget as a note instead of its Python repr (``VBox(children=(...``). tests/sanitize.cfg maps both forms
+    to the same text for nbval. Returns how many outputs it rewrote."""
+    state = nb.metadata.get("widgets", {}).get("application/vnd.jupyter.widget-state+json", {}).get("state", {})
+    rewritten = 0
+    for cell in nb.cells:
+        for out in cell.get("outputs", []):
+            view = out.get("data", {}).get(WIDGET_VIEW)
+            if not view or "text/plain" not in out["data"]:
+                continue
+            text = _widget_text(view["model_id"], state)
+            if text != out["data"]["text/plain"]:
+                out["data"]["text/plain"] = text
+                rewritten += 1
+    return rewritten
+
+
+def _widget_text(model_id: str, state: dict) -> str:
+    model = state.get(model_id, {})
+    name, fields = model.get("model_name"), model.get("state", {})
+    if name == "OutputModel":
+        return LIVE_VIEW_TEXT
+    children = [state.get(ref.removeprefix("IPY_MODEL_"), {}) for ref in fields.get("children", [])]
+    kinds = [c.get("model_name") for c in children]
+    if name == "HBoxModel" and kinds == ["HTMLModel", "FloatProgressModel", "HTMLModel"]:  # a tqdm bar
+        left, bar, right = (c.get("state", {}) for c in children)
+        filled = round(10 * bar.get("value", 0) / bar.get("max", 1)) if bar.get("max") else 0
+        text = f"{left.get('value', '')}|{'#' * filled}{' ' * (10 - filled)}|{right.get('value', '')}"
+        return html.unescape(text).replace("\u2007", " ")
+    return EXPLORER_TEXT
+
+
 def _sanitizers() -> list[tuple[re.Pattern[str], str]]:
-    """nbval's sanitizers (tests/sanitize.cfg): what two runs may differ in and still print the same."""
-    config = configparser.ConfigParser()
-    config.read(SANITIZE_CFG)
-    return [(re.compile(config[s]["regex"]), config[s]["replace"]) for s in config.sections()]
+    """nbval's sanitizers (tests/sanitize.cfg), parsed by nbval itself: what two runs may differ in and still
+    print the same."""
+    from nbval.plugin import get_sanitize_patterns
+
+    text = SANITIZE_CFG.read_text(encoding="utf-8")
+    return [(re.compile(regex), replace) for regex, replace in get_sanitize_patterns(text)]
 
 
 def _comparable(outputs: list, sanitizers: list[tuple[re.Pattern[str], str]]) -> str:
@@ -162,6 +204,7 @@ def execute(path: Path) -> float:
     elapsed = time.perf_counter() - start
     cleaned = clean(nb)
     keep_unchanged_outputs(previous, cleaned)
+    static_widget_text(cleaned)  # after keeping old outputs: their text/plain may predate it
     nbformat.write(cleaned, path)
     return elapsed
 

@@ -100,6 +100,8 @@ def test_site_index_lists_the_course_in_order(site, site_url: str, offline_page)
     built_from = sorted(p.stem for p in (site / "notebooks").glob("[0-9][0-9]_*.ipynb"))
     assert ids == built_from, "the index must list every notebook, in course order"
     assert {p.stem for p in NOTEBOOKS} <= set(ids), "a course notebook is missing from the site"
+    listed = page.inner_text("ol.course")  # markdown kept: code spans with their underscores, no raw maths
+    assert "requires_grad" in listed and "grad_fn" in listed and "$" not in listed, listed[:300]
     links = page.eval_on_selector_all("ol.course a", "links => links.map(a => a.href)")
     for href in links:
         response = page.request.get(href)
