@@ -77,7 +77,7 @@ def clean(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
         nb.metadata["widgets"] = widgets
     # Stable widget ids: number the models in a deterministic order (the views shown in the cells,
     # in cell order, then the models each one references, depth first), replacing random UUIDs.
-    state = (widgets or {}).get("application/vnd.jupyter.widget-state+json", {}).get("state", {})
+    state = widget_state(nb) if widgets else {}
     ids: dict[str, str] = {}
 
     def visit(model_id: str) -> None:
@@ -117,13 +117,18 @@ LIVE_VIEW_TEXT = "[live output of the launched processes while they ran; their o
 EXPLORER_TEXT = "[interactive widget: run this notebook in Jupyter to use it]"
 
 
+def widget_state(nb: nbformat.NotebookNode) -> dict:
+    """The widget models saved in a notebook's metadata, by model id (empty when it has none)."""
+    return nb.metadata.get("widgets", {}).get("application/vnd.jupyter.widget-state+json", {}).get("state", {})
+
+
 def static_widget_text(nb: nbformat.NotebookNode) -> int:
     """Give every widget output a text/plain that reads right where widgets do not render (a static page, a
     text-only viewer): a progress bar as it ended (``100%|##########| 100/100``, from the saved widget state,
     not the ``0%`` of the moment it was displayed), the launcher's live view as what it was, and any other
     widget as a note instead of its Python repr (``VBox(children=(...``). tests/sanitize.cfg maps both forms
     to the same text for nbval. Returns how many outputs it rewrote."""
-    state = nb.metadata.get("widgets", {}).get("application/vnd.jupyter.widget-state+json", {}).get("state", {})
+    state = widget_state(nb)
     rewritten = 0
     for cell in nb.cells:
         for out in cell.get("outputs", []):

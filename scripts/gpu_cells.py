@@ -22,7 +22,6 @@ from pathlib import Path
 
 import nbformat
 
-ROOT = Path(__file__).resolve().parents[1]
 GUARD = re.compile(r"^if requires_gpu\((?P<what>\"[^\"]*\"|'[^']*')(?P<rest>[^)]*)\):", re.M)
 
 # Where the body's device is mapped to "meta" instead of "cpu": what it checks is where tensors live
@@ -122,12 +121,6 @@ class GpuCell:
         if self.what in CPU_STOPS_AT:
             return "stops"
         return "meta" if self.what in ON_META else "cpu"
-
-
-def notebooks() -> list[Path]:
-    from course_lib.manifest import notebook_paths
-
-    return notebook_paths()
 
 
 def gpu_cells(path: Path) -> list[GpuCell]:

@@ -28,7 +28,8 @@ from nbclient import NotebookClient
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import gpu_cells  # noqa: E402
 
-ROOT = gpu_cells.ROOT
+from course_lib.manifest import ROOT, notebook_paths  # noqa: E402
+
 CUDA_BENCHMARKS = ["benchmarks/mixed_precision.py"]
 
 
@@ -87,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="course_gpu_") as tmp:
         work = Path(tmp) / "notebooks"
         shutil.copytree(ROOT / "notebooks", work, ignore=shutil.ignore_patterns("_runs", "*.pt"))
-        for path in gpu_cells.notebooks():
+        for path in notebook_paths():
             if gpu_cells.gpu_cells(path):
                 lines, bad = run_notebook(path, work)
                 report += lines

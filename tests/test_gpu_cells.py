@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 from nbclient import NotebookClient
 
-ROOT = Path(__file__).resolve().parents[1]
+from course_lib.manifest import ROOT, notebook_paths
+
 sys.path.insert(0, str(ROOT / "scripts"))
 
 import gpu_cells  # noqa: E402
@@ -27,7 +28,7 @@ def _traceback(error) -> str:
     return "\n".join(_ANSI.sub("", "\n".join(error.traceback)).splitlines()[-12:])
 
 
-WITH_GPU_CELLS = [p for p in gpu_cells.notebooks() if gpu_cells.gpu_cells(p)]
+WITH_GPU_CELLS = [p for p in notebook_paths() if gpu_cells.gpu_cells(p)]
 
 
 def test_gpu_cells_are_found_and_classified() -> None:
