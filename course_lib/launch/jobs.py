@@ -12,8 +12,8 @@ from typing import Any
 from .checks import _check_cwd, _check_positive_int
 from .commands import _is_launcher, _rank_offset, torchrun_command
 from .engine import _run
-from .ports import _check_port, free_port, port_in_use
-from .results import LaunchError, LaunchResult
+from .ports import _master_port
+from .results import LaunchResult
 
 __all__ = ["run_script", "run_torchrun"]
 
@@ -47,14 +47,7 @@ def run_torchrun(
     if not full.is_file():
         raise FileNotFoundError(f"script not found: {str(full)!r} (cwd={str(workdir or Path.cwd())!r})")
     _check_positive_int("nnodes", nnodes)
-    if master_port is None:
-        master_port = free_port()
-    elif port_in_use(_check_port(master_port), master_addr if master_addr != "localhost" else "127.0.0.1"):
-        raise LaunchError(
-            f"master port {master_port} on {master_addr} is already in use (another job, or one that "
-            "did not exit); pass master_port=None to use a free port",
-            reason="port in use",
-        )
+    master_port = _master_port(master_port, master_addr)
     node_ranks = range(nnodes) if node_rank is None else [node_rank]
     commands = [
         torchrun_command(

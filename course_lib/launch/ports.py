@@ -7,6 +7,7 @@ import socket
 from typing import Any
 
 from ..validation import is_int
+from .results import LaunchError
 
 __all__ = ["free_port", "port_in_use"]
 
@@ -39,3 +40,16 @@ def _check_port(port: Any) -> int:
     if not 1 <= port <= 65535:
         raise ValueError(f"port must be in 1..65535, got {port}")
     return port
+
+
+def _master_port(master_port: int | None, host: str = "127.0.0.1") -> int:
+    """The rendezvous port of a job: a free one when ``None``; a port given must be free now."""
+    if master_port is None:
+        return free_port()
+    if port_in_use(_check_port(master_port), host if host != "localhost" else "127.0.0.1"):
+        raise LaunchError(
+            f"master port {master_port} on {host} is already in use (another job, or one that did not exit); "
+            "pass master_port=None to use a free port",
+            reason="port in use",
+        )
+    return master_port

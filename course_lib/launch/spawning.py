@@ -12,7 +12,7 @@ from typing import Any
 
 from .checks import _check_cwd, _check_positive_int, _check_timeout
 from .engine import _run
-from .ports import _check_port, free_port, port_in_use
+from .ports import _master_port
 from .results import LaunchError
 
 __all__ = ["spawn"]
@@ -79,13 +79,7 @@ def spawn(
         raise TypeError("args must be a tuple or list of extra arguments for fn")
     timeout = _check_timeout(timeout)
     module, name, path = _target_spec(fn)
-    if master_port is None:
-        master_port = free_port()
-    elif port_in_use(_check_port(master_port)):
-        raise LaunchError(
-            f"master port {master_port} is already in use; pass master_port=None to use a free port",
-            reason="port in use",
-        )
+    master_port = _master_port(master_port)
     try:
         payload = pickle.dumps(tuple(args))
     except Exception as e:  # noqa: BLE001 - say what could not be pickled
