@@ -67,7 +67,7 @@ class Notebook:
 
 
 def course(manifest: str | Path | None = None) -> list[Notebook]:
-    """The notebooks of the course, in order, checked: numbered 00, 01, ... and every field present.
+    """The notebooks of the course, in order, checked: numbered from 00 upwards, in order, and every field present.
 
     >>> [n.number for n in course()][:3]
     ['00', '01', '02']
@@ -78,7 +78,7 @@ def course(manifest: str | Path | None = None) -> list[Notebook]:
     entries = tomllib.loads(path.read_text(encoding="utf-8")).get("notebook")
     if not isinstance(entries, list) or not entries:
         raise ValueError(f"{path.name} must hold a list of [[notebook]] tables")
-    notebooks = []
+    notebooks: list[Notebook] = []
     for i, entry in enumerate(entries):
         missing = sorted(set(_FIELDS) - set(entry))
         extra = sorted(set(entry) - set(_FIELDS))
@@ -87,9 +87,12 @@ def course(manifest: str | Path | None = None) -> list[Notebook]:
         for name, kind in _FIELDS.items():
             if not isinstance(entry[name], kind) or isinstance(entry[name], bool):
                 raise ValueError(f"{path.name}, notebook {i}: {name} must be a {kind.__name__}, got {entry[name]!r}")
-        if not re.fullmatch(rf"{i:02d}_[a-z0-9_]+", entry["stem"]):
+        number = re.fullmatch(r"(\d\d)_[a-z0-9_]+", entry["stem"])
+        previous = int(notebooks[-1].stem[:2]) if notebooks else -1
+        if not number or (int(number[1]) != 0 if i == 0 else int(number[1]) <= previous):
+            wanted = "00_topic" if i == 0 else f"NN_topic with NN > {previous:02d}"
             raise ValueError(
-                f"{path.name}, notebook {i}: stem must be '{i:02d}_topic' (numbered in order), got {entry['stem']!r}"
+                f"{path.name}, notebook {i}: stem must be '{wanted}' (numbered in order), got {entry['stem']!r}"
             )
         notebooks.append(Notebook(**entry))
     return notebooks

@@ -148,7 +148,7 @@ print("sum of 0..99 =", total)
 """
 ## 7. The map of the course
 
-Each notebook builds on the ones before it. The distributed notebooks (07–10) launch real processes that talk to each other over `gloo`, on your CPU.
+Each notebook builds on the ones before it. The distributed notebooks (07–12) launch real processes that talk to each other over `gloo`, on your CPU.
 """
 
 # %% slideshow={"slide_type": "fragment"}

@@ -1,4 +1,4 @@
-"""Checks for notebook 10 (capstone)."""
+"""Checks for notebook 12 (capstone)."""
 
 from __future__ import annotations
 

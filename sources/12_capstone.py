@@ -1,6 +1,6 @@
 # %% [markdown] slideshow={"slide_type": "slide"}
 """
-# 10 · Capstone: one training script, every technique, measured
+# 12 · Capstone: one training script, every technique, measured
 
 The course's techniques, side by side in one real training script: bf16 mixed precision (notebook 05), activation checkpointing (04), gradient accumulation (06) and DistributedDataParallel (07–08). Each is a flag; the notebook launches the script (one plain process, then `torchrun` with two processes), collects what each combination costs and saves, and turns the numbers into a decision guide. It closes with a cheat sheet: the seeds' APIs next to today's, each replacement run.
 
@@ -10,7 +10,7 @@ By the end you will be able to:
 - pick the technique for a bottleneck (activation memory, batch size, model size, time);
 - translate old PyTorch code (`Variable`, `saved_variables`, `apex.amp`, `torch.cuda.amp`, `torch.distributed.launch`, `--local_rank`, ...) into the current API.
 
-This notebook assumes: notebooks 04–09. It runs on 2 CPU cores (the numbers are this machine's; timings are marked `~`). No GPU needed.
+This notebook assumes: notebooks 04–11. It runs on 2 CPU cores (the numbers are this machine's; timings are marked `~`). No GPU needed.
 """
 
 # %% slideshow={"slide_type": "-"}
@@ -278,7 +278,7 @@ Find the bottleneck first (notebook 04's memory measurement, a profiler for time
 | the wanted batch does not fit on your one device | gradient accumulation | more, smaller steps; BatchNorm sees micro-batches | peak down in proportion |
 | memory and speed on a GPU with tensor cores | mixed precision: bf16 autocast (fp16 + `GradScaler` on older GPUs) | rounding; loss scaling for fp16 | activations halved |
 | the model fits, training takes too long, you have several devices | DDP (`torchrun`) | one all-reduce of the gradients per step | per-rank batch halved |
-| the parameters + gradients + optimizer state do not fit one device | pipeline (between layers) or tensor parallel (inside layers), or sharding (FSDP/ZeRO) | the bubble; communication per layer | notebook 09 |
+| the parameters + gradients + optimizer state do not fit one device | pipeline (between layers) or tensor parallel (inside layers), or sharding (FSDP/ZeRO) | the bubble; communication per layer | notebook 10 |
 
 They combine: the last single-process row uses three at once and has the smallest peak, and the big training runs use all of them together.
 """

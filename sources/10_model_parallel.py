@@ -1,6 +1,6 @@
 # %% [markdown] slideshow={"slide_type": "slide"}
 """
-# 09 · Model and pipeline parallelism: splitting one model across devices
+# 10 · Model and pipeline parallelism: splitting one model across devices
 
 Data parallelism (notebooks 07–08) copies the whole model to every device. When the model itself does not fit, it has to be **split**: by layers (pipeline parallelism) or inside a layer (tensor parallelism). Here a model is split for real across two CPU processes that pass activations forward and gradients backward with point-to-point messages, and the idle time this creates is drawn, computed and measured.
 
