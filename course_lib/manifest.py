@@ -150,11 +150,32 @@ _BLOCK = re.compile(r"(<!-- BEGIN generated: (?P<name>[\w-]+) -->\n)(?P<body>.*?
 
 
 def generated_blocks() -> dict[Path, dict[str, str]]:
-    """For each file with generated blocks: the block names and what they must contain."""
-    return {
+    """For each file with generated blocks: the block names and what they must contain.
+
+    Besides README's and the guide's, the text sources' ``facts-NAME`` blocks: the comparison tables of
+    :mod:`course_lib.facts` (after rewriting one, ``make sync`` brings its notebook along).
+    """
+    from course_lib import facts
+
+    blocks = {
         ROOT / "README.md": {"notebooks": readme_table()},
         ROOT / "docs" / "instructor_guide.md": {"lecture-plan": lecture_plan()},
     }
+    for n in course():
+        source = ROOT / "sources" / f"{n.stem}.py"
+        names = (
+            {m.group("name") for m in _BLOCK.finditer(source.read_text(encoding="utf-8"))}
+            if source.is_file()
+            else set()
+        )
+        for name in sorted(names):
+            if not name.startswith("facts-") or name.removeprefix("facts-") not in facts.TABLES:
+                raise ValueError(
+                    f"{source.name}: unknown generated block {name!r}; known: facts-{sorted(facts.TABLES)}"
+                )
+        if names:
+            blocks[source] = {name: facts.table(name.removeprefix("facts-")) for name in names}
+    return blocks
 
 
 def write_generated(check: bool = False) -> list[str]:
@@ -167,7 +188,8 @@ def write_generated(check: bool = False) -> list[str]:
             stale.append(f"{path.name}: no generated block '{name}'")
         new = _BLOCK.sub(lambda m: m.group(1) + blocks.get(m.group("name"), m.group("body")) + m.group(4), text)  # noqa: B023 (runs within this iteration)
         if new != text:
-            stale.append(f"{path.name}: generated blocks are stale")
+            hint = f" (then `make sync NB=notebooks/{path.stem}.ipynb`)" if path.parent.name == "sources" else ""
+            stale.append(f"{path.name}: generated blocks are stale{hint}")
             if not check:
                 path.write_text(new, encoding="utf-8")
     return stale

@@ -115,6 +115,8 @@ Real model parallelism across machines (or across GPUs without a shared address 
 4. each rank steps its own optimizer on its own parameters.
 
 The file also splits the batch into `n_micro` micro-batches (section 3); with `n_micro=1` it is the plain split. Each micro-batch loss is scaled by its share of the batch so that the gradients add up to those of the full-batch mean (notebook 06).
+
+Notebook 07 warned that a blocking gloo `dist.send` waits until the receiver has posted its `recv`, and that a ring of ranks that all send first deadlocks. Here plain blocking `send` is safe because the messages never form a cycle: in the forward, rank 1 starts by posting its `recv` and rank 0 sends; in the backward, rank 0 posts its `recv` and rank 1 sends. At every moment one side is receiving, so every `send` finds its partner. A chain of `p` stages keeps that property (each stage receives from the previous one before it sends to the next); the deadlock needs every rank to send before any receives.
 """
 
 # %% slideshow={"slide_type": "-"}
@@ -355,15 +357,26 @@ plt.show()
 """
 How to read the numbers (yours will differ run to run). "Replayed" feeds each stage's measured average task times into the GPipe simulator of `course_lib.pipeline`, with messages that cost nothing: it is the bubble due to the schedule and to unequal stages alone; the measured value minus the replayed one is what the messages and the waiting cost.
 
-- With simulated device time the measured bubble follows the formula down from 50% at `m=1`; what it adds on top is the **per-micro-batch cost**: each micro-batch is one more message each way, one more Python round of the loop, one more wake-up of a sleeping process. Those costs grow with `m` while the work per micro-batch shrinks, so in practice the bubble stops falling and `m` has an optimum (GPipe's paper suggests `m ≥ 4p`).
+- With simulated device time the measured bubble follows the formula down from 50% at `m=1`; what it adds on top is the **per-micro-batch cost**: each micro-batch is one more message each way, one more Python round of the loop, one more wake-up of a sleeping process. Those costs grow with `m` while the work per micro-batch shrinks, so in practice the bubble stops falling and `m` has an optimum. GPipe's authors (Huang et al. 2019, section 2.2) found the bubble overhead negligible for `m ≥ 4p`: by the formula that is a bubble below 20 % for every `p` (the cell after this list computes it).
 - With real compute on two shared cores, the replayed bubble is already above the formula (the stages are not equally fast, and the backward is not exactly twice the forward), and the measured one is far above that: every message makes one process wait for the other to be scheduled, and any other process on the machine steals a core from one stage and leaves the other waiting. The measured idle time may even grow with `m`. The formula assumes dedicated devices with equal, fixed task times; on GPUs the same effect appears when micro-batches get too small to fill the device.
+
+Two ways to state the bubble appear in the literature: as a fraction of the whole step, `(p-1)/(m+p-1)` (this notebook), or relative to the ideal compute time of `m` slots, `(p-1)/m` (Megatron-LM's paper and the Hugging Face ultrascale playbook). They count the same idle slots; the second is larger and reads as "extra time".
 """
+
+# %% slideshow={"slide_type": "-"}
+print(f"{'p':>3} | m = 4p | bubble of the step (p-1)/(m+p-1) | extra time (p-1)/m")
+for p in (2, 4, 8, 16, 64):
+    m = 4 * p
+    of_step, extra = bubble_fraction(p, m), (p - 1) / m
+    assert of_step < 0.2 and extra < 0.25 and abs(of_step - (p - 1) / (5 * p - 1)) < 1e-12
+    print(f"{p:>3} | {m:>6} | {of_step:32.3f} | {extra:18.3f}")
+print("m >= 4p keeps the bubble below 20% of the step (below 25% extra time) for any number of stages")
 
 # %% [markdown] slideshow={"slide_type": "slide"}
 """
 ## 4. PyTorch's own pipelining: `torch.distributed.pipelining`
 
-PyTorch 2.13 ships the machinery we wrote by hand: `PipelineStage` wraps one stage's module (and does the sends and receives), and a schedule runs the micro-batches: `ScheduleGPipe`, `Schedule1F1B` (one forward, one backward: same bubble, fewer activations kept alive), interleaved and zero-bubble variants. It works on CPU with gloo: the check below runs the same split model with `ScheduleGPipe` and 4 micro-batches and compares the gradients with one process on the full batch. The schedule averages the micro-batch losses' gradients itself (its `scale_grads=True` default), so the loss function is the plain mean cross-entropy.
+PyTorch 2.13 ships the machinery we wrote by hand: `PipelineStage` wraps one stage's module (and does the sends and receives), and a schedule runs the micro-batches: `ScheduleGPipe`, `Schedule1F1B` (one forward, one backward: same bubble, fewer activations kept alive; simulated below), interleaved and zero-bubble variants. It works on CPU with gloo: the check below runs the same split model with `ScheduleGPipe` and 4 micro-batches and compares the gradients with one process on the full batch. The schedule averages the micro-batch losses' gradients itself (its `scale_grads=True` default), so the loss function is the plain mean cross-entropy.
 """
 
 # %% slideshow={"slide_type": "-"}
@@ -406,6 +419,64 @@ assert abs(sum(api[1]["losses"]) / 4 - F.cross_entropy(make_model()(x_batch), y_
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
+**1F1B versus GPipe.** GPipe runs every forward before any backward, so at its peak each stage holds the activations of all `m` micro-batches. 1F1B (PipeDream-Flush, Narayanan et al. 2021) lets stage `s` of `p` run only `p - s` forwards ahead (the warm-up), then alternate one backward and one forward, so each backward frees a micro-batch's activations as early as possible. Only the order of work within each stage changes, not the dependencies. A small event simulation, with a forward costing 1 time unit and a backward 2, gives each schedule's step time and the most micro-batches whose activations a stage holds at once:
+"""
+
+
+# %% slideshow={"slide_type": "-"}
+def stage_orders(p, m, kind):
+    """Each stage's task order, ("F", i) or ("B", i) for micro-batch i, for kind "gpipe" or "1f1b"."""
+    orders = []
+    for s in range(p):
+        if kind == "gpipe":
+            orders.append([("F", i) for i in range(m)] + [("B", i) for i in reversed(range(m))])
+            continue
+        warm = min(p - s, m)  # forwards in flight before the first backward
+        order = [("F", i) for i in range(warm)]
+        for i in range(m):
+            order.append(("B", i))
+            if warm + i < m:
+                order.append(("F", warm + i))
+        orders.append(order)
+    return orders
+
+
+def simulate(p, m, kind, f=1.0, b=2.0):
+    """Run each stage's order under the dependencies; return the step time and each stage's peak of live activations."""
+    orders, done, free = stage_orders(p, m, kind), {}, [0.0] * p
+    pos, live, peak = [0] * p, [0] * p, [0] * p
+    while any(pos[s] < len(orders[s]) for s in range(p)):
+        progressed = False
+        for s in range(p):
+            if pos[s] == len(orders[s]):
+                continue
+            kind_, i = orders[s][pos[s]]
+            need = [(s - 1, "F", i)] if kind_ == "F" and s > 0 else []           # the activation from upstream
+            need += [(s + 1, "B", i)] if kind_ == "B" and s < p - 1 else []      # the gradient from downstream
+            need += [(s, "F", i)] if kind_ == "B" else []
+            if all(d in done for d in need):
+                start = max([free[s]] + [done[d] for d in need])
+                free[s] = done[(s, kind_, i)] = start + (f if kind_ == "F" else b)
+                live[s] += 1 if kind_ == "F" else -1
+                peak[s] = max(peak[s], live[s])
+                pos[s] += 1
+                progressed = True
+        assert progressed, "the schedule deadlocked"
+    return max(free), peak
+
+
+p, m = 4, 8
+t_g, peak_g = simulate(p, m, "gpipe")
+t_1, peak_1 = simulate(p, m, "1f1b")
+print(f"p={p} stages, m={m} micro-batches: step time GPipe {t_g:.0f}, 1F1B {t_1:.0f} (units of one forward)")
+print(f"micro-batches whose activations each stage holds at its peak: GPipe {peak_g}, 1F1B {peak_1}")
+assert t_g == t_1 == (m + p - 1) * 3.0  # same step time, so the same bubble (p-1)/(m+p-1)
+assert peak_g == [m] * p and peak_1 == [p - s for s in range(p)]
+
+# %% [markdown] slideshow={"slide_type": "-"}
+"""
+Same step time, so the same bubble; but the first stage holds at most `p` micro-batches' activations instead of `m`, and the last stage only one. With `m ≥ 4p` micro-batches to keep the bubble small, that is the difference between activation memory growing with `m` and staying bounded by `p`, which is why real pipelines use 1F1B or its interleaved and zero-bubble successors.
+
 The API also has a tracing front end, `pipeline(module, mb_args, split_spec={...: SplitPoint.BEGINNING})`, which cuts one `nn.Module` into stages automatically; the manual `PipelineStage` used here needs no tracing: each rank simply builds its own stage module. On GPUs the stages pass tensors with NCCL; nothing else changes.
 """
 
@@ -478,7 +549,7 @@ print(f"after 3 steps the two copies differ by up to {drift:.4f}: two unrelated 
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-Two more problems in that script, checked on 2.13:
+Three more problems in that script, checked on 2.13:
 
 - **`loss.backward(retain_graph=True)`** is not "keeping the gradient for later error propagation". Gradients accumulate in `.grad` with or without it; `retain_graph` only keeps the graph's saved tensors alive after backward, which is needed only to call `backward` a second time on the same graph. Here it just holds memory until the next iteration replaces `loss`.
 - **`init_method='env://'`** reads `MASTER_ADDR` and `MASTER_PORT` from the environment, and the script starts its processes with `mp.Process` without setting them (only a launcher like `torchrun` does): it stops right there.
@@ -518,7 +589,7 @@ What model parallelism of that `Net` would be: sub-network 0 in process 0, sub-n
 
 A pipeline splits *between* layers; tensor parallelism (Megatron-LM) splits *inside* one. For a `Linear` layer `y = x Wᵀ + b` with `W` of shape `out × in` (PyTorch's layout), there are two ways to cut `W` across 2 devices:
 
-- **by output features** (Megatron's "column-parallel", since it cuts the columns of `Wᵀ`): each device holds some rows of `W` and computes some of the outputs; **concatenate** (an all-gather) to get `y`;
+- **by output features** (Megatron's "column-parallel"): each device holds some rows of `W` and computes some of the outputs; **concatenate** (an all-gather) to get `y`. The name comes from the paper's convention `y = x A`, with `A = Wᵀ` of shape `in × out`: the rows of PyTorch's `W` are the columns of `A` (the next cell prints the shapes);
 - **by input features** ("row-parallel"): each device holds some columns of `W` and the matching slice of `x`, computes a partial `y` over its inputs; **sum** them (an all-reduce) and add `b` once.
 
 Both are exact, forward and backward. Here the two devices are simulated by tensor slices in one process:
@@ -529,6 +600,9 @@ torch.manual_seed(0)
 layer = nn.Linear(8, 6)
 x = torch.randn(5, 8, requires_grad=True)
 y = layer(x)
+A = layer.weight.T  # Megatron's A in y = x A: in x out
+assert torch.equal(layer.weight[:3], A[:, :3].T)
+print(f"W {tuple(layer.weight.shape)} (out x in), A = W.T {tuple(A.shape)} (in x out): rows 0-2 of W are columns 0-2 of A")
 y.backward(torch.ones_like(y))
 full_dw, full_dx = layer.weight.grad.clone(), x.grad.clone()
 
@@ -562,17 +636,19 @@ print("tensor-parallel API present:", all(callable(f) for f in (ColwiseParallel,
 
 # %% [markdown] slideshow={"slide_type": "slide"}
 """
-## 7. The map: data, pipeline or tensor parallelism?
+## 7. The map: data, sharded, pipeline or tensor parallelism?
 
-| | data parallel (DDP) | pipeline parallel | tensor parallel |
-|---|---|---|---|
-| what is split | the batch; each device has the whole model | the layers, in consecutive stages | each layer's weight matrices |
-| communicated | all gradients, once per step (all-reduce) | activations at the cuts, forward and back (point-to-point) | activations inside every layer (all-reduce / all-gather) |
-| idle time | none (communication overlaps backward) | the bubble `(p-1)/(m+p-1)` | none, but communication on the critical path |
-| needs | the model, its gradients and optimizer state fit on one device | a batch big enough for `m ≫ p` micro-batches; balanced stages | very fast links: one node, NVLink |
-| fits when | the model fits: always the first choice | the model does not fit; across nodes, with slow links | single layers too big, or pipeline stages too big; within a node |
+<!-- BEGIN generated: facts-parallelism -->
+| | data parallel (DDP) | sharded data parallel (ZeRO, FSDP) | pipeline parallel | tensor parallel |
+|---|---|---|---|---|
+| what is split | the batch; each device holds the whole model, its gradients and optimizer state | the batch, and the model state: each of N ranks keeps 1/N of the optimizer state (ZeRO-1), gradients (ZeRO-2) and parameters (ZeRO-3, FSDP) | the layers, in consecutive stages | each layer's weight matrices |
+| communicated | all gradients, once per step (all-reduce, 2(N-1)/N of their bytes per rank) | reduce-scatter of gradients + all-gather of parameters: DDP's bytes for ZeRO-1/2, 1.5x for ZeRO-3 (parameters gathered again for backward) | activations at the cuts, forward and back (point-to-point) | activations inside every layer (all-reduce / all-gather) |
+| idle time | little: the last bucket's all-reduce and the optimizer step are exposed; stragglers make every rank wait | little: FSDP prefetches the next all-gather during compute | the bubble, `(p-1)/(m+p-1)` of the step (`(p-1)/m` of the ideal compute) | none, but communication on the critical path of every layer |
+| needs | the model, its gradients and optimizer state fit on one device | one layer's full parameters (ZeRO-3) and the activations fit on one device | a batch big enough for `m ≫ p` micro-batches; balanced stages | very fast links: one node, NVLink |
+| use when | the model state fits: the first choice | the model state does not fit one device: the first remedy for that | sharding is not enough: across nodes with slow links; very deep models | single layers too big, or activations per layer; within a node |
+<!-- END generated -->
 
-Large training runs combine them ("3-D parallelism"): tensor parallel inside a node, pipeline across nodes, data parallel over copies of the whole arrangement. And before any of these, the single-device savings of notebooks 04–06 (checkpointing, mixed precision, accumulation) often make the model fit on one device.
+The columns are in the order in which to reach for them. Before any of these, the single-device savings of notebooks 04–06 (checkpointing, mixed precision, accumulation) often make the model fit. When the model *state* is what does not fit, sharding it over the data-parallel ranks (ZeRO, FSDP: notebook 11) comes next: it keeps data parallelism's simple program and cuts no layer. Pipeline and tensor parallelism come in when sharding is not enough, or for speed at scale. Large runs combine them. "3-D parallelism" meant tensor parallel inside a node, pipeline across nodes and data parallel over copies of the whole. Today's runs add sharded data parallelism (FSDP, or HSDP: sharded within a node, replicated across nodes), sequence and context parallelism (the sequence split across devices, for long inputs) and expert parallelism (a mixture-of-experts layer's experts on different devices), hence "4-D" and "5-D" parallelism.
 """
 
 # %% [markdown] slideshow={"slide_type": "slide"}

@@ -16,6 +16,7 @@ This notebook assumes: notebooks 04–11. It runs on 2 CPU cores (the numbers ar
 # %% slideshow={"slide_type": "-"}
 import json
 import os
+import pickle
 import sys
 import warnings
 
@@ -246,9 +247,9 @@ plt.show()
 """
 What the table shows. Memory is the allocator's record, the same on every run; for the float32 rows it is the same on every CPU too. The bf16 rows depend on how this CPU does bf16 (native matrix units such as AMX, AVX-512 BF16 instructions, or emulation), whose kernels allocate different temporary buffers and round differently, so their peak and accuracy are printed after `~`: expect your numbers there to differ slightly. The assertions below hold on any CPU:
 
-- **Checkpointing** cuts the peak: each block's 4×-wide inside is no longer kept for backward. It costs a second forward of each block, about a third more compute; on this tiny model and two busy cores that extra time may hide in the noise of the step-time column.
+- **Checkpointing** cuts the peak: each block's 4×-wide inside is no longer kept for backward. It costs a second forward of each block: about a third more compute for large layers, and far more on this tiny model, where every `checkpoint` call's fixed cost (stashing the RNG state, running the block's Python again) is comparable to the block's arithmetic. Notebook 04 measures and models that overhead; here it shows plainly in the step-time column.
 - **Accumulation** cuts the activation part of the peak in proportion to the micro-batch (a quarter of the batch, a quarter of the activations); the gradients and the step's temporaries stay. It pays with more, smaller, less efficient matmuls.
-- **bf16 autocast** halves the saved activations. On this CPU it is not reliably faster: CPUs without native bf16 matrix units emulate it, and the casts cost time; on a GPU with tensor cores it is the one technique that also speeds the step up.
+- **bf16 autocast** halves the saved activations. Whether it is also faster depends on the hardware. The machine that recorded these outputs has bf16 matrix units (AVX-512 BF16 and AMX; notebook 00 names it), and there the `amp` rows ran faster than float32. A CPU without them emulates bf16 arithmetic through float32 plus conversions and runs it slower (notebook 05 §10 measures both). On a GPU with tensor cores it is the one technique here that also speeds the step up. Notebook 00's environment report shows which CPU kernels your machine dispatches to.
 - **DDP** halves each rank's share of the batch, so each rank's activation memory drops too, but its model, gradients and optimizer state are full copies. It is the only technique here whose aim is speed: each of two processes does half the work, plus one all-reduce per step. Whether that shows here depends on whether the two cores are free: other processes on the machine compete for them.
 - **Accuracy is the same** for every float32 configuration: they compute the same gradients up to rounding. bf16 rounds more and may differ in the last digit.
 """
@@ -272,13 +273,16 @@ print(f"test accuracy: float32 configurations {min(fp32):.3f}-{max(fp32):.3f}, b
 
 Find the bottleneck first (notebook 04's memory measurement, a profiler for time), then:
 
-| bottleneck | first remedy | what it costs | measured above |
+<!-- BEGIN generated: facts-remedies -->
+| bottleneck | first remedy | what it costs | shown |
 |---|---|---|---|
-| activations do not fit (deep or wide model, long sequences) | activation checkpointing | ~one extra forward per step (about +30% compute) | peak down, step slower |
-| the wanted batch does not fit on your one device | gradient accumulation | more, smaller steps; BatchNorm sees micro-batches | peak down in proportion |
-| memory and speed on a GPU with tensor cores | mixed precision: bf16 autocast (fp16 + `GradScaler` on older GPUs) | rounding; loss scaling for fp16 | activations halved |
-| the model fits, training takes too long, you have several devices | DDP (`torchrun`) | one all-reduce of the gradients per step | per-rank batch halved |
-| the parameters + gradients + optimizer state do not fit one device | pipeline (between layers) or tensor parallel (inside layers), or sharding (FSDP/ZeRO) | the bubble; communication per layer | notebook 10 |
+| activations do not fit (deep or wide model, long sequences) | activation checkpointing (selective: recompute the cheap ops) | up to one extra forward per step (about +30% compute at scale; more for small layers, notebook 04) | peak down, step slower (above; notebook 04) |
+| the wanted batch does not fit on your one device | gradient accumulation | more, smaller steps; BatchNorm and batch-coupled losses see micro-batches | peak down in proportion (above; notebook 06) |
+| memory and speed on a device with bf16/fp16 matrix units | mixed precision: bf16 autocast (fp16 + `GradScaler` where bf16 is missing) | rounding; loss scaling for fp16 | activations halved (above; notebook 05) |
+| the model fits, training takes too long, you have several devices | DDP (`torchrun`) | one all-reduce of the gradients per step, mostly overlapped | per-rank batch halved (above); notebooks 08, 09 |
+| the parameters + gradients + optimizer state do not fit one device | sharded data parallel: ZeRO-1/2 (optimizer state, gradients), then FSDP (`fully_shard`, ZeRO-3) | more communication (ZeRO-3: 1.5x DDP's bytes); a sharded checkpoint format | notebook 11 |
+| sharding is not enough: one layer's parameters or activations do not fit, or links between nodes are slow | pipeline (between layers, across nodes) and tensor parallel (inside layers, within a node) | the bubble; communication inside every layer | notebook 10 |
+<!-- END generated -->
 
 They combine: the last single-process row uses three at once and has the smallest peak, and the big training runs use all of them together.
 """
@@ -339,16 +343,25 @@ with expect_error(ModuleNotFoundError, match="apex"):
 seed_everything(0)
 model = nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 10))
 opt = torch.optim.SGD(model.parameters(), lr=0.1)
-scaler = torch.amp.GradScaler("cpu")  # needed for float16; bf16 (used here) would work without it
 xb, yb = torch.randn(16, 64), torch.randint(0, 10, (16,))
-with torch.autocast("cpu", dtype=torch.bfloat16):
+with torch.autocast("cpu", dtype=torch.bfloat16):  # bf16: float32's range, no loss scaling
+    out = model(xb)
+    loss = F.cross_entropy(out, yb)
+loss.backward()  # backward outside the autocast region
+opt.step()
+assert out.dtype == torch.bfloat16 and model[0].weight.dtype == torch.float32
+print(f"bf16 autocast: activations {out.dtype}, weights {model[0].weight.dtype}, no scaler")
+
+opt.zero_grad()
+scaler = torch.amp.GradScaler("cpu")  # float16 needs loss scaling (notebook 05)
+with torch.autocast("cpu", dtype=torch.float16):
     out = model(xb)
     loss = F.cross_entropy(out, yb)
 scaler.scale(loss).backward()
 scaler.step(opt)
 scaler.update()
-assert out.dtype == torch.bfloat16 and model[0].weight.dtype == torch.float32
-print(f"autocast: activations {out.dtype}, weights {model[0].weight.dtype}; GradScaler('cpu') scale {scaler.get_scale():.0f}")
+assert out.dtype == torch.float16
+print(f"fp16 autocast: activations {out.dtype}, with torch.amp.GradScaler('cpu'), scale now {scaler.get_scale():.0f}")
 
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
@@ -379,6 +392,19 @@ state = torch.load("_runs/cheat_sheet_model.pt", weights_only=True)
 model.load_state_dict(state)
 print("torch.load(..., weights_only=True):", len(state), "tensors loaded")
 
+
+class RunConfig:  # any Python object that is not a tensor, a number, a string or a container of those
+    lr = 0.1
+
+
+torch.save({"model": model.state_dict(), "config": RunConfig()}, "_runs/cheat_sheet_pickle.pt")
+with expect_error(pickle.UnpicklingError, match="default value of the `weights_only` argument", quiet=True) as refused:
+    torch.load("_runs/cheat_sheet_pickle.pt")  # no argument: weights_only=True since 2.6, so the class is refused
+print("torch.load(path) refused a pickled class:", str(refused.error).split(". ")[0])
+print("its message says why:", next(line.strip() for line in str(refused.error).splitlines() if "2.6" in line).split(". ")[0])
+full = torch.load("_runs/cheat_sheet_pickle.pt", weights_only=False)  # only for files you trust: it runs their code
+print("with weights_only=False:", type(full["config"]).__name__, "unpickled")
+
 assert hasattr(dist, "all_reduce") and not hasattr(dist, "allreduce") and not hasattr(dist, "allgather")
 print("dist.all_reduce / dist.all_gather exist; allreduce / allgather do not")
 
@@ -392,8 +418,8 @@ The rest of the table ran in section 2: `torchrun` instead of `torch.distributed
 ## Summary
 
 - One script, four flags: autocast, checkpointing, accumulation and DDP change memory and time, not the result (same accuracy for every float32 configuration).
-- Measured here: checkpointing and accumulation lower the peak at the price of step time; bf16 halves activations but does not speed up this CPU; DDP lowers the per-rank batch and needs real devices to pay off.
-- Choose by bottleneck: activations → checkpointing (or smaller micro-batches, bf16); batch → accumulation; time with more devices → DDP; model too big → pipeline, tensor parallel or sharding.
+- Measured here: checkpointing and accumulation lower the peak at the price of step time; bf16 halves activations, and is faster only where the CPU (or GPU) has bf16 units; DDP lowers the per-rank batch and needs real devices to pay off.
+- Choose by bottleneck: activations → checkpointing (or smaller micro-batches, bf16); batch → accumulation; time with more devices → DDP; model state too big → sharding (ZeRO, FSDP) first, then pipeline or tensor parallelism.
 - Old code translates mechanically: `Variable` → tensors, `saved_variables` → `saved_tensors`, Apex / `torch.cuda.amp` → `torch.autocast` + `torch.amp.GradScaler`, `torch.distributed.launch --local_rank` → `torchrun` + `LOCAL_RANK`, `DataParallel` → DDP.
 """
 
@@ -401,7 +427,7 @@ The rest of the table ran in section 2: `torchrun` instead of `torch.distributed
 """
 ## Exercises
 
-1. Write `effective_batch(micro, accum, world)`: how many samples go into one optimizer step with micro-batches of `micro`, `accum` accumulation steps and `world` DDP ranks.
+1. Write `effective_batch(micro, accum, world)`: how many samples go into one optimizer step with micro-batches of `micro`, `accum` accumulation steps and `world` DDP ranks. Combine two rules you have met: one optimizer step adds up the gradients of `accum` micro-batches (notebook 06), and DDP averages the gradients of every rank's batch (notebooks 07–08).
 2. Fill in `choice`: for each bottleneck, the first technique to try, one of `TECHNIQUES`.
 """
 
@@ -427,5 +453,5 @@ print(check_technique_choice(choice))
 - PyTorch docs: [Automatic mixed precision](https://pytorch.org/docs/stable/amp.html), [torch.utils.checkpoint](https://pytorch.org/docs/stable/checkpoint.html), [DistributedDataParallel](https://pytorch.org/docs/stable/generated/torch.nn.parallel.DistributedDataParallel.html), [torchrun](https://pytorch.org/docs/stable/elastic/run.html), [torch.load and weights_only](https://pytorch.org/docs/stable/generated/torch.load.html), [PyTorch 0.4 migration guide (Variable and Tensor merged)](https://pytorch.org/blog/pytorch-0_4_0-migration-guide/).
 - P. Micikevicius et al., *Mixed Precision Training*, ICLR 2018, [arXiv:1710.03740](https://arxiv.org/abs/1710.03740).
 - T. Chen et al., *Training Deep Nets with Sublinear Memory Cost*, 2016, [arXiv:1604.06174](https://arxiv.org/abs/1604.06174).
-- S. Rajbhandari et al., *ZeRO: Memory Optimizations Toward Training Trillion Parameter Models*, SC 2020, [arXiv:1910.02054](https://arxiv.org/abs/1910.02054) (sharding, the fourth option for models that do not fit).
+- S. Rajbhandari et al., *ZeRO: Memory Optimizations Toward Training Trillion Parameter Models*, SC 2020, [arXiv:1910.02054](https://arxiv.org/abs/1910.02054) (sharding: notebook 11).
 """

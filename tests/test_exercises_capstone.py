@@ -7,7 +7,8 @@ RIGHT = {
     "activations do not fit, the model does": "checkpointing",
     "the wanted batch does not fit on the one device you have": "accumulation",
     "the model fits but an epoch takes too long, several devices": "ddp",
-    "the parameters and optimizer state do not fit on one device": "pipeline",
+    "the parameters and optimizer state do not fit on one device": "sharding",
+    "even sharded, one layer's parameters and activations do not fit on one device": "tensor parallel",
     "matmuls are slow on a GPU with tensor cores": "mixed precision",
 }
 
@@ -34,11 +35,16 @@ def test_technique_choice_check() -> None:
         right=[
             RIGHT,
             {**RIGHT, "activations do not fit, the model does": "Mixed Precision"},
-            {**RIGHT, model_too_big: "tensor parallel"},
+            {**RIGHT, model_too_big: " Sharding "},
         ],
         not_done=[{b: ... for b in BOTTLENECKS}],
         wrong=[
-            ({**RIGHT, model_too_big: "ddp"}, "splitting the model"),
+            ({**RIGHT, model_too_big: "ddp"}, "shard the model state"),
+            ({**RIGHT, model_too_big: "pipeline"}, "come later"),
+            (
+                {**RIGHT, "even sharded, one layer's parameters and activations do not fit on one device": "sharding"},
+                "inside the layer",
+            ),
             ({**RIGHT, slow_matmuls: "magic"}, ""),
             ({b: t for b, t in RIGHT.items() if b != slow_matmuls}, ""),
             ({**RIGHT, "the wanted batch does not fit on the one device you have": None}, ""),

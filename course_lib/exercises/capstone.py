@@ -9,7 +9,7 @@ from .core import Wrong, call_learner, dict_answer, exercise, is_placeholder
 
 __all__ = ["check_effective_batch", "check_technique_choice", "TECHNIQUES", "BOTTLENECKS"]
 
-TECHNIQUES = ("checkpointing", "mixed precision", "accumulation", "ddp", "pipeline", "tensor parallel")
+TECHNIQUES = ("checkpointing", "mixed precision", "accumulation", "ddp", "sharding", "pipeline", "tensor parallel")
 
 # each bottleneck -> the techniques that address it first (the notebook's decision guide)
 _GUIDE: dict[str, tuple[set[str], str]] = {
@@ -26,8 +26,13 @@ _GUIDE: dict[str, tuple[set[str], str]] = {
         "more devices on a model that fits: data parallelism",
     ),
     "the parameters and optimizer state do not fit on one device": (
-        {"pipeline", "tensor parallel"},
-        "only splitting the model itself spreads its parameters",
+        {"sharding"},
+        "shard the model state over the data-parallel ranks first (ZeRO, FSDP: notebook 11); pipeline and tensor"
+        " parallelism split the model too, but come later: for layers too big or slow links",
+    ),
+    "even sharded, one layer's parameters and activations do not fit on one device": (
+        {"tensor parallel"},
+        "split inside the layer: each device holds a slice of its weight matrices (notebook 10)",
     ),
     "matmuls are slow on a GPU with tensor cores": ({"mixed precision"}, "16-bit matmuls run on tensor cores"),
 }

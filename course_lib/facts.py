@@ -1,0 +1,195 @@
+"""The course's comparison tables, stated once: each fact about a training technique lives here, and the tables
+that restate earlier notebooks are generated from it.
+
+Notebook 08's "DataParallel vs DDP", notebook 10's map of parallelism and notebook 12's decision guide all restate
+facts taught earlier. Written out by hand three times, they drifted apart (08 said "ring all-reduce" where 07 shows
+the backend chooses; 10 said data parallelism needs the whole model state on one device, which sharding answers).
+Here a fact is written once, under the technique it belongs to, with the notebook section that shows it; a table is
+a view that picks rows and columns. ``python -m course_lib.manifest --write`` writes the tables into the text sources
+between ``<!-- BEGIN generated: facts-NAME -->`` and ``<!-- END generated -->``; tests/test_manifest.py fails when
+one is stale, tests/test_sources.py when a notebook does not match its source (``make sync``).
+
+>>> print(table("parallelism").splitlines()[0])
+| | data parallel (DDP) | sharded data parallel (ZeRO, FSDP) | pipeline parallel | tensor parallel |
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["FACTS", "TABLES", "TableSpec", "fact", "table"]
+
+# FACTS[technique][field]: one sentence each, in the words every table uses. "shown" is where the course shows it.
+FACTS: dict[str, dict[str, str]] = {
+    "dp": {
+        "name": "`nn.DataParallel`",
+        "processes": "1, a thread per GPU (GIL-bound, notebook 07)",
+        "machines": "one",
+        "per step": "scatter the input, replicate the model, gather the outputs",
+        "gradient sync": "reduced onto GPU 0 after backward (its memory is the bottleneck); no overlap",
+        "optimizer": "runs once, on GPU 0",
+        "data": "one DataLoader; the batch is split in `forward`",
+        "batchnorm": "statistics per replica, discarded: only GPU 0's module keeps its buffers",
+        "mixed precision": "`torch.autocast` around the call: `parallel_apply` carries it into each thread "
+        "(notebook 07)",
+        "launch": "`python train.py`",
+        "status": "not recommended in the PyTorch docs",
+    },
+    "ddp": {
+        "name": "`DistributedDataParallel`",
+        "processes": "1 per device (GPU or CPU worker)",
+        "machines": "one or many (`torchrun --nnodes`)",
+        "per step": "rank 0's buffers broadcast at each forward (`forward_sync_buffers`, notebook 09); "
+        "no parameters sent",
+        "gradient sync": "the backend's `all_reduce` (ring or tree: the backend chooses, notebook 07), in buckets, "
+        "overlapped with backward",
+        "optimizer": "runs on every rank, on identical gradients",
+        "data": "a `DistributedSampler` shard per rank",
+        "batchnorm": "per rank, then rank 0's running statistics broadcast (notebook 09); `SyncBatchNorm` for "
+        "batch statistics across ranks (GPU)",
+        "mixed precision": "`torch.autocast` + `torch.amp.GradScaler`, as in one process (Apex `amp` is retired)",
+        "launch": "`torchrun` / `mp.spawn`",
+        "status": "the recommended way",
+        "split": "the batch; each device holds the whole model, its gradients and optimizer state",
+        "communicated": "all gradients, once per step (all-reduce, 2(N-1)/N of their bytes per rank)",
+        "idle": "little: the last bucket's all-reduce and the optimizer step are exposed; stragglers make "
+        "every rank wait",
+        "needs": "the model, its gradients and optimizer state fit on one device",
+        "use when": "the model state fits: the first choice",
+        "bottleneck": "the model fits, training takes too long, you have several devices",
+        "remedy": "DDP (`torchrun`)",
+        "cost": "one all-reduce of the gradients per step, mostly overlapped",
+        "shown": "per-rank batch halved (above); notebooks 08, 09",
+    },
+    "sharded": {
+        "name": "sharded data parallel (ZeRO, FSDP)",
+        "split": "the batch, and the model state: each of N ranks keeps 1/N of the optimizer state (ZeRO-1), "
+        "gradients (ZeRO-2) and parameters (ZeRO-3, FSDP)",
+        "communicated": "reduce-scatter of gradients + all-gather of parameters: DDP's bytes for ZeRO-1/2, "
+        "1.5x for ZeRO-3 (parameters gathered again for backward)",
+        "idle": "little: FSDP prefetches the next all-gather during compute",
+        "needs": "one layer's full parameters (ZeRO-3) and the activations fit on one device",
+        "use when": "the model state does not fit one device: the first remedy for that",
+        "bottleneck": "the parameters + gradients + optimizer state do not fit one device",
+        "remedy": "sharded data parallel: ZeRO-1/2 (optimizer state, gradients), then FSDP (`fully_shard`, ZeRO-3)",
+        "cost": "more communication (ZeRO-3: 1.5x DDP's bytes); a sharded checkpoint format",
+        "shown": "notebook 11",
+    },
+    "pipeline": {
+        "name": "pipeline parallel",
+        "split": "the layers, in consecutive stages",
+        "communicated": "activations at the cuts, forward and back (point-to-point)",
+        "idle": "the bubble, `(p-1)/(m+p-1)` of the step (`(p-1)/m` of the ideal compute)",
+        "needs": "a batch big enough for `m ≫ p` micro-batches; balanced stages",
+        "use when": "sharding is not enough: across nodes with slow links; very deep models",
+        "bottleneck": "sharding is not enough: one layer's parameters or activations do not fit, or links "
+        "between nodes are slow",
+        "remedy": "pipeline (between layers, across nodes) and tensor parallel (inside layers, within a node)",
+        "cost": "the bubble; communication inside every layer",
+        "shown": "notebook 10",
+    },
+    "tensor": {
+        "name": "tensor parallel",
+        "split": "each layer's weight matrices",
+        "communicated": "activations inside every layer (all-reduce / all-gather)",
+        "idle": "none, but communication on the critical path of every layer",
+        "needs": "very fast links: one node, NVLink",
+        "use when": "single layers too big, or activations per layer; within a node",
+    },
+    "checkpointing": {
+        "bottleneck": "activations do not fit (deep or wide model, long sequences)",
+        "remedy": "activation checkpointing (selective: recompute the cheap ops)",
+        "cost": "up to one extra forward per step (about +30% compute at scale; more for small layers, notebook 04)",
+        "shown": "peak down, step slower (above; notebook 04)",
+    },
+    "accumulation": {
+        "bottleneck": "the wanted batch does not fit on your one device",
+        "remedy": "gradient accumulation",
+        "cost": "more, smaller steps; BatchNorm and batch-coupled losses see micro-batches",
+        "shown": "peak down in proportion (above; notebook 06)",
+    },
+    "mixed precision": {
+        "bottleneck": "memory and speed on a device with bf16/fp16 matrix units",
+        "remedy": "mixed precision: bf16 autocast (fp16 + `GradScaler` where bf16 is missing)",
+        "cost": "rounding; loss scaling for fp16",
+        "shown": "activations halved (above; notebook 05)",
+    },
+}
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    """A view of :data:`FACTS`: ``by_row=False`` puts techniques in columns and fields in rows."""
+
+    techniques: tuple[str, ...]
+    fields: tuple[tuple[str, str], ...]  # (field in FACTS, its heading in the table)
+    corner: str = ""
+    by_row: bool = False
+    headings: tuple[str, ...] = ()  # column headings instead of the techniques' names
+
+
+TABLES: dict[str, TableSpec] = {
+    "dp-vs-ddp": TableSpec(
+        ("dp", "ddp"),
+        tuple(
+            (f, f.replace("batchnorm", "BatchNorm"))
+            for f in (
+                "processes",
+                "machines",
+                "per step",
+                "gradient sync",
+                "optimizer",
+                "data",
+                "batchnorm",
+                "mixed precision",
+                "launch",
+                "status",
+            )
+        ),
+    ),
+    "parallelism": TableSpec(
+        ("ddp", "sharded", "pipeline", "tensor"),
+        (
+            ("split", "what is split"),
+            ("communicated", "communicated"),
+            ("idle", "idle time"),
+            ("needs", "needs"),
+            ("use when", "use when"),
+        ),
+        headings=("data parallel (DDP)", "sharded data parallel (ZeRO, FSDP)", "pipeline parallel", "tensor parallel"),
+    ),
+    "remedies": TableSpec(
+        ("checkpointing", "accumulation", "mixed precision", "ddp", "sharded", "pipeline"),
+        (("bottleneck", "bottleneck"), ("remedy", "first remedy"), ("cost", "what it costs"), ("shown", "shown")),
+        by_row=True,
+    ),
+}
+
+
+def fact(technique: str, field: str) -> str:
+    """One fact, by technique and field (``fact("ddp", "gradient sync")``); raises ``KeyError`` naming what exists."""
+    if not isinstance(technique, str) or not isinstance(field, str):
+        raise TypeError("fact(technique, field) takes two strings")
+    if technique not in FACTS:
+        raise KeyError(f"no technique {technique!r}; known: {sorted(FACTS)}")
+    if field not in FACTS[technique]:
+        raise KeyError(f"{technique!r} has no fact {field!r}; it has: {sorted(FACTS[technique])}")
+    return FACTS[technique][field]
+
+
+def table(name: str) -> str:
+    """The markdown table ``name`` (one of :data:`TABLES`), built from :data:`FACTS`."""
+    if not isinstance(name, str):
+        raise TypeError(f"table name must be a string, got {type(name).__name__}")
+    if name not in TABLES:
+        raise ValueError(f"no table {name!r}; known: {sorted(TABLES)}")
+    spec = TABLES[name]
+    if spec.by_row:
+        rows = [[heading for _, heading in spec.fields]]
+        rows += [[fact(t, f) for f, _ in spec.fields] for t in spec.techniques]
+    else:
+        rows = [[spec.corner, *(spec.headings or [fact(t, "name") for t in spec.techniques])]]
+        rows += [[heading] + [fact(t, f) for t in spec.techniques] for f, heading in spec.fields]
+    lines = ["| " + " | ".join(rows[0]) + " |", "|" + "---|" * len(rows[0])]
+    lines += ["| " + " | ".join(r) + " |" for r in rows[1:]]
+    return "\n".join(lines).replace("|  |", "| |")
