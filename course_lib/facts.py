@@ -66,7 +66,7 @@ FACTS: dict[str, dict[str, str]] = {
         "split": "the batch, and the model state: each of N ranks keeps 1/N of the optimizer state (ZeRO-1), "
         "gradients (ZeRO-2) and parameters (ZeRO-3, FSDP)",
         "communicated": "reduce-scatter of gradients + all-gather of parameters: DDP's bytes for ZeRO-1/2, "
-        "1.5x for ZeRO-3 (parameters gathered again for backward)",
+        "1.5x for ZeRO-3 (parameters gathered again for backward; notebook 11)",
         "idle": "little: FSDP prefetches the next all-gather during compute",
         "needs": "one layer's full parameters (ZeRO-3) and the activations fit on one device",
         "use when": "the model state does not fit one device: the first remedy for that",

@@ -1,0 +1,89 @@
+"""Every measured number in a notebook's text is shown by the notebook, or the sentence names its source.
+
+The learner's read found text that disagreed with its own outputs ("not reliably faster" next to x0.83, "near 1x"
+next to 0.42x) and numbers nothing in the course showed ("about 100x slower"). This test reads every markdown
+sentence for a percentage or a ratio (``39%``, ``1.5x``, ``x0.83``, ``2×``) and accepts it when the same number, with
+its unit, appears in the notebook's code or committed outputs, or when the sentence names where the number comes
+from: a link, a paper (``et al.``), a vendor's specification or datasheet, another notebook, a seed post, or a
+benchmark script. Shapes such as ``3×32×32`` are not claims and are skipped.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from course_lib.manifest import notebook_paths
+
+NOTEBOOKS = notebook_paths()
+# a percentage or a ratio; not a shape (3×32×32, 256×8) and not part of a word, a version or a power (2^-10)
+_CLAIM = re.compile(
+    r"(?<![\w.^/×-])(\d+(?:\.\d+)?)\s?(%|x(?![\w×])|×(?![\d]))|(?<![\w`×])[x×]~?(\d+(?:\.\d+)?)(?![\d×])"
+)
+_SOURCE = re.compile(
+    r"\]\(https?:|et al\.|\bnotebooks? \d\d|\bseed \d\d\d|specification|datasheet|benchmarks/|`make test-portable`"
+)
+_SENTENCE = re.compile(r"\n|(?<=[.!?]) (?=[A-Z*`(])")
+
+
+def _shown(path: Path) -> str:
+    nb = nbformat.read(path, as_version=4)
+    texts = []
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            texts.append(cell.source)
+            for out in cell.get("outputs", []):
+                texts.append(
+                    out.get("text", "")
+                    if out.output_type == "stream"
+                    else str(out.get("data", {}).get("text/plain", ""))
+                )
+    return "\n".join(texts)
+
+
+def unshown_claims(path: Path) -> list[str]:
+    """The sentences of a notebook's text with a percentage or ratio that nothing in the notebook shows."""
+    shown = _shown(path)
+    nb = nbformat.read(path, as_version=4)
+    found = []
+    for i, cell in enumerate(nb.cells):
+        if cell.cell_type != "markdown":
+            continue
+        for sentence in _SENTENCE.split(cell.source):
+            if _SOURCE.search(sentence):
+                continue
+            for m in _CLAIM.finditer(sentence):
+                num = re.escape(m.group(1) or m.group(3))
+                if m.group(2) == "%":
+                    ok = re.search(rf"(?<![\d.]){num}\s?%", shown)
+                else:
+                    ok = re.search(rf"(?<![\d.]){num}\s?[x×]|[x×]~?{num}(?!\d)", shown)
+                if not ok:
+                    found.append(f"cell {i}: {m.group(0)!r} in: {sentence.strip()[:160]}")
+    return found
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_every_number_in_the_text_is_shown_or_sourced(path: Path) -> None:
+    claims = unshown_claims(path)
+    assert not claims, (
+        "numbers in the text that no cell shows and no source backs (show them with a cell, or name the source):\n"
+        + "\n".join(claims)
+    )
+
+
+def test_the_check_catches_an_unshown_number_and_accepts_a_shown_or_cited_one(tmp_path: Path) -> None:
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [
+        nbformat.v4.new_markdown_cell("It is about 100x slower. Shapes like 3×32×32 are fine."),
+        nbformat.v4.new_markdown_cell("Per the vendor's specification it moves 900 GB/s, 2x the last one."),
+        nbformat.v4.new_markdown_cell("The step got 35% faster."),
+        nbformat.v4.new_code_cell("print('faster by 35 %')", outputs=[nbformat.v4.new_output("stream", text="35 %\n")]),
+    ]
+    path = tmp_path / "nb.ipynb"
+    nbformat.write(nb, path)
+    claims = unshown_claims(path)
+    assert len(claims) == 1 and "'100x'" in claims[0]
