@@ -702,7 +702,6 @@ check_scaled_accumulation_step(my_scaled_step)
 **4.** Write `accumulate_tokens(model, micro_batches)`: each micro-batch is `(tokens, targets)`, with targets `-100` at padding positions; `model(tokens)` returns logits of shape `(batch, length, vocabulary)`. Run forward and backward on each micro-batch so that `.grad` holds the gradient of the token-mean cross-entropy of all micro-batches together. Do not step or zero the gradients.
 """
 
-
 # %% slideshow={"slide_type": "-"}
 from course_lib.exercises.accumulation import check_accumulate_tokens
 

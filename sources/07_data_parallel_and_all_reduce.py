@@ -688,7 +688,7 @@ The course keeps a second copy of this ring in `course_lib.collectives` for the 
 """
 
 # %% [markdown] slideshow={"slide_type": "slide"}
-"""
+r"""
 ## 5. From bytes to time: the α-β model
 
 Sections 2 and 4 counted bytes. Time needs one more idea: a message of `m` bytes takes
@@ -988,7 +988,6 @@ check_collective_choice(choices)
 """
 **4.** Write `ring_time(nbytes, n, alpha, beta)`: the α-β model's time in seconds for a ring all-reduce of `nbytes` bytes over `n` ranks on full-duplex links of latency `alpha` (seconds) and bandwidth `beta` (bytes per second).
 """
-
 
 # %% slideshow={"slide_type": "-"}
 from course_lib.exercises.all_reduce import check_ring_time
