@@ -369,7 +369,7 @@ Both per-micro-batch means are wrong, by a sizeable fraction of the gradient, in
 
 DDP (notebooks 07 and 08) averages the gradients of the ranks: the step uses `(g_0 + g_1) / 2` for 2 ranks. If each rank's loss is the mean over *its* tokens, that is the global token mean only when every rank has the same number of tokens. The fix is the same rule one level up: all-reduce the token count, so every rank divides its *sum* of token losses by the global count, and multiplies by the world size (DDP's average divides by it).
 
-Processes arrive in notebook 07, so here we compute the two ranks' arithmetic exactly, in one process: each rank is its own copy of the model with its half of the sequences (and 2 micro-batches of accumulation), `all_reduce(count, SUM)` is the sum of the two counts, and DDP's gradient is the average of the two ranks' `.grad` (notebook 08 checks that DDP's gradient is exactly that average, on real gloo processes).
+Processes arrive in notebook 07, so here we compute the two ranks' arithmetic exactly, in one process: each rank is its own copy of the model with its half of the sequences (and 2 micro-batches of accumulation), `all_reduce(count, SUM)` is the sum of the two counts, and DDP's gradient is the average of the two ranks' `.grad` (notebook 08 shows, on real gloo processes, that a DDP step is exactly the step on that average).
 """
 
 

@@ -729,7 +729,7 @@ for n in (2, 3, 4, 8, 16):
 """
 ### One launch measures everything
 
-The worker below times, for message sizes from 4 bytes to 4 MiB: one message (half of a ping-pong between ranks 0 and 1), one exchange, `dist.all_reduce`, course_lib's copy of section 4's ring, and a parameter server (`course_lib.collectives` has it, written with `send`/`recv`). It also all-reduces, one after the other, the buckets DDP would make for a 2.1 M-parameter MLP (notebook 08 explains DDP's buckets; the rule, in short: the gradients in reverse order of the parameters, packed into buckets of at most 1 MiB for the first and 25 MiB after).
+The worker below times, for message sizes from 4 bytes to 4 MiB: one message (half of a ping-pong between ranks 0 and 1), one exchange, `dist.all_reduce`, course_lib's copy of section 4's ring, and a parameter server (`course_lib.collectives` has it, written with `send`/`recv`). It also all-reduces, one after the other, the buckets DDP would make for a 2.1 M-parameter MLP (notebook 08 explains DDP's buckets; the rule, in short: the gradients in reverse order of the parameters, a bucket closed as soon as it holds at least 1 MiB for the first, 25 MiB for the others).
 
 Each time is the best of 5 rounds over all sizes (one warm-up round first), so a burst of other work on the machine spoils one round, not one size. We use 2 ranks: this machine has 2 cores, and with more processes than cores a message also waits for its receiver to be scheduled, so `α` would measure the operating system's scheduler. With 2 ranks the tree and the parameter server are the same algorithm (one message to rank 0, one back), so only the second is measured.
 """
