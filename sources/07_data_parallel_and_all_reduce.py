@@ -871,7 +871,7 @@ Small messages cost `α` whatever their size; from a few tens of KiB on, the tim
 
 ### Predicted against measured
 
-The predictions use only the two fitted lines and the table of steps. Your measured times (after `~`) depend on the machine and on what else it runs; the cell asserts a generous relation: for each algorithm, the measured time is within a factor of 4 of the prediction on average over the sizes (geometric mean), and likewise for DDP's buckets. (On an idle machine the factor is usually below 2; the margin is for machines shared with other work, where a process waits for a core.)
+The predictions use only the two fitted lines and the table of steps. Your measured times (after `~`) depend on the machine and on what else it runs; the cell asserts a generous relation: for each algorithm, the measured time is within a factor of 4 of the prediction on average over the sizes (geometric mean), and likewise for DDP's buckets. (The recorded outputs were made on a 2-core machine shared with other work, and their factors are between about 1 and 2; the margin is for busier machines, where a process also waits for a core.)
 """
 
 # %% slideshow={"slide_type": "fragment"}
