@@ -867,7 +867,7 @@ print(f"the two regimes meet where m = alpha * beta ~{message.alpha * message.be
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-Small messages cost `α` whatever their size; from a few tens of KiB on, the time grows with the bytes. On the machine that recorded these outputs an exchange (both directions at once) cost 2 to 4 times one message, depending on the run: the bytes of both directions go through the same CPU cores (a machine with more cores can move them in parallel, so your ratio may be lower). On a full-duplex network it would cost the same as one message. So the ring's steps are predicted with the exchange fit, the parameter server's with the message fit.
+Small messages cost about `α` whatever their size; above `α·β` bytes (printed under the plot: between tens and a few hundred KiB in our runs) the bytes dominate. On the machine that recorded these outputs an exchange (both directions at once) cost 2 to 4 times one message, depending on the run: the bytes of both directions go through the same CPU cores (a machine with more cores can move them in parallel, so your ratio may be lower). On a full-duplex network it would cost the same as one message. So the ring's steps are predicted with the exchange fit, the parameter server's with the message fit.
 
 ### Predicted against measured
 
