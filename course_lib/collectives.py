@@ -3,7 +3,9 @@
 Notebook 07 writes this ring by hand (``_runs/ring.py``) and checks, on every rank, that it gives
 the same sums and sends the same bytes as this copy; ``benchmarks/all_reduce.py`` times this copy
 against ``dist.all_reduce``. (``course_lib.allreduce_sim`` is the single-process simulation of the
-same algorithm, used to count bytes and draw the steps.)
+same algorithm, used to count bytes and draw the steps.) ``tree_all_reduce`` and
+``parameter_server_all_reduce`` are the two other algorithms whose times notebook 07 measures and
+predicts with ``course_lib.comm_model``.
 """
 
 from __future__ import annotations
@@ -11,7 +13,15 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-__all__ = ["ring_all_reduce"]
+__all__ = ["ring_all_reduce", "tree_all_reduce", "parameter_server_all_reduce"]
+
+
+def _check(t: torch.Tensor, who: str) -> tuple[int, int]:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"t must be a torch.Tensor, got {type(t).__name__}")
+    if not dist.is_initialized():
+        raise RuntimeError(f"{who} needs a process group: call dist.init_process_group first")
+    return dist.get_rank(), dist.get_world_size()
 
 
 def ring_all_reduce(t: torch.Tensor) -> int:
@@ -21,13 +31,9 @@ def ring_all_reduce(t: torch.Tensor) -> int:
     right neighbour (``isend``, so that no rank blocks before it posts its receive) and receiving
     one from the left. A one-process group returns at once, having sent nothing.
     """
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"t must be a torch.Tensor, got {type(t).__name__}")
-    if not dist.is_initialized():
-        raise RuntimeError("ring_all_reduce needs a process group: call dist.init_process_group first")
+    rank, n = _check(t, "ring_all_reduce")
     if not t.is_contiguous():
         raise ValueError("t must be contiguous: the ring writes its chunks in place through views")
-    rank, n = dist.get_rank(), dist.get_world_size()
     right, left = (rank + 1) % n, (rank - 1) % n
     chunks = t.view(-1).tensor_split(n)  # views: writing a chunk writes t
     sent = 0
@@ -46,6 +52,55 @@ def ring_all_reduce(t: torch.Tensor) -> int:
         _wait(request)
         sent += chunks[send_c].numel() * t.element_size()
     return sent
+
+
+def tree_all_reduce(t: torch.Tensor) -> int:
+    """Sum ``t`` over all ranks, in place, along a binomial tree; return the bytes this rank sent.
+
+    ``ceil(log2 N)`` rounds reduce onto rank 0 (in round ``r``, rank ``i + 2^r`` sends its partial
+    sum to rank ``i`` for every ``i`` divisible by ``2^(r+1)``), then the same rounds in reverse
+    broadcast the total back. Every message carries the whole tensor.
+    """
+    rank, n = _check(t, "tree_all_reduce")
+    buf, sent, step = torch.empty_like(t), 0, 1
+    while step < n:  # reduce onto rank 0
+        if rank % (2 * step) == 0 and rank + step < n:
+            dist.recv(buf, src=rank + step)
+            t.add_(buf)
+        elif rank % (2 * step) == step:
+            dist.send(t, dst=rank - step)
+            sent += t.numel() * t.element_size()
+        step *= 2
+    step //= 2
+    while step >= 1:  # broadcast back, the same tree in reverse
+        if rank % (2 * step) == 0 and rank + step < n:
+            dist.send(t, dst=rank + step)
+            sent += t.numel() * t.element_size()
+        elif rank % (2 * step) == step:
+            dist.recv(t, src=rank - step)
+        step //= 2
+    return sent
+
+
+def parameter_server_all_reduce(t: torch.Tensor) -> int:
+    """Sum ``t`` over all ranks, in place, with rank 0 as the server; return the bytes this rank sent.
+
+    Every other rank sends its tensor to rank 0 and receives the sum back; rank 0 receives the
+    ``N-1`` tensors one after the other, adds them to its own, and sends the sum to each rank in turn.
+    """
+    rank, n = _check(t, "parameter_server_all_reduce")
+    nbytes = t.numel() * t.element_size()
+    if rank == 0:
+        buf = torch.empty_like(t)
+        for src in range(1, n):
+            dist.recv(buf, src=src)
+            t.add_(buf)
+        for dst in range(1, n):
+            dist.send(t, dst=dst)
+        return nbytes * (n - 1)
+    dist.send(t, dst=0)
+    dist.recv(t, src=0)
+    return nbytes
 
 
 def _wait(request: dist.Work | None) -> None:

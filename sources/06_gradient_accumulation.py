@@ -2,11 +2,12 @@
 """
 # 06 · Gradient accumulation: a big batch from small ones
 
-A batch that does not fit in memory can still be trained on: run it as `k` micro-batches, let `backward()` add their gradients into `.grad`, and step the optimizer once. This notebook proves when that is *exactly* the big batch, and shows each place where it is not.
+A batch that does not fit in memory can still be trained on: run it as `k` micro-batches, let `backward()` add their gradients into `.grad`, and step the optimizer once. This notebook proves when that is *exactly* the big batch, and shows the places where it is not: a loss normalized by the wrong count, and losses that couple the samples of a batch.
 
 By the end you will be able to:
 - write an accumulation loop whose gradients equal the big batch's (checked with `allclose`), with the loss scaled correctly for a `mean` or a `sum` loss;
 - handle a short last micro-batch and the end of an epoch without leaking gradients into the next step;
+- normalize a loss by its elements counted globally (tokens of variable-length sequences, across micro-batches and across ranks), and recognize losses that couple the batch (BatchNorm, in-batch negatives) and GradCache's fix;
 - explain why BatchNorm breaks the equivalence, and measure how memory and time change with the micro-batch size;
 - combine accumulation with a loss scaler (`torch.amp.GradScaler`): scale every micro-batch, one `unscale_`/`step`/`update` per optimizer step.
 
@@ -16,6 +17,7 @@ This notebook assumes: notebooks 01–03 (autograd accumulates into `.grad`; wha
 # %% slideshow={"slide_type": "-"}
 import copy
 import time
+from itertools import islice
 
 import matplotlib.pyplot as plt
 import torch
@@ -213,7 +215,7 @@ print(f"|first group of epoch 2| = {fresh.norm():.4f}, |stale tail of epoch 1| =
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-The fix, in three lines of the loop: weight each micro-batch's mean loss by `n_i / N` where `N` is the number of samples in its accumulation group, and step after the last micro-batch of the epoch even when the group is short. The function below does that and its gradient for the short final group equals the gradient of that group taken as one batch.
+The fix, in three lines of the loop: weight each micro-batch's mean loss by `n_i / N` where `N` is the number of samples in its accumulation group, and step after the last micro-batch of the epoch even when the group is short. `N` must be known before the group's first `backward()`, so the function below reads the group's `k` micro-batches ahead (`itertools.islice` on the loader's iterator: the inputs of `k` micro-batches, never the whole epoch; the activations, which are what accumulation saves, still exist for one micro-batch at a time). Its gradient for the short final group equals the gradient of that group taken as one batch.
 
 Moving `optimizer.zero_grad()` to the top of every iteration, a common "fix", would be wrong in the other direction: it clears the gradients of the previous micro-batches, so each step only sees the last micro-batch. That is shown after.
 """
@@ -222,13 +224,13 @@ Moving `optimizer.zero_grad()` to the top of every iteration, a common "fix", wo
 # %% slideshow={"slide_type": "-"}
 def accumulate_epoch(model: nn.Module, opt: torch.optim.Optimizer, loader, k: int, stop_before_step: bool = False) -> int:
     """Gradient accumulation that is exact for every group, including a short last one."""
-    batches, steps = list(loader), 0   # inputs only: cheap; the activations are what accumulation saves
-    for start in range(0, len(batches), k):
-        group = batches[start : start + k]
-        n_group = sum(len(y) for _, y in group)
+    batches, steps = iter(loader), 0
+    n_groups = -(-len(loader) // k)                  # ceil: a DataLoader knows its length without loading
+    while group := list(islice(batches, k)):       # look ahead k micro-batches only, never the epoch
+        n_group = sum(len(y) for _, y in group)      # N of this group, known before its first backward
         for x, y in group:
             (loss_fn(model(x), y) * (len(y) / n_group)).backward()
-        if stop_before_step and start + k >= len(batches):
+        if stop_before_step and steps == n_groups - 1:
             return steps                # leave the last group's gradient in .grad for inspection
         opt.step()
         opt.zero_grad()
@@ -304,9 +306,152 @@ What to do about it:
 
 # %% [markdown] slideshow={"slide_type": "slide"}
 """
-## 5. Memory and time against the micro-batch size
+## 5. Count the loss elements globally: tokens, ranks, and losses that couple the batch
 
-Why accumulate at all: autograd keeps the activations of the forward pass until `backward()` (notebook 03), and they grow linearly with the batch. With accumulation only one micro-batch's activations are alive at a time. The parameters, their gradients and the optimizer state do not shrink.
+Section 2's rule, `n_i / N` per micro-batch, was stated for samples. The general rule: **the loss is a mean over loss elements, and `N` counts those elements over the whole accumulated batch: across micro-batches *and* across ranks.** With one loss per sample the elements are samples. A language model's loss is a mean over *tokens*, and sequences have different lengths: padding positions are masked out (`ignore_index=-100` in `cross_entropy`). Then each micro-batch holds a different number of tokens, and averaging per micro-batch gives each *micro-batch* the same weight instead of each *token*. This was a widely reported gradient-accumulation bug in Hugging Face `transformers` in 2024.
+
+Below, a tiny token model (an embedding and a linear layer, so every token's loss is independent, like the MLP's samples) on 8 sequences of 3 to 16 tokens, padded to 16, in 4 micro-batches of 3, 2, 2 and 1 sequences (a short last one, as in section 3). Three ways to weight the micro-batches: section 1's `1/k`, section 3's `n_i / N` with `n_i` counted in sequences, and the sum of token losses divided by the number of tokens of the whole batch.
+"""
+
+# %% slideshow={"slide_type": "-"}
+import torch.nn.functional as F
+
+V, T, PAD = 50, 16, -100          # vocabulary, padded length, the target ignored by cross_entropy
+SPLIT = [3, 2, 2, 1]              # sequences per micro-batch
+g = torch.Generator().manual_seed(0)
+lengths = torch.randint(3, T + 1, (8,), generator=g)
+tokens = torch.randint(0, V, (8, T), generator=g)
+targets = torch.randint(0, V, (8, T), generator=g)
+targets[torch.arange(T) >= lengths[:, None]] = PAD            # padding: no loss there
+
+
+def make_token_model() -> nn.Module:
+    seed_everything(0)
+    return nn.Sequential(nn.Embedding(V, 32), nn.Linear(32, V))
+
+
+def token_loss(model: nn.Module, tok: torch.Tensor, tgt: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
+    return F.cross_entropy(model(tok).reshape(-1, V), tgt.reshape(-1), ignore_index=PAD, reduction=reduction)
+
+
+def token_grads(weighting: str) -> torch.Tensor:
+    model = make_token_model()
+    micro = list(zip(tokens.split(SPLIT), targets.split(SPLIT)))
+    n_tokens = int((targets != PAD).sum())                  # counted before any forward: from the targets
+    for tok, tgt in micro:
+        if weighting == "mean per micro-batch, / k":
+            loss = token_loss(model, tok, tgt) / len(micro)
+        elif weighting == "mean per micro-batch, x sequences / N":
+            loss = token_loss(model, tok, tgt) * len(tok) / len(tokens)
+        else:                                                # sum of token losses / tokens of the whole batch
+            loss = token_loss(model, tok, tgt, reduction="sum") / n_tokens
+        loss.backward()
+    return grads_of(model)
+
+
+big_model = make_token_model()
+token_loss(big_model, tokens, targets).backward()            # the big batch: mean over all its tokens
+g_big = grads_of(big_model)
+print(f"tokens per micro-batch: {[int((t != PAD).sum()) for t in targets.split(SPLIT)]}, "
+      f"{int((targets != PAD).sum())} in the whole batch")
+for weighting in ("mean per micro-batch, / k", "mean per micro-batch, x sequences / N", "sum / all tokens"):
+    g_acc = token_grads(weighting)
+    rel = ((g_acc - g_big).norm() / g_big.norm()).item()
+    exact = torch.allclose(g_acc, g_big, atol=1e-6)
+    print(f"{weighting:<40} relative gradient difference {'< 1e-5' if rel < 1e-5 else f'{rel:.3f}':>7}  allclose: {exact}")
+    assert exact == (weighting == "sum / all tokens") and (rel < 1e-5) == exact
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+Both per-micro-batch means are wrong, by a sizeable fraction of the gradient, in a direction that depends on which micro-batches happen to be short. The fix needs the number of tokens of the *whole* accumulated batch before the first `backward()`: count them from the targets (or the attention masks), which the loader gives before any forward pass.
+
+### Across ranks: all-reduce the token count
+
+DDP (notebooks 07 and 08) averages the gradients of the ranks: the step uses `(g_0 + g_1) / 2` for 2 ranks. If each rank's loss is the mean over *its* tokens, that is the global token mean only when every rank has the same number of tokens. The fix is the same rule one level up: all-reduce the token count, so every rank divides its *sum* of token losses by the global count, and multiplies by the world size (DDP's average divides by it).
+
+Processes arrive in notebook 07, so here we compute the two ranks' arithmetic exactly, in one process: each rank is its own copy of the model with its half of the sequences (and 2 micro-batches of accumulation), `all_reduce(count, SUM)` is the sum of the two counts, and DDP's gradient is the average of the two ranks' `.grad` (notebook 08 shows, on real gloo processes, that a DDP step is exactly the step on that average).
+"""
+
+
+# %% slideshow={"slide_type": "fragment"}
+def two_ranks(global_count: bool) -> torch.Tensor:
+    world = 2
+    shards = list(zip(tokens.chunk(world), targets.chunk(world)))                # each rank's 4 sequences
+    local_counts = [int((tgt != PAD).sum()) for _, tgt in shards]
+    n_global = sum(local_counts)                                                # dist.all_reduce(count, SUM)
+    grads = []
+    for (tok, tgt), n_local in zip(shards, local_counts):                       # each rank, on its own
+        model = make_token_model()
+        for tok_m, tgt_m in zip(tok.chunk(2), tgt.chunk(2)):                    # 2 micro-batches per rank
+            total = token_loss(model, tok_m, tgt_m, reduction="sum")
+            loss = total * world / n_global if global_count else total / n_local
+            loss.backward()
+        grads.append(grads_of(model))
+    return sum(grads) / world                                                   # what DDP's all-reduce gives
+
+
+print(f"tokens on each rank: {[int((t != PAD).sum()) for t in targets.chunk(2)]}")
+for global_count in (False, True):
+    g_ddp = two_ranks(global_count)
+    rel = ((g_ddp - g_big).norm() / g_big.norm()).item()
+    name = "token count all-reduced" if global_count else "each rank's own token mean"
+    print(f"{name:<28} relative gradient difference {'< 1e-5' if rel < 1e-5 else f'{rel:.3f}':>7}  "
+          f"allclose: {torch.allclose(g_ddp, g_big, atol=1e-6)}")
+    assert torch.allclose(g_ddp, g_big, atol=1e-6) == global_count
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+### Losses that couple the samples of a batch
+
+The rule assumes the loss is a sum of independent elements. Some objectives are not: BatchNorm was one (section 4). Another is a **contrastive loss with in-batch negatives** (CLIP, SimCLR): each pair's positive is scored against every other sample of the batch, so a micro-batch of 4 sees 3 negatives per sample where the batch of 16 sees 15. No weighting repairs that: the loss itself is different. (Mixture-of-experts load-balancing losses, computed from the whole batch's routing statistics, are another such case.)
+
+The usual fix is **GradCache** (Gao et al., 2021): (1) embed the whole batch without building a graph; (2) compute the full-batch loss on those embeddings, and its gradient with respect to the embeddings only (cheap: they are small); (3) re-run the encoder one micro-batch at a time, now with a graph, and backpropagate the cached embedding gradients through it. Only one micro-batch's activations are alive at a time, and the gradient is the full batch's:
+"""
+
+
+# %% slideshow={"slide_type": "fragment"}
+def info_nce(za: torch.Tensor, zb: torch.Tensor, tau: float = 0.1) -> torch.Tensor:
+    logits = F.normalize(za, dim=1) @ F.normalize(zb, dim=1).T / tau   # every b_j is a negative for a_i, j != i
+    return F.cross_entropy(logits, torch.arange(len(za)))
+
+
+def make_encoder() -> nn.Module:
+    seed_everything(0)
+    return nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 16))
+
+
+xa = X[:16]
+xb_pos = X[:16] + 0.1 * torch.randn(16, 64, generator=torch.Generator().manual_seed(1))   # positives: noisy copies
+
+enc_big = make_encoder()
+info_nce(enc_big(xa), enc_big(xb_pos)).backward()                         # the full batch of 16
+g_full = grads_of(enc_big)
+
+enc_micro = make_encoder()
+for a, b in zip(xa.chunk(4), xb_pos.chunk(4)):                            # 4 micro-batches of 4, / k
+    (info_nce(enc_micro(a), enc_micro(b)) / 4).backward()
+g_micro = grads_of(enc_micro)
+
+enc_gc = make_encoder()
+with torch.no_grad():                                                     # (1) embeddings, no graph
+    za, zb = enc_gc(xa), enc_gc(xb_pos)
+za.requires_grad_(), zb.requires_grad_()
+info_nce(za, zb).backward()                                               # (2) d loss / d embeddings
+for a, b, ga, gb in zip(xa.chunk(4), xb_pos.chunk(4), za.grad.chunk(4), zb.grad.chunk(4)):
+    torch.autograd.backward([enc_gc(a), enc_gc(b)], [ga, gb])             # (3) one micro-batch at a time
+g_gc = grads_of(enc_gc)
+
+rel_micro = ((g_micro - g_full).norm() / g_full.norm()).item()
+assert rel_micro > 0.01 and not torch.allclose(g_micro, g_full, atol=1e-6)
+assert torch.allclose(g_gc, g_full, atol=1e-6)
+print(f"contrastive loss on 4 micro-batches of 4: relative gradient difference {rel_micro:.2f} (allclose: False)")
+print("GradCache, one micro-batch of activations at a time: allclose to the full batch of 16: True")
+
+# %% [markdown] slideshow={"slide_type": "slide"}
+"""
+## 6. Memory and time against the micro-batch size
+
+Why accumulate at all: autograd keeps the activations of the forward pass until `backward()` (notebook 02, section 4), and they grow linearly with the batch. With accumulation only one micro-batch's activations are alive at a time. The parameters, their gradients and the optimizer state do not shrink.
 
 We measure the activations a small CNN saves for backward with `SavedTensorMeter` (deterministic: it adds up tensor sizes), for an effective batch of 256 split into micro-batches from 256 down to 8.
 """
@@ -375,7 +520,7 @@ print(f"256 -> 8 samples per micro-batch: the peak falls more than 10x (~{peaks[
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-The peak falls with the micro-batch, but less than proportionally: the gradient buffers (and, in a real step, the optimizer state) do not shrink. Accumulation cannot go below that floor; notebook 04's checkpointing attacks the activations differently, and sharded optimizers (ZeRO, FSDP) attack the floor.
+The peak falls with the micro-batch, but less than proportionally: the gradient buffers (and, in a real step, the optimizer state) do not shrink. Accumulation cannot go below that floor; notebook 04's checkpointing attacks the activations differently, and sharded data parallelism (ZeRO, FSDP: notebook 11) attacks the floor by splitting the gradients and optimizer state across ranks.
 
 The price is time: many small matrix products use the CPU (or GPU) less well than one big one. Timings below are volatile (marked `~`, the best of 3 runs, one thread) and on a busy 2-core machine they jump around; on an idle machine the smallest micro-batches are clearly slowest per step.
 """
@@ -419,7 +564,7 @@ print(f"activations at 256: {format_bytes(saved[256])}; at 8: {format_bytes(save
 
 # %% [markdown] slideshow={"slide_type": "slide"}
 """
-## 6. Accumulation with a loss scaler
+## 7. Accumulation with a loss scaler
 
 With float16 on a GPU, small gradients underflow, so the loss is multiplied by a large scale before `backward()` and the gradients divided by it before the step (notebook 05). `torch.amp.GradScaler` does this. With accumulation the rule is:
 
@@ -502,7 +647,8 @@ assert torch.finfo(torch.bfloat16).tiny == torch.finfo(torch.float32).tiny
 - `backward()` adds into `.grad`; `k` micro-batches with the loss scaled right give the big batch's gradient to rounding (checked with `allclose`, and over a whole epoch of training).
 - The scale comes from the loss: a `mean` loss needs `n_i / N` per micro-batch (`1/k` when they are equal); a `sum` loss needs none. Getting it wrong multiplies the learning rate by `k` or divides it by `k`.
 - The seed's loop is right about dividing by the accumulation steps and about where `zero_grad()` goes, but it silently drops the tail of each epoch into the next one and over-weights a short last batch: step the last group and weight by sample counts.
-- BatchNorm makes accumulation inexact (micro-batch statistics); LayerNorm/GroupNorm do not.
+- The general rule: divide the sum of the loss elements by their number counted over the whole accumulated batch, across micro-batches and ranks. For a token loss with padding, a per-micro-batch mean is wrong; all-reduce the token count across DDP ranks (and multiply by the world size, which DDP's average divides by).
+- Losses that couple a batch's samples are not sums of independent elements: BatchNorm makes accumulation inexact (micro-batch statistics; LayerNorm/GroupNorm do not), and in-batch-negative contrastive losses see fewer negatives per micro-batch; GradCache restores the full-batch gradient.
 - Accumulation divides the activation memory by `k` and costs time; parameters, gradients and optimizer state stay.
 - With a loss scaler: scale every micro-batch, then one `unscale_`/`step`/`update` per optimizer step; one `inf` anywhere skips the whole step.
 - Across several processes, DDP's `no_sync()` avoids communicating during the first `k-1` micro-batches (notebook 08).
@@ -551,6 +697,21 @@ def my_scaled_step(model, optimizer, scaler, micro_batches) -> None:
 
 check_scaled_accumulation_step(my_scaled_step)
 
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+**4.** Write `accumulate_tokens(model, micro_batches)`: each micro-batch is `(tokens, targets)`, with targets `-100` at padding positions; `model(tokens)` returns logits of shape `(batch, length, vocabulary)`. Run forward and backward on each micro-batch so that `.grad` holds the gradient of the token-mean cross-entropy of all micro-batches together. Do not step or zero the gradients.
+"""
+
+# %% slideshow={"slide_type": "-"}
+from course_lib.exercises.accumulation import check_accumulate_tokens
+
+
+def accumulate_tokens(model: nn.Module, micro_batches: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+    raise NotImplementedError  # your code here
+
+
+check_accumulate_tokens(accumulate_tokens)
+
 # %% [markdown] slideshow={"slide_type": "slide"}
 """
 ## References
@@ -562,4 +723,7 @@ check_scaled_accumulation_step(my_scaled_step)
 - S. Ioffe, C. Szegedy, *Batch Normalization*, 2015: https://arxiv.org/abs/1502.03167
 - Y. Wu, K. He, *Group Normalization*, 2018 (normalization independent of the batch size): https://arxiv.org/abs/1803.08494
 - P. Micikevicius et al., *Mixed Precision Training*, 2018 (loss scaling): https://arxiv.org/abs/1710.03740
+- Hugging Face, *Fixing Gradient Accumulation* (2024; the token-count normalization bug in `transformers`): https://huggingface.co/blog/gradient_accumulation
+- L. Gao, Y. Zhang, J. Han, J. Callan, *Scaling Deep Contrastive Learning Batch Size under Memory Limited Setup* (GradCache), 2021: https://arxiv.org/abs/2101.06983
+- A. Radford et al., *Learning Transferable Visual Models From Natural Language Supervision* (CLIP, in-batch negatives), 2021: https://arxiv.org/abs/2103.00020
 """

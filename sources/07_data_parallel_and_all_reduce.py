@@ -8,14 +8,17 @@ By the end you will be able to:
 - say what `nn.DataParallel` does in each forward pass (scatter, replicate, parallel apply, gather), why it is slow, and what it does on a machine without GPUs;
 - step through a ring all-reduce and count the bytes each worker sends, against a parameter server;
 - use `broadcast`, `reduce`, `all_reduce`, `gather`, `all_gather`, `reduce_scatter` and `barrier` in real processes on the gloo backend;
-- write a ring all-reduce from point-to-point `isend`/`recv` and check it against `dist.all_reduce`.
+- write a ring all-reduce from point-to-point `isend`/`recv` and check it against `dist.all_reduce`, and see the deadlock that blocking sends cause;
+- turn bytes into time: fit the latency-bandwidth (α-β) model to measured gloo messages, predict ring, tree and parameter-server all-reduces and a DDP step's bucketed communication, and compare with measurements.
 
-This notebook assumes: notebook 06 (gradients add up over samples; accumulation), and that you can run a training step. Processes are started with `course_lib.launch`, which notebook 08 explains in full.
+This notebook assumes: notebook 06 (gradients add up over samples; accumulation), and that you can run a training step. Processes are started with `course_lib.launch.spawn`; section 3 says what it does when it is first used (notebook 08 adds `torchrun`).
 """
 
 # %% slideshow={"slide_type": "-"}
 import copy
 import inspect
+import math
+import sys
 import threading
 import time
 from pathlib import Path
@@ -164,7 +167,7 @@ print("3 threads, by hand: outputs and gradients equal the single-device step (a
 """
 ### Why one process with threads is slow
 
-- **The GIL.** Only one thread runs Python at a time. PyTorch releases the GIL inside large kernels, so big matrix products can overlap, but the Python part of every layer (module calls, hooks, autograd bookkeeping) is serialized. The more small layers, the less the threads help. Below, two jobs run one after the other and then in two threads. On an idle 2-core machine the tiny-operation jobs gain nothing from threads (speed-up near 1x) while the matrix products overlap (up to 2x). PyTorch is pinned to one thread per operation, so any overlap comes from our threads. The timings (marked `~`) are volatile: on a busy machine, such as a CI runner shared with other jobs, they are noise, which is also why this notebook asserts nothing about them.
+- **The GIL.** Only one thread runs Python at a time. PyTorch releases the GIL inside large kernels, so big matrix products can overlap, but the Python part of every layer (module calls, hooks, autograd bookkeeping) is serialized. The more small layers, the less the threads help. Below, two jobs run one after the other and then in two threads. The tiny-operation jobs gain **nothing** from threads, and are often *slower* in two threads than one after the other (a speed-up below 1x; on a busy machine it can drop to about 0.4x). Why slower: each PyTorch call releases the GIL around its kernel and takes it back after, so two Python-bound threads hand the GIL back and forth at every one of their thousands of tiny operations. Each hand-off wakes the other thread (on another core, with the interpreter's state moving between caches), and a thread that wants the GIL back waits for it; when the holder does not let go, CPython forces a switch only every `sys.getswitchinterval()` (5 ms). Two threads doing the work of one, plus the cost of the hand-offs: slower. The matrix products, by contrast, spend their time inside kernels with the GIL released, so they can overlap (up to 2x on 2 idle cores). PyTorch is pinned to one thread per operation, so any overlap comes from our threads. The timings (marked `~`) are volatile, so the cell asserts only what any machine shows: no speed-up for the Python-bound jobs (at most about 1x).
 - **Replicate, every step.** The model is copied from GPU 0 to every other GPU at *every* forward pass, and the gradients are reduced back, because only GPU 0 keeps the real parameters and the optimizer.
 - **GPU 0 does more.** It holds the model, the optimizer state, the gathered outputs and the loss, and it receives all gradients: it runs out of memory first, and the others wait for it.
 """
@@ -202,14 +205,18 @@ def big_matmuls() -> None:   # kernel-bound: the GIL is released inside each pro
         big @ big
 
 
+speedup = {}
 for name, work in [("tiny ops (Python-bound)", tiny_ops), ("big matmuls (kernel-bound)", big_matmuls)]:
     seq = min(run_sequential(work, 2) for _ in range(3))
     par = min(run_in_threads(work, 2) for _ in range(3))
+    speedup[name] = seq / par
     print(f"{name:<27} 2 jobs one after the other ~{seq * 1e3:.0f} ms, in 2 threads ~{par * 1e3:.0f} ms, speed-up ~{seq / par:.2f}x")
+assert speedup["tiny ops (Python-bound)"] < 1.3   # the GIL: no speed-up (often a slow-down) for Python-bound work
+print(f"Python-bound work in threads: no speed-up (<= ~1x); CPython's switch interval: {sys.getswitchinterval() * 1e3:.0f} ms")
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-What crosses between devices in one `DataParallel` step, counted for a model of `P` parameter bytes on `N` GPUs (the counts follow from the four steps; the real transfers run over PCIe or NVLink):
+What crosses between devices in one `DataParallel` step, counted for a model of `P` parameter bytes on `N` GPUs with a **naive-copy model**: GPU 0 copies the parameters to each other GPU one after the other, and each GPU copies its gradients back to GPU 0 (a star centred on GPU 0). It shows what the four steps move, not what the links carry on a real machine (see after the cell).
 """
 
 
@@ -226,7 +233,22 @@ def dp_traffic(param_bytes: int, batch_in_bytes: int, batch_out_bytes: int, n: i
 P = 25_557_032 * 4   # a ResNet-50's parameters in float32
 for name, b in dp_traffic(P, 256 * 3 * 224 * 224 * 4, 256 * 1000 * 4, n=4).items():
     print(f"{name:<36} {b / 2**20:8.1f} MiB")
-print(f"GPU 0's link carries {2 * 3 * P / 2**20:.0f} MiB of parameters and gradients per step; each other GPU's carries {2 * P / 2**20:.0f} MiB")
+print(f"naive copies: GPU 0's link would carry {2 * 3 * P / 2**20:.0f} MiB of parameters and gradients per step; "
+      f"each other GPU's {2 * P / 2**20:.0f} MiB")
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+That star is not how CUDA builds move the bytes. `replicate` copies the parameters with the autograd function `Broadcast`, which calls `comm.broadcast_coalesced` (the tensors packed into a few large buffers, sent with NCCL's broadcast when available), and the backward of `Broadcast` is `ReduceAddCoalesced`, which sums the replicas' gradients with `comm.reduce_add_coalesced` (NCCL's reduce). NCCL pipelines a broadcast or a reduce along a chain or ring of GPUs, cutting the buffer into pieces: each link carries about `P` per direction, GPU 0's included, not `3P`. So per-link *bytes* are not what makes DataParallel slow. Its real costs are the others in the list above: the GIL, a full replication (and its latency) at every step, no overlap of the gradient reduction with backward (it happens when autograd reaches the `Broadcast`), and GPU 0's extra memory and work. The installed source shows the chain of calls:
+"""
+
+# %% slideshow={"slide_type": "fragment"}
+from torch.nn.parallel import _functions as parallel_functions
+
+assert "_broadcast_coalesced_reshape" in inspect.getsource(replicate)   # replicate, imported above
+assert "comm.broadcast_coalesced" in inspect.getsource(parallel_functions.Broadcast.forward)
+assert "ReduceAddCoalesced.apply" in inspect.getsource(parallel_functions.Broadcast.backward)
+assert "comm.reduce_add_coalesced" in inspect.getsource(parallel_functions.ReduceAddCoalesced.forward)
+print("replicate -> Broadcast -> comm.broadcast_coalesced; its backward -> ReduceAddCoalesced -> comm.reduce_add_coalesced")
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
@@ -424,13 +446,19 @@ print(f"{per_worker[0].numel()} gradient numbers: ring average == parameter-serv
 
 `torch.distributed` gives each process a **rank** in a **world** of `world_size` processes, connected by a backend: `gloo` on CPUs (and GPUs), `nccl` between NVIDIA GPUs, `mpi` where PyTorch was built with it. Every process must call the same collectives in the same order; a call returns when this rank's part is done, which usually means waiting for the others.
 
-A function defined in a notebook cell cannot run in a freshly started process (the new process cannot import the notebook), so the worker code is written to a file with `%%writefile`, into `_runs/` (git ignores it), and launched with `course_lib.launch.spawn`, which starts the processes, sets up the process group on a free port, prints each rank's output prefixed by its rank, returns what each rank returned, and kills everything on error or timeout.
+A function defined in a notebook cell cannot run in a freshly started process (the new process cannot import the notebook), so the worker code is written to a file with `%%writefile`, into `_runs/` (git ignores it), and launched with `course_lib.launch.spawn`. What it does, since the rest of the course relies on it:
+
+- `spawn("file.py:fn", nprocs=N, args=...)` starts `N` fresh Python processes. Each one gets the environment variables that `torch.distributed`'s `env://` initialization reads (`MASTER_ADDR=127.0.0.1`, `MASTER_PORT` set to a port that was free a moment ago, `RANK`, `WORLD_SIZE`), calls `dist.init_process_group("gloo")`, imports `file.py` and calls `fn(rank, world_size, *args)`; then it tears the group down (`barrier`, `destroy_process_group`) and sends `fn`'s return value back (pickled). `spawn` returns the list of values in rank order.
+- While they run, it shows each rank's printed lines (grouped by rank in a notebook, so the committed output does not depend on which process printed first).
+- It never leaves a process behind: after `timeout` seconds, or as soon as one rank fails, it kills every process it started and raises `LaunchError`, naming the rank that failed and quoting its traceback, or, on a timeout, each rank's last printed line. Section 4 uses that to show a deadlock without hanging the notebook.
+
+Notebook 08 runs the same kind of worker under `torchrun`, PyTorch's own launcher.
 """
 
 # %% slideshow={"slide_type": "-"}
 runs = Path("_runs")
 runs.mkdir(exist_ok=True)
-for old in ("collectives.py", "ring.py", "handoff.txt"):
+for old in ("collectives.py", "ring.py", "deadlock.py", "comm_time.py", "handoff.txt"):
     (runs / old).unlink(missing_ok=True)   # so that %%writefile always says "Writing"
 
 # %% slideshow={"slide_type": "-"}
@@ -528,7 +556,7 @@ print(f"all {N} ranks agree with the definitions; reduce_scatter gave {[r['reduc
 Notes on the current API, checked on PyTorch 2.13:
 - gloo supports `reduce_scatter` and `ReduceOp.AVG`. Older PyTorch raised `RuntimeError: ProcessGroupGloo does not support reduce_scatter`; support came in 2025 (pytorch/pytorch#149869) as a simple implementation, one all-reduce per rank, so on gloo it is there for correctness and testing, not speed.
 - The variants that work on one flat buffer instead of a list of tensors, `dist.reduce_scatter_tensor` and `dist.all_gather_into_tensor`, are what sharded training uses on GPUs, and most current tutorials show them; in 2.13 both are marked deprecated (a `FutureWarning`) in favour of `dist.reduce_scatter_single` and `dist.all_gather_single` (checked in the cell after this list).
-- `reduce_scatter` followed by `all_gather` **is** an all-reduce (checked above on every rank): that is exactly the ring's two phases, and what sharded training (ZeRO, FSDP) splits apart to keep only a shard of the gradients and optimizer state per rank.
+- `reduce_scatter` followed by `all_gather` **is** an all-reduce (checked above on every rank): that is exactly the ring's two phases, and what sharded training (ZeRO, FSDP; notebook 11) splits apart to keep only a shard of the gradients and optimizer state per rank.
 """
 
 # %% slideshow={"slide_type": "fragment"}
@@ -545,7 +573,41 @@ for old, new in [("reduce_scatter_tensor", "reduce_scatter_single"), ("all_gathe
 
 `dist.isend`/`dist.irecv` (non-blocking) and `dist.send`/`dist.recv` (blocking) move one tensor between two ranks. With them, the ring of section 2 becomes real code, one process per worker: each step, send one chunk to the right and receive one from the left.
 
-The send must not block before the receive is posted. On gloo a blocking `send` returns only once the neighbour has posted the matching receive, so if every rank called `send` first, each would wait for its neighbour, in a cycle: a deadlock, even for a 10-float tensor. (We tried it while writing this notebook: 3 ranks hung until `course_lib.launch` killed them at its timeout. It is not re-run here because a deadlock costs the whole timeout. Some MPI libraries buffer small messages, which is why such code can seem to work elsewhere.) `isend` returns at once; we `recv`, then `wait()` for our send.
+The send must not block before the receive is posted. On gloo a blocking `send` returns only once the neighbour has posted the matching receive, so if every rank calls `send` first, each waits for its neighbour, in a cycle: a deadlock, even for a 10-float tensor. Below, 2 ranks each `send` 10 floats to the other before receiving. Nothing would ever return. `spawn`'s own timeout would end it, but that clock starts with the processes (a few seconds of `import torch` on a busy machine); instead the sends run in a process group created with a 2-second timeout (`dist.new_group(timeout=...)`), so gloo itself gives up inside `send`, and `spawn` reports the failed rank with its traceback. (Some MPI libraries buffer small messages, which is why such code can seem to work elsewhere.)
+"""
+
+# %% slideshow={"slide_type": "-"}
+# %%writefile _runs/deadlock.py
+"""Both ranks send first: each send waits for a receive that the other rank never reaches."""
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+
+def send_first(rank: int, world_size: int) -> str:
+    group = dist.new_group(timeout=timedelta(seconds=2))   # its operations give up after 2 s
+    other = 1 - rank
+    t = torch.full((10,), float(rank))
+    dist.send(t, dst=other, group=group)         # waits until rank `other` posts its recv: never
+    dist.recv(t, src=other, group=group)
+    return "finished"
+
+
+# %% slideshow={"slide_type": "fragment"}
+from course_lib.launch import LaunchError
+
+with expect_error(LaunchError, match="Timed out waiting 2000ms for send operation", quiet=True) as caught:
+    spawn("_runs/deadlock.py:send_first", nprocs=2, timeout=60, echo="none")
+lines = str(caught.error).splitlines()
+assert "in send_first" in str(caught.error) and "dist.send(t, dst=other, group=group)" in str(caught.error)
+print("LaunchError: a rank failed inside dist.send(t, dst=other, group=group) with")
+print("  RuntimeError: ..." + lines[-1].split("]")[-1])
+print("both ranks were waiting in send(): a deadlock. The fix: isend, then recv, then wait.")
+
+# %% [markdown] slideshow={"slide_type": "fragment"}
+"""
+`isend` returns at once; the ring below calls `isend` to its right neighbour, `recv` from its left, then `wait()` for its send.
 """
 
 # %% slideshow={"slide_type": "-"}
@@ -626,6 +688,250 @@ The course keeps a second copy of this ring in `course_lib.collectives` for the 
 """
 
 # %% [markdown] slideshow={"slide_type": "slide"}
+r"""
+## 5. From bytes to time: the α-β model
+
+Sections 2 and 4 counted bytes. Time needs one more idea: a message of `m` bytes takes
+
+$$T(m) = \alpha + \frac{m}{\beta}$$
+
+where `α` (alpha, seconds) is the fixed cost of any message (software, system calls, the wire's latency) and `β` (beta, bytes per second) the bandwidth. A collective is a sequence of **steps**, each waiting for the one before, so its time is the sum of its steps' times. For an all-reduce of `S` bytes over `N` ranks:
+
+| algorithm | steps on the critical path | time |
+|---|---|---|
+| ring | `2(N-1)` messages of `S/N` | `2(N-1)·α + 2(N-1)/N · S/β` |
+| binomial tree (reduce onto rank 0, then broadcast back) | `2⌈log2 N⌉` messages of `S` | `2⌈log2 N⌉ · (α + S/β)` |
+| parameter server (rank 0 serves, one link) | `2(N-1)` messages of `S` | `2(N-1) · (α + S/β)` |
+
+The ring's bandwidth term hardly grows with `N`, but its latency term grows linearly; the tree pays only `log2 N` latencies but sends the whole `S` at every step. So small messages favour trees and large ones rings, which is why NCCL chooses per message size.
+
+One assumption hides in the ring's row: in each step every rank sends to its right **and** receives from its left at the same time. On a full-duplex link (NVLink, InfiniBand, Ethernet) the two directions are independent and the step costs one message. Between processes on one machine, the "link" is the CPU copying bytes through the kernel, and sending and receiving share it. So we measure that kind of step too: an **exchange**, both ranks sending and receiving at once.
+
+`course_lib.comm_model` holds the same table (`all_reduce_steps`, `predict_all_reduce`); the cell checks it against the formulas above, on a made-up link of 30 µs and 3 GB/s:
+"""
+
+# %% slideshow={"slide_type": "fragment"}
+from course_lib.comm_model import AlphaBeta, all_reduce_steps, fit_alpha_beta, predict_all_reduce, predict_buckets
+
+S, link = 4 * 2**20, AlphaBeta(alpha=30e-6, beta=3e9)
+for n in (2, 3, 4, 8, 16):
+    by_hand = {
+        "ring": 2 * (n - 1) * link.alpha + 2 * (n - 1) / n * S / link.beta,
+        "tree": 2 * math.ceil(math.log2(n)) * (link.alpha + S / link.beta),
+        "parameter_server": 2 * (n - 1) * (link.alpha + S / link.beta),
+    }
+    for algorithm, seconds in by_hand.items():
+        assert math.isclose(seconds, predict_all_reduce(link, S, n, algorithm))
+    steps = {a: len(all_reduce_steps(S, n, a)) for a in by_hand}
+    print(f"N={n:>2}: steps {steps}; 4 MiB takes " + ", ".join(f"{a} {t * 1e3:.2f} ms" for a, t in by_hand.items()))
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+### One launch measures everything
+
+The worker below times, for message sizes from 4 bytes to 4 MiB: one message (half of a ping-pong between ranks 0 and 1), one exchange, `dist.all_reduce`, course_lib's copy of section 4's ring, and a parameter server (`course_lib.collectives` has it, written with `send`/`recv`). It also all-reduces, one after the other, the buckets DDP would make for a 2.1 M-parameter MLP (notebook 08 explains DDP's buckets; the rule, in short: the gradients in reverse order of the parameters, a bucket closed as soon as it holds at least 1 MiB for the first, 25 MiB for the others).
+
+Each time is the best of 5 rounds over all sizes (one warm-up round first), so a burst of other work on the machine spoils one round, not one size. We use 2 ranks: this machine has 2 cores, and with more processes than cores a message also waits for its receiver to be scheduled, so `α` would measure the operating system's scheduler. With 2 ranks the tree and the parameter server are the same algorithm (one message to rank 0, one back), so only the second is measured.
+"""
+
+# %% slideshow={"slide_type": "-"}
+# %%writefile _runs/comm_time.py
+"""Times of messages and all-reduces on gloo, for the alpha-beta model: every size, in one launch."""
+import time
+
+import torch
+import torch.distributed as dist
+
+from course_lib.collectives import parameter_server_all_reduce, ring_all_reduce
+
+
+def message(t: torch.Tensor) -> None:     # a ping-pong: rank 0 -> rank 1, then back (two messages)
+    if dist.get_rank() == 0:
+        dist.send(t, dst=1)
+        dist.recv(t, src=1)
+    else:
+        dist.recv(t, src=0)
+        dist.send(t, dst=0)
+
+
+def exchange(t: torch.Tensor) -> None:    # both ranks send and receive at once (a ring's step)
+    other = 1 - dist.get_rank()
+    incoming = torch.empty_like(t)
+    request = dist.isend(t, dst=other)
+    dist.recv(incoming, src=other)
+    request.wait()
+
+
+OPS = {"message": message, "exchange": exchange, "gloo all_reduce": dist.all_reduce,
+       "ring": ring_all_reduce, "parameter server": parameter_server_all_reduce}
+
+
+def seconds_per_call(fn, reps: int) -> float:
+    dist.barrier()                            # start together
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    return (time.perf_counter() - t0) / reps
+
+
+def measure(rank: int, world_size: int, sizes: list, buckets: list, rounds: int) -> dict:
+    torch.set_num_threads(1)
+    best = {name: [float("inf")] * len(sizes) for name in OPS}
+    best["buckets"] = [float("inf")]
+    grads = [torch.ones(b // 4) for b in buckets]
+    for r in range(rounds + 1):               # round 0 warms up (connections, allocations): not kept
+        for i, nbytes in enumerate(sizes):
+            t = torch.ones(nbytes // 4)
+            reps = max(1, min(20, 2**16 // nbytes))   # small messages: many calls per timing
+            for name, fn in OPS.items():
+                seconds = seconds_per_call(lambda: fn(t), reps)
+                best[name][i] = min(best[name][i], seconds) if r else best[name][i]
+        for _ in range(3):                    # DDP's buckets, all-reduced one after the other
+            seconds = seconds_per_call(lambda: [dist.all_reduce(g) for g in grads], 1)
+            best["buckets"][0] = min(best["buckets"][0], seconds) if r else best["buckets"][0]
+    best["message"] = [s / 2 for s in best["message"]]   # one message = half a ping-pong
+    return {name: values for name, values in best.items()}
+
+
+# %% slideshow={"slide_type": "fragment"}
+def ddp_bucket_bytes(model: nn.Module, first: int = 2**20, cap: int = 25 * 2**20) -> list[int]:
+    """DDP's bucketing, simplified: gradients in reverse order, a bucket closes once it reaches its cap."""
+    buckets, current = [], 0
+    for p in reversed(list(model.parameters())):
+        current += p.numel() * p.element_size()
+        if current >= (first if not buckets else cap):
+            buckets, current = [*buckets, current], 0
+    return buckets + [current] if current else buckets
+
+
+seed_everything(0)
+ddp_model = nn.Sequential(nn.Linear(64, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU(),
+                          nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 10))
+buckets = ddp_bucket_bytes(ddp_model)
+sizes = [4 * 4**i for i in range(11)]             # 4 B, 16 B, ..., 4 MiB
+comm = spawn("_runs/comm_time.py:measure", nprocs=2, args=(sizes, buckets, 5), timeout=120, echo="none")[0]
+print(f"{sum(p.numel() for p in ddp_model.parameters()):,} parameters -> DDP buckets of {buckets} bytes")
+print(f"measured {len(sizes)} sizes x {len(comm) - 1} operations, and the {len(buckets)} buckets")
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+### Fitting α and β
+
+Times span four orders of magnitude, so a plain least-squares fit would only care about the largest messages. We minimize the *relative* error instead: divide each equation `α + m/β = t` by `t`. It stays linear in the unknowns `α` and `1/β`, so `torch.linalg.lstsq` solves it. `course_lib.comm_model.fit_alpha_beta` does the same (with the two normal equations), and the cell checks that the two agree.
+"""
+
+
+# %% slideshow={"slide_type": "fragment"}
+
+def fit(m: list[int], t: list[float]) -> tuple[float, float]:
+    t_ = torch.tensor(t, dtype=torch.float64)
+    A = torch.stack([1 / t_, torch.tensor(m, dtype=torch.float64) / t_], dim=1)   # rows (1/t, m/t)
+    alpha, inv_beta = torch.linalg.lstsq(A, torch.ones_like(t_)).solution.tolist()
+    return alpha, 1 / inv_beta
+
+
+links = {}
+for kind in ("message", "exchange"):
+    alpha, beta = fit(sizes, comm[kind])
+    links[kind] = fit_alpha_beta(sizes, comm[kind])
+    assert abs(alpha / links[kind].alpha - 1) < 1e-6 and abs(beta / links[kind].beta - 1) < 1e-6
+    errors = sorted(abs(links[kind].time(m) / t - 1) for m, t in zip(sizes, comm[kind]))
+    median_error = errors[len(errors) // 2]
+    assert 1e-6 < alpha < 1e-3 and 5e7 < beta < 1e11      # microseconds, and 0.05 to 100 GB/s
+    assert median_error < 0.5                              # the line fits most sizes
+    print(f"{kind:<8}: alpha ~{alpha * 1e6:.0f} us, beta ~{beta / 1e9:.2f} GB/s; "
+          f"median relative error of the fit ~{median_error:.0%}")
+message, exchange = links["message"], links["exchange"]
+print("(the fit by hand equals course_lib.comm_model.fit_alpha_beta)")
+ratio = comm["exchange"][-1] / comm["message"][-1]
+assert ratio > 0.8               # sending and receiving at once is never much cheaper than one message
+print(f"an exchange of {sizes[-1] // 2**20} MiB costs ~{ratio:.1f}x one message here (1x on a full-duplex link)")
+
+# %% slideshow={"slide_type": "fragment"}
+fig, ax = plt.subplots(figsize=(6.5, 3.8))
+grid = [4 * 2**i for i in range(21)]
+for kind, marker, color in [("message", "o", "tab:blue"), ("exchange", "s", "tab:orange")]:
+    ax.plot(sizes, [t * 1e6 for t in comm[kind]], marker, color=color, label=f"{kind}, measured")
+    ax.plot(grid, [links[kind].time(m) * 1e6 for m in grid], "-", color=color, alpha=0.6,
+            label=f"{kind}: α + m/β fitted")
+ax.set_xscale("log", base=2)
+ax.set_yscale("log")
+ax.set_xlabel("message size m (bytes)")
+ax.set_ylabel("time (µs)")
+ax.set_title("gloo between 2 processes on this machine: latency, then bandwidth")
+ax.legend(fontsize=8)
+fig.tight_layout()
+plt.show()
+print(f"the two regimes meet where m = alpha * beta ~{message.alpha * message.beta / 1024:.0f} KiB: "
+      "below it a message costs its latency, above it its bytes")
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+Small messages cost about `α` whatever their size; above `α·β` bytes (printed under the plot: between tens and a few hundred KiB in our runs) the bytes dominate. On the machine that recorded these outputs an exchange (both directions at once) cost 2 to 4 times one message, depending on the run: the bytes of both directions go through the same CPU cores (a machine with more cores can move them in parallel, so your ratio may be lower). On a full-duplex network it would cost the same as one message. So the ring's steps are predicted with the exchange fit, the parameter server's with the message fit.
+
+### Predicted against measured
+
+The predictions use only the two fitted lines and the table of steps. Your measured times (after `~`) depend on the machine and on what else it runs; the cell asserts a generous relation: for each algorithm, the measured time is within a factor of 4 of the prediction on average over the sizes (geometric mean), and likewise for DDP's buckets. (The recorded outputs were made on a 2-core machine shared with other work, and their factors are between about 1 and 2; the margin is for busier machines, where a process also waits for a core.)
+"""
+
+# %% slideshow={"slide_type": "fragment"}
+predicted = {
+    "ring": [predict_all_reduce(message, m, 2, "ring", exchange=exchange) for m in sizes],
+    "parameter server": [predict_all_reduce(message, m, 2, "parameter_server") for m in sizes],
+}
+predicted["gloo all_reduce"] = [min(r, p) for r, p in zip(predicted["ring"], predicted["parameter server"])]
+print(f"{'bytes':>8} | " + " | ".join(f"{name:>25}" for name in predicted))
+print(f"{'':>8} | " + " | ".join(f"{'predicted  measured':>25}" for _ in predicted))
+for i, m in enumerate(sizes):   # both machine-dependent: the prediction comes from this machine's fit
+    cells = [f"~{predicted[k][i] * 1e6:.0f} us ~{comm[k][i] * 1e6:.0f} us" for k in predicted]
+    print(f"{m:>8} | " + " | ".join(f"{c:>25}" for c in cells))
+for name in predicted:
+    ratios = [c / p for c, p in zip(comm[name], predicted[name])]
+    geo = math.exp(sum(math.log(r) for r in ratios) / len(ratios))
+    print(f"{name:<17} measured / predicted: within 4x on average (~{geo:.2f}x)")
+    assert 1 / 4 < geo < 4, (name, geo)
+ddp_pred = sum(min(predict_all_reduce(message, b, 2, "ring", exchange=exchange),   # gloo's choice: the
+                   predict_all_reduce(message, b, 2, "parameter_server")) for b in buckets)   # faster one
+print(f"DDP's {len(buckets)} buckets ({sum(buckets) / 2**20:.1f} MiB): predicted ~{ddp_pred * 1e3:.2f} ms, "
+      f"measured ~{comm['buckets'][0] * 1e3:.2f} ms (within 4x)")
+assert 1 / 4 < comm["buckets"][0] / ddp_pred < 4
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+For `dist.all_reduce`, and so for DDP's buckets, the prediction is the faster of the two algorithms, since gloo picks its own (section 2: the backend chooses); `course_lib.comm_model.predict_buckets` adds up one algorithm's all-reduces, bucket by bucket, and is what the next cell uses. Our Python ring pays more than `α` per step at small sizes (an `isend`, a `recv`, a `wait` and an addition in Python), which is why it is the slowest of the three there.
+
+### What changes on GPUs and real networks
+
+The model is the same; `α` and `β` change. The figures below are **cited from vendors' specifications, not measured here**: NVLink 4 on an NVIDIA H100 SXM GPU gives 900 GB/s of total bidirectional bandwidth (450 GB/s each way); one InfiniBand NDR port carries 400 Gb/s (50 GB/s each way). For `α` we *assume* 5 µs on both, the order of magnitude of a small NCCL all-reduce between GPUs; it is an assumption for the sketch, not a specification. Both links are full duplex, so the exchange costs one message. We predict, for 8 ranks, an all-reduce of ResNet-50's 102 MB of float32 gradients, in DDP's 25 MiB buckets, and of a 64 KiB tensor:
+"""
+
+# %% slideshow={"slide_type": "fragment"}
+cited = {   # bandwidth per direction from vendors' specifications; alpha = 5 us is an assumption
+    "NVLink 4 (H100 SXM)": AlphaBeta(alpha=5e-6, beta=450e9),
+    "InfiniBand NDR port": AlphaBeta(alpha=5e-6, beta=400e9 / 8),
+}
+resnet50 = 25_557_032 * 4
+print(f"{'link':<28} 102 MB: ring, tree, parameter server | 64 KiB: ring, tree")
+for name, link in [("this machine (gloo, fitted)", message), *cited.items()]:
+    duplex = exchange if link is message else None
+    big = {a: predict_all_reduce(link, resnet50, 8, a, exchange=duplex) for a in ("ring", "tree", "parameter_server")}
+    small = {a: predict_all_reduce(link, 65536, 8, a, exchange=duplex) for a in ("ring", "tree")}
+    if duplex is None:                                            # full duplex, many bytes: the ring wins
+        assert big["ring"] < big["tree"] < big["parameter_server"]
+    mark = "~" if duplex else ""          # this machine's row comes from its fit: machine-dependent
+    print(f"{name:<28} " + " ".join(f"{mark}{big[a] * 1e3:.1f} ms" for a in big) + " | "
+          + " ".join(f"{mark}{small[a] * 1e6:.1f} us" for a in small))
+for name, link in cited.items():
+    ddp_buckets = [25 * 2**20] * (resnet50 // (25 * 2**20)) + [resnet50 % (25 * 2**20)]
+    print(f"{name}: DDP's gradient all-reduce of ResNet-50 on 8 ranks, 25 MiB buckets: "
+          f"{predict_buckets(link, ddp_buckets, 8) * 1e3:.2f} ms per step")
+n_many = 512   # many ranks, small tensor: the ring's 2(N-1) latencies lose to the tree's 2 log2 N
+nv = cited["NVLink 4 (H100 SXM)"]
+assert predict_all_reduce(nv, 65536, n_many, "tree") < predict_all_reduce(nv, 65536, n_many, "ring")
+print(f"64 KiB on {n_many} ranks over NVLink-like links: tree {predict_all_reduce(nv, 65536, n_many, 'tree') * 1e6:.0f} us, "
+      f"ring {predict_all_reduce(nv, 65536, n_many, 'ring') * 1e6:.0f} us")
+
+# %% [markdown] slideshow={"slide_type": "slide"}
 """
 ## Summary
 
@@ -633,7 +939,8 @@ The course keeps a second copy of this ring in `course_lib.collectives` for the 
 - It is slow because of the GIL, the per-step model copy and the load on GPU 0. It does support autocast today (the thread-local state is carried into the worker threads). Prefer DDP, even on one machine.
 - A parameter server's link carries `N·S` per step; a ring all-reduce sends `2(N-1)/N·S` per worker, in `2(N-1)` steps (scatter-reduce then all-gather). Both compute the same average; the "effective batch" depends on how the data is split, not on the algorithm.
 - The collectives (`broadcast`, `reduce`, `all_reduce`, `gather`, `all_gather`, `reduce_scatter`, `barrier`) run on gloo on CPU; `reduce_scatter` + `all_gather` = `all_reduce`.
-- A ring all-reduce from `isend`/`recv` matches `dist.all_reduce`, byte for byte as predicted.
+- A ring all-reduce from `isend`/`recv` matches `dist.all_reduce`, byte for byte as predicted. Blocking `send`s in a cycle deadlock; `course_lib.launch.spawn`'s timeout turns the hang into an error that shows where each rank stopped.
+- Time is `α + m/β` per message, summed over a collective's steps: ring `2(N-1)` steps of `S/N`, tree `2⌈log2 N⌉` of `S`, parameter server `2(N-1)` of `S` on one link. Fitted to gloo here, the model predicts the measured all-reduces and DDP's bucketed communication within a small factor; the same formulas with NVLink's or InfiniBand's figures say that large gradients favour the ring and many ranks with small tensors favour the tree.
 """
 
 # %% [markdown] slideshow={"slide_type": "slide"}
@@ -677,6 +984,21 @@ for task in COLLECTIVE_TASKS:
     print("-", task)
 check_collective_choice(choices)
 
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+**4.** Write `ring_time(nbytes, n, alpha, beta)`: the α-β model's time in seconds for a ring all-reduce of `nbytes` bytes over `n` ranks on full-duplex links of latency `alpha` (seconds) and bandwidth `beta` (bytes per second).
+"""
+
+# %% slideshow={"slide_type": "-"}
+from course_lib.exercises.all_reduce import check_ring_time
+
+
+def ring_time(nbytes: float, n: int, alpha: float, beta: float) -> float:
+    raise NotImplementedError  # your code here
+
+
+check_ring_time(ring_time)
+
 # %% [markdown] slideshow={"slide_type": "slide"}
 """
 ## References
@@ -690,4 +1012,10 @@ check_collective_choice(choices)
 - M. Li et al., *Scaling Distributed Machine Learning with the Parameter Server*, OSDI 2014: https://www.usenix.org/conference/osdi14/technical-sessions/presentation/li_mu
 - pytorch/pytorch#149869, *ProcessGroupGloo: support reduce_scatter* (2025): https://github.com/pytorch/pytorch/pull/149869
 - S. Li et al., *PyTorch Distributed: Experiences on Accelerating Data Parallel Training*, VLDB 2020: https://arxiv.org/abs/2006.15704
+- R. Thakur, R. Rabenseifner, W. Gropp, *Optimization of Collective Communication Operations in MPICH*, IJHPCA 2005 (the α-β cost of ring, tree and recursive algorithms): https://doi.org/10.1177/1094342005051521
+- R. Hockney, *The communication challenge for MPP: Intel Paragon and Meiko CS-2*, Parallel Computing 20(3), 1994 (the latency-bandwidth model)
+- NVIDIA, *H100 Tensor Core GPU* (specifications: NVLink 900 GB/s for H100 SXM): https://www.nvidia.com/en-us/data-center/h100/
+- NVIDIA, *ConnectX-7 adapter* (InfiniBand NDR, 400 Gb/s per port): https://www.nvidia.com/en-us/networking/infiniband-adapters/
+- NVIDIA, *NCCL environment variables* (`NCCL_ALGO`: ring, tree and others, chosen per size): https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/env.html
+- Python, `sys.setswitchinterval` (the GIL's switch interval): https://docs.python.org/3/library/sys.html#sys.setswitchinterval
 """

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from course_lib.allreduce_sim import ring_all_reduce as simulated_ring
-from course_lib.collectives import ring_all_reduce
+from course_lib.collectives import parameter_server_all_reduce, ring_all_reduce, tree_all_reduce
 from course_lib.launch import spawn
 from course_lib.manifest import written_file
 from course_lib.timing import matmul_tflops
@@ -26,11 +26,47 @@ def test_ring_all_reduce_equals_dist_all_reduce_and_notebook_07s_ring(tmp_path: 
             assert row["sent"] == simulated_ring([torch.zeros(row["numel"]) for _ in range(3)]).sent_bytes[rank]
 
 
+_TREE_PS_WORKER = """
+import torch
+import torch.distributed as dist
+from course_lib.collectives import parameter_server_all_reduce, tree_all_reduce
+
+
+def check(rank, world_size):
+    rows = []
+    for fn in (tree_all_reduce, parameter_server_all_reduce):
+        x = torch.arange(10, dtype=torch.float32) * (rank + 1)   # integers: exact in any order
+        reference = x.clone()
+        dist.all_reduce(reference)
+        sent = fn(x)
+        rows.append((fn.__name__, bool(torch.equal(x, reference)), sent))
+    return rows
+"""
+
+
+def test_tree_and_parameter_server_equal_dist_all_reduce(tmp_path: Path) -> None:
+    worker = tmp_path / "tree_ps.py"
+    worker.write_text(_TREE_PS_WORKER)
+    n = 3
+    rows = spawn(f"{worker}:check", nprocs=n, timeout=90, echo="none")
+    for rank, rank_rows in enumerate(rows):
+        (tree_name, tree_equal, tree_sent), (ps_name, ps_equal, ps_sent) = rank_rows
+        assert tree_equal and ps_equal, (rank, rank_rows)
+        assert ps_sent == (40 * (n - 1) if rank == 0 else 40)
+        # binomial tree over 3 ranks: 1 and 2 each send once to reduce onto 0; 0 sends the sum back to both
+        assert tree_sent == {0: 80, 1: 40, 2: 40}[rank]
+
+
 def test_ring_all_reduce_refuses_what_it_cannot_do() -> None:
     with pytest.raises(TypeError, match="must be a torch.Tensor"):
         ring_all_reduce([1.0, 2.0])  # type: ignore[arg-type]
     with pytest.raises(RuntimeError, match="needs a process group"):
         ring_all_reduce(torch.zeros(4))
+    for fn in (tree_all_reduce, parameter_server_all_reduce):
+        with pytest.raises(RuntimeError, match="needs a process group"):
+            fn(torch.zeros(4))
+        with pytest.raises(TypeError, match="must be a torch.Tensor"):
+            fn([1.0])  # type: ignore[arg-type]
 
 
 def test_matmul_tflops_on_cpu_and_its_checks() -> None:

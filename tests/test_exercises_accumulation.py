@@ -8,6 +8,7 @@ from torch import nn
 from checks import assert_check
 from course_lib.exercises.accumulation import (
     check_accumulate,
+    check_accumulate_tokens,
     check_micro_batch_weights,
     check_scaled_accumulation_step,
 )
@@ -91,4 +92,55 @@ def test_scaled_accumulation_step() -> None:
         right=[_good_scaled],
         not_done=[...],
         wrong=[(plain_step, ""), (step_each_micro_batch, "exactly once"), (update_without_step, "raised")],
+    )
+
+
+def _token_loss(model: nn.Module, x: torch.Tensor, t: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
+    logits = model(x)
+    return nn.functional.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]), t.reshape(-1), ignore_index=-100, reduction=reduction
+    )
+
+
+def test_accumulate_tokens() -> None:
+    def right(model: nn.Module, micro: Any) -> None:
+        n = sum(int((t != -100).sum()) for _, t in micro)
+        for x, t in micro:
+            (_token_loss(model, x, t, "sum") / n).backward()
+
+    def mean_over_k(model: nn.Module, micro: Any) -> None:
+        for x, t in micro:
+            (_token_loss(model, x, t) / len(micro)).backward()
+
+    def by_sequences(model: nn.Module, micro: Any) -> None:
+        total = sum(len(x) for x, _ in micro)
+        for x, t in micro:
+            (_token_loss(model, x, t) * len(x) / total).backward()
+
+    def counts_padding(model: nn.Module, micro: Any) -> None:
+        n = sum(t.numel() for _, t in micro)
+        for x, t in micro:
+            (_token_loss(model, x, t, "sum") / n).backward()
+
+    def blank(model: nn.Module, micro: Any) -> None:
+        raise NotImplementedError
+
+    def nothing(model: nn.Module, micro: Any) -> None:
+        return None
+
+    def crashes(model: nn.Module, micro: Any) -> None:
+        raise ValueError("boom")
+
+    assert_check(
+        check_accumulate_tokens,
+        right=[right],
+        right_says="token",
+        not_done=[..., blank],
+        wrong=[
+            (mean_over_k, "averaged per micro-batch"),
+            (by_sequences, "weighted by sequences"),
+            (counts_padding, "count the tokens"),
+            (nothing, "no .grad"),
+            (crashes, "boom"),
+        ],
     )

@@ -6,6 +6,7 @@ from course_lib.exercises.all_reduce import (
     check_collective_choice,
     check_ring_bytes,
     check_ring_schedule,
+    check_ring_time,
 )
 
 
@@ -50,5 +51,28 @@ def test_collective_choice() -> None:
             ({tasks[0]: "all_reduce"}, "no answer"),
             ({**COLLECTIVE_TASKS, tasks[1]: "reduce"}, "best fit"),
             ({**COLLECTIVE_TASKS, tasks[1]: "shout"}, "not one of"),
+        ],
+    )
+
+
+def test_ring_time() -> None:
+    def blank(s: float, n: int, a: float, b: float) -> float:
+        raise NotImplementedError
+
+    assert_check(
+        check_ring_time,
+        right=[
+            lambda s, n, a, b: 2 * (n - 1) * (a + s / n / b),
+            lambda s, n, a, b: 2 * (n - 1) * a + 2 * (n - 1) / n * s / b,
+        ],
+        right_says="latency grows with N",
+        not_done=[..., blank],
+        wrong=[
+            (lambda s, n, a, b: 2 * (n - 1) / n * s / b, "bandwidth term alone"),
+            (lambda s, n, a, b: (n - 1) * (a + s / n / b), "one phase only"),
+            (lambda s, n, a, b: 2 * (n - 1) * (a + s / b), "chunk of S/N"),
+            (lambda s, n, a, b: a + s / b, "one message of S bytes"),
+            (lambda s, n, a, b: 2 * n * (a + s / n / b), "add up 2(N-1) steps"),
+            (lambda s, n, a, b: "fast", ""),
         ],
     )

@@ -10,7 +10,7 @@ from torch import nn
 
 from .core import NotDone, Wrong, call_learner, exercise, grads_of, is_placeholder
 
-__all__ = ["check_micro_batch_weights", "check_accumulate", "check_scaled_accumulation_step"]
+__all__ = ["check_micro_batch_weights", "check_accumulate", "check_scaled_accumulation_step", "check_accumulate_tokens"]
 
 _SIZES_CASES = [[32, 32, 32, 32], [32, 32, 32, 4], [5], [1, 2, 3], [10, 0, 6]]
 
@@ -131,3 +131,75 @@ def check_scaled_accumulation_step(fn: Any) -> str:
                 raise Wrong("the step used scaled gradients: let scaler.step (or scaler.unscale_) divide them back")
             raise Wrong("after your step the parameters differ from one plain SGD step on the big batch")
     return "scale every micro-batch loss, then one unscale_/step/update per optimizer step: same as the big batch"
+
+
+_PAD = -100
+
+
+def _token_setup(seed: int) -> tuple[nn.Module, list[tuple[torch.Tensor, torch.Tensor]]]:
+    """A token model and 3 micro-batches of 3, 2 and 1 padded sequences (15, 7 and 2 tokens)."""
+    g = torch.Generator().manual_seed(seed)
+    vocab, length = 11, 7
+    model = nn.Sequential(nn.Embedding(vocab, 5), nn.Linear(5, vocab)).double()
+    for p in model.parameters():
+        with torch.no_grad():
+            p.copy_(torch.randn(p.shape, generator=g, dtype=torch.float64))
+    lengths = torch.tensor([7, 6, 2, 2, 5, 2])  # tokens per micro-batch: 15, 7, 2
+    tokens = torch.randint(0, vocab, (6, length), generator=g)
+    targets = torch.randint(0, vocab, (6, length), generator=g)
+    targets[torch.arange(length) >= lengths[:, None]] = _PAD
+    return model, list(zip(tokens.split([3, 2, 1]), targets.split([3, 2, 1])))
+
+
+def _token_grads(model: nn.Module, micro: list[tuple[torch.Tensor, torch.Tensor]], how: str) -> list[torch.Tensor]:
+    ref = copy.deepcopy(model)
+    n_tokens = sum(int((t != _PAD).sum()) for _, t in micro)
+    for x, t in micro:
+        out = ref(x)
+        logits = out.reshape(-1, out.shape[-1])
+        if how == "right":
+            loss = nn.functional.cross_entropy(logits, t.reshape(-1), ignore_index=_PAD, reduction="sum") / n_tokens
+        elif how == "mean / k":
+            loss = nn.functional.cross_entropy(logits, t.reshape(-1), ignore_index=_PAD) / len(micro)
+        else:  # "sequences": mean per micro-batch weighted by its share of the sequences
+            share = len(x) / sum(len(m[0]) for m in micro)
+            loss = nn.functional.cross_entropy(logits, t.reshape(-1), ignore_index=_PAD) * share
+        loss.backward()
+    return [p.grad if p.grad is not None else torch.zeros_like(p) for p in ref.parameters()]
+
+
+@exercise(
+    "token-level accumulation",
+    todo="write accumulate_tokens(model, micro_batches) so that .grad holds the token-mean loss's gradient",
+)
+def check_accumulate_tokens(fn: Any) -> str:
+    for seed in (0, 1):
+        model, micro = _token_setup(seed)
+        want = _token_grads(model, micro, "right")
+        model.zero_grad(set_to_none=True)
+        _run_in_place(fn, model, micro)
+        maybe = [p.grad for p in model.parameters()]
+        grads = [g for g in maybe if g is not None]
+        if len(grads) != len(maybe):
+            raise Wrong("after accumulate_tokens(...) some parameters have no .grad: call backward() on each loss")
+        if all(torch.allclose(g, w, atol=1e-10) for g, w in zip(grads, want)):
+            continue
+        for how, hint in [
+            (
+                "mean / k",
+                "you averaged per micro-batch and divided by k: each micro-batch then weighs the same, "
+                "whatever its number of tokens",
+            ),
+            (
+                "sequences",
+                "you weighted by sequences (n_i / N): the loss elements are tokens, and sequences "
+                "have different lengths",
+            ),
+        ]:
+            if all(torch.allclose(g, w, atol=1e-10) for g, w in zip(grads, _token_grads(model, micro, how))):
+                raise Wrong(hint + ". Divide each micro-batch's SUM of token losses by the tokens of all micro-batches")
+        raise Wrong(
+            "the gradients differ from the token mean of all micro-batches: count the tokens (targets != -100) "
+            "of every micro-batch first, then divide each micro-batch's sum of token losses by that total"
+        )
+    return "each token weighs the same, whatever micro-batch it is in: the big batch's token-mean gradient"

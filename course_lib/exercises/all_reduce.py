@@ -5,10 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 from ..allreduce_sim import parameter_server_bytes_formula, ring_bytes_formula
+from ..comm_model import AlphaBeta, predict_all_reduce
 from ..validation import is_int
 from .core import NotDone, Wrong, as_number, call_learner, dict_answer, exercise, is_placeholder
 
-__all__ = ["check_ring_bytes", "check_ring_schedule", "check_collective_choice", "COLLECTIVE_TASKS"]
+__all__ = ["check_ring_bytes", "check_ring_schedule", "check_collective_choice", "check_ring_time", "COLLECTIVE_TASKS"]
 
 
 @exercise("ring traffic", todo="write ring_bytes(nbytes, n): the bytes each worker sends in a ring all-reduce")
@@ -88,3 +89,34 @@ def check_collective_choice(choices: Any) -> str:
         if name != want:
             raise Wrong(f"for {task!r}, {name} is not the best fit: who has the inputs, and who needs the result?")
     return "each task uses the one collective whose inputs and outputs fit it"
+
+
+_RING_TIME_CASES = [(4 * 2**20, 2, 30e-6, 2e9), (100e6, 8, 5e-6, 450e9), (65536, 64, 5e-6, 50e9), (1000, 1, 1e-5, 1e9)]
+
+
+@exercise("ring time", todo="write ring_time(nbytes, n, alpha, beta): the alpha-beta model's time of a ring all-reduce")
+def check_ring_time(fn: Any) -> str:
+    for nbytes, n, alpha, beta in _RING_TIME_CASES:
+        got = as_number(call_learner(fn, nbytes, n, alpha, beta), f"ring_time({nbytes}, {n}, {alpha}, {beta})")
+        link = AlphaBeta(alpha=alpha, beta=beta)
+        want = predict_all_reduce(link, nbytes, n, "ring")
+        if abs(got - want) <= 1e-9 * max(1.0, want) + 1e-15:
+            continue
+        steps = 2 * (n - 1)
+
+        def close(x: float, got: float = got) -> bool:
+            return abs(got - x) <= 1e-6 * max(abs(x), 1e-12)
+
+        if close(steps * nbytes / n / beta):
+            raise Wrong("that is the bandwidth term alone: every one of the 2(N-1) steps also pays alpha")
+        if close(want / 2):
+            raise Wrong("that is one phase only: scatter-reduce AND all-gather, N-1 steps each")
+        if close(steps * (alpha + nbytes / beta)):
+            raise Wrong("each step of the ring sends one chunk of S/N bytes, not the whole S")
+        if close(alpha + nbytes / beta):
+            raise Wrong("that is one message of S bytes; the ring is 2(N-1) messages of S/N, one after the other")
+        raise Wrong(
+            f"ring_time({nbytes}, {n}, {alpha}, {beta}) = {got:.6g} s, expected {want:.6g} s: "
+            "add up 2(N-1) steps of alpha + (S/N)/beta"
+        )
+    return "2(N-1) alpha + 2(N-1)/N S/beta: latency grows with N, bandwidth hardly does"
