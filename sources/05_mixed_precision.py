@@ -97,7 +97,7 @@ for v in (1.0, -2.5, 0.1, 65504.0, 6.1e-5, 3e-7):
 """
 ### A widespread mistake about fp16's range, and the true limits by experiment
 
-A popular blog post on training tricks (one of this course's sources) says fp16's range is "[-65504, -66504]" and that numbers below "2^-24" become 0. The first is a typo (both ends negative; the upper end is **+65504**); the second is imprecise: 2^-24 ≈ 5.96e-8 is the **smallest subnormal**, the smallest *normal* number is 2^-14 ≈ 6.10e-5, and only values below *half* the smallest subnormal (2^-25) round to zero. Between 2^-24 and 2^-14 numbers survive but with fewer and fewer significant bits.
+A popular blog post on training tricks (one of this course's sources) says fp16's range is "[-65504, -66504]" and that numbers below "2^-24" become 0. The first is a typo (both ends negative; the upper end is **+65504**); the second is imprecise: 2^-24 ≈ 5.96e-8 is the **smallest subnormal**, the smallest *normal* number is 2^-14 ≈ 6.10e-5, and the values that round to zero are those **at or below** *half* the smallest subnormal, 2^-25 (2^-25 itself lies exactly halfway between 0 and 2^-24, and a tie rounds to the neighbour whose last bit is even, which is 0). Between 2^-24 and 2^-14 numbers survive but with fewer and fewer significant bits.
 """
 
 # %% slideshow={"slide_type": "fragment"}
@@ -113,7 +113,7 @@ assert fp16(2.0**-25 * 1.01) == 2.0**-24                        # just above hal
 assert fp16(1e-8) == 0.0                                        # below 2^-25: gone
 print(f"fp16 range [{-h.max:g}, {h.max:g}]; 65520 -> {fp16(65520.0)}")
 print(f"smallest normal {h.smallest_normal:.4g}, smallest subnormal {h.smallest_subnormal:.4g}, "
-      f"zero below {h.smallest_subnormal / 2:.4g}")
+      f"zero at or below {h.smallest_subnormal / 2:.4g}")
 print(f"relative precision near 3e-7 (subnormal): {abs(fp16(3e-7) - 3e-7) / 3e-7:.1%} error, "
       f"near 1.0 (normal): {abs(fp16(1.0001) - 1.0001) / 1.0001:.3%}")
 
@@ -973,7 +973,7 @@ if requires_gpu("matmul throughput: fp32, TF32, fp16, bf16 on tensor cores"):
 """
 ## Summary
 
-- fp16 has 5 exponent and 10 mantissa bits: range **[-65504, 65504]**, smallest normal 2^-14 ≈ 6.1e-5, smallest subnormal 2^-24 ≈ 6.0e-8; values below 2^-25 round to 0. bf16 has fp32's range with 7 mantissa bits (eps 2^-7).
+- fp16 has 5 exponent and 10 mantissa bits: range **[-65504, 65504]**, smallest normal 2^-14 ≈ 6.1e-5, smallest subnormal 2^-24 ≈ 6.0e-8; values at or below 2^-25 round to 0 (2^-25 is a tie, rounded to even: 0). bf16 has fp32's range with 7 mantissa bits (eps 2^-7).
 - fp16 breaks training by overflow (inf/NaN), underflow of small gradients (here a large fraction of a trained MLP's activation gradients), lost updates when `lr * grad` is below half a gap, and stalled fp16 accumulators.
 - Loss scaling shifts gradients into range; the dynamic rule (skip + halve on inf/NaN, double after `growth_interval` clean steps) is a few lines, and `torch.amp.GradScaler` makes exactly the same decisions. Call `scaler.unscale_(optimizer)` before clipping or inspecting gradients.
 - fp32 master weights keep small updates; the update is `w - lr * grad`. `GradScaler` refuses fp16 gradients for that reason.

@@ -64,7 +64,7 @@ def test_summary_is_text_with_both_numbers() -> None:
         (x * 2).exp().sum()
     assert (
         m.summary()
-        == "1 tensors saved for backward: 1.00 KiB of activations (+ 0 B of parameters, shared storage counted once)"
+        == "1 tensors saved for backward: 1.00 KiB of activations (+ 0 B of saved parameters, shared storage counted once)"
     )
 
 
