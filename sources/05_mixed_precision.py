@@ -1341,6 +1341,21 @@ def next_scale(scale, tracker, found_inf, growth_interval):
 
 check_next_scale(next_scale)
 
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+**4.** Write `scaler_step(scaler, optimizer, scheduler)` for a loop that has already called `scaler.scale(loss).backward()`: step the optimizer through the scaler, update the scale, step the LR scheduler **only if the optimizer really stepped** (section 4), and return `True` when it did. The check runs ten steps, four of them with an injected overflow.
+"""
+
+# %% slideshow={"slide_type": "fragment"}
+from course_lib.exercises.mixed_precision import check_scaler_step
+
+
+def scaler_step(scaler, optimizer, scheduler):
+    raise NotImplementedError("your code here")
+
+
+check_scaler_step(scaler_step)
+
 # %% [markdown] slideshow={"slide_type": "slide"}
 """
 ## References
