@@ -1208,7 +1208,7 @@ print(f"training step, fp32: ~{s32 * 1e3:.2f} ms | bf16 autocast: ~{s16 * 1e3:.2
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-And an AVX2-only CPU, a typical laptop without bf16 units, simulated on this one: a new Python process with PyTorch's AVX2 kernels, oneDNN and MKL capped at AVX2, one thread (the settings `make test-portable` uses). Capped at AVX2, oneDNN reports no bf16 support, so PyTorch runs bf16 matmuls with its own fallback loop, as on a real AVX2 machine. The ratio depends on the machine (`~`); the lesson is its size:
+And an AVX2-only CPU, a typical laptop without bf16 units, simulated on this one: a new Python process with PyTorch's AVX2 kernels, oneDNN and MKL capped at AVX2, one thread (the settings `make test-portable` uses). Capped at AVX2, oneDNN reports no bf16 support, so PyTorch runs bf16 matmuls with its own fallback loop, as on a typical AVX2 machine. The ratio depends on the machine (`~`); the lesson is its size:
 """
 
 # %% slideshow={"slide_type": "fragment"}
@@ -1254,7 +1254,7 @@ if requires_gpu("matmul throughput: fp32, TF32, fp16, bf16 on tensor cores"):
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-**TF32: the controls to use now.** On Ampere and later GPUs, fp32 matmuls and convolutions may run on tensor cores in TF32 (fp32's 8 exponent bits, 10 mantissa bits, fp32 accumulation): much faster, with fp16-like input precision. The cell above (through `course_lib.timing`) and most older code toggle `torch.backends.cuda.matmul.allow_tf32`. The portable switch is `torch.set_float32_matmul_precision("high")` (`"highest"`, the default, means full fp32); since PyTorch 2.9 each backend also has an `fp32_precision` setting, `"ieee"` or `"tf32"` (`torch.backends.cuda.matmul.fp32_precision`, `torch.backends.cudnn.conv.fp32_precision`), and the PyTorch documentation says the old `allow_tf32` flags will be deprecated. These are global flags, so they can be read and set on this CPU (where they change nothing), and restored:
+**TF32: the controls to use now.** On Ampere and later GPUs, fp32 matmuls and convolutions may run on tensor cores in TF32 (fp32's 8 exponent bits, 10 mantissa bits, fp32 accumulation): much faster, with fp16-like input precision. The cell above (through `course_lib.timing`) and most older code toggle `torch.backends.cuda.matmul.allow_tf32`. The portable switch is `torch.set_float32_matmul_precision("high")` (`"highest"`, the default, means full fp32); newer releases (2.9 and later; 2.13 here) also give each backend an `fp32_precision` setting, `"ieee"` or `"tf32"` (`torch.backends.cuda.matmul.fp32_precision`, `torch.backends.cudnn.conv.fp32_precision`), and the PyTorch documentation says the old `allow_tf32` flags will be deprecated. These are global flags, so they can be read and set on this CPU (where they change nothing), and restored:
 """
 
 # %% slideshow={"slide_type": "fragment"}
@@ -1274,7 +1274,7 @@ assert (torch.get_float32_matmul_precision(), *(b.fp32_precision for b in backen
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-**fp8, the next step (not run here).** H100-class GPUs (Hopper, and later) have tensor cores for 8-bit floats in two formats: E4M3 (more precision, max 448) for weights and activations and E5M2 (fp16's range, max 57344) for gradients (Micikevicius et al., 2022). With so little range, one loss scale is not enough: fp8 training scales **each tensor** (per tensor, per row, or per block) so that it fits, keeps master weights in higher precision, and runs only the matmuls in fp8. In PyTorch this is `torchao.float8` (`convert_to_float8_training` replaces the `Linear` layers) or NVIDIA's Transformer Engine; Blackwell GPUs add the OCP **MX** formats, such as MXFP8, where each block of 32 values shares one power-of-two scale. The formats themselves are PyTorch dtypes and can be inspected on any machine:
+**fp8, the next step (not run here).** NVIDIA's Hopper (H100) and Ada GPUs and later have tensor cores for 8-bit floats in two formats: E4M3 (more precision, max 448) for weights and activations and E5M2 (fp16's range, max 57344) for gradients (Micikevicius et al., 2022). With so little range, one loss scale is not enough: fp8 training scales **each tensor** (per tensor, per row, or per block) so that it fits, keeps master weights in higher precision, and runs only the matmuls in fp8. In PyTorch this is `torchao.float8` (`convert_to_float8_training` replaces the `Linear` layers) or NVIDIA's Transformer Engine; Blackwell GPUs add the OCP **MX** formats, such as MXFP8, where each block of 32 values shares one power-of-two scale. The formats themselves are PyTorch dtypes and can be inspected on any machine:
 """
 
 # %% slideshow={"slide_type": "fragment"}
