@@ -859,14 +859,29 @@ with expect_error(NotImplementedError, match="jvp"):
 """
 ### Opaque kernels that must work with `torch.compile`: `torch.library.custom_op`
 
-An `autograd.Function` whose forward calls code PyTorch cannot see (a C++ or Triton kernel, NumPy) breaks `torch.compile`'s graph at that call. Since PyTorch 2.4 the route for such a kernel is to make it an **operator**: `torch.library.custom_op` registers the function, `register_fake` says what shape and dtype its output has without running it (what the compiler traces with), and `register_autograd` attaches a backward in the same `setup_context` + `backward` form as above. `torch.library.opcheck` tests the registration, including under the compiler's tracing; `torch.compile(..., fullgraph=True)` then compiles through it without a break (`aot_eager`: trace and run, no code generation):
+`torch.compile`'s front end, Dynamo, reads Python: it follows an `autograd.Function`'s `forward` operation by operation (it even traces NumPy calls). What it cannot read is a compiled kernel, a C++ or CUDA extension or a Triton kernel launched by hand. Below, a function marked `torch.compiler.disable` stands for such a kernel. Called from a Function's `forward`, it stops a `fullgraph=True` compilation (without `fullgraph`, the whole Function would run eagerly, outside the compiled graph). Since PyTorch 2.4 the route for such a kernel is to make it an **operator**: `torch.library.custom_op` registers the function, `register_fake` says what shape and dtype its output has without running it (what the compiler traces with), and `register_autograd` attaches a backward in the same `setup_context` + `backward` form as above (here `SwishModern`'s own). `torch.library.opcheck` tests the registration, including under the compiler's tracing; `torch.compile(..., fullgraph=True)` then compiles through the operator (`aot_eager`: trace and run, no code generation):
 """
 
 
 # %% slideshow={"slide_type": "fragment"}
+@torch.compiler.disable                     # stands for a kernel the compiler cannot look into
+def opaque_swish(x):
+    return x * torch.sigmoid(x)
+
+
+class SwishOpaque(SwishModern):             # the autograd.Function route: same context and backward
+    @staticmethod
+    def forward(x):
+        return opaque_swish(x)
+
+
+with expect_error(torch._dynamo.exc.Unsupported, match="disable"):
+    torch.compile(lambda v: SwishOpaque.apply(v).sum(), backend="aot_eager", fullgraph=True)(x64)
+
+
 @torch.library.custom_op("course::swish", mutates_args=())
 def swish_op(x: torch.Tensor) -> torch.Tensor:
-    return x * torch.sigmoid(x)             # stands for a kernel PyTorch cannot look into
+    return opaque_swish(x)                  # the same opaque kernel, now behind an operator
 
 
 @swish_op.register_fake
@@ -874,18 +889,7 @@ def _(x):
     return torch.empty_like(x)              # the output's shape and dtype, no computation
 
 
-def swish_op_setup_context(ctx, inputs, output):
-    (x,) = inputs
-    ctx.save_for_backward(x)
-
-
-def swish_op_backward(ctx, grad_output):
-    (x,) = ctx.saved_tensors
-    s = torch.sigmoid(x)
-    return grad_output * (s * (1 + x * (1 - s)))
-
-
-swish_op.register_autograd(swish_op_backward, setup_context=swish_op_setup_context)
+swish_op.register_autograd(SwishModern.backward, setup_context=SwishModern.setup_context)
 
 assert torch.autograd.gradcheck(swish_op, (x64,))
 torch.library.opcheck(swish_op, (x64,))
