@@ -847,7 +847,7 @@ if requires_gpu("the autocast table on CUDA with fp16"):
 """
 ### Two rules for code under autocast
 
-**Backward goes outside the region.** Put the forward pass and the loss inside `with torch.autocast(...)`, and call `backward()` after the block. Autograd records which dtype each forward operation ran in, and the backward of each operation runs in that same dtype whether autocast is active or not; the casts themselves (`ToCopyBackward0`) bring the gradients back to fp32 for the fp32 parameters. Running backward inside the region changes nothing but invites mistakes, which is why PyTorch's examples never do it:
+**Backward goes outside the region.** Put the forward pass and the loss inside `with torch.autocast(...)`, and call `backward()` after the block. Autograd records which dtype each forward operation ran in, and the backward of each operation runs in that same dtype whether autocast is active or not; the casts themselves (`ToCopyBackward0`) bring the gradients back to fp32 for the fp32 parameters. Running backward inside the region changes nothing here and invites mistakes; PyTorch's AMP documentation advises against it:
 """
 
 # %% slideshow={"slide_type": "fragment"}
