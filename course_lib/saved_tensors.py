@@ -144,7 +144,7 @@ class SavedTensorMeter:
         """A short, deterministic text report for a notebook cell."""
         return (
             f"{self.count} tensors saved for backward: {format_bytes(self.bytes)} of activations"
-            f" (+ {format_bytes(self.excluded_bytes)} of parameters, shared storage counted once)"
+            f" (+ {format_bytes(self.excluded_bytes)} of saved parameters, shared storage counted once)"
         )
 
 

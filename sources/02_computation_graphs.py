@@ -225,7 +225,7 @@ print("a.grad after two backward passes through a + b:", a.grad.tolist())
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-`retain_graph=True` keeps the saved tensors, so the same graph can be used again (for example two losses that share a trunk and are back-propagated one after the other; `create_graph=True`, used for higher-order gradients, implies it). The last backward should omit it, so the memory is released.
+`retain_graph=True` keeps the saved tensors, so the same graph can be used again (for example two losses that share a trunk and are back-propagated one after the other). Its cousin `create_graph=True` implies it: that flag makes autograd record the backward pass itself as a new graph, so that the gradient it returns can be differentiated again (a second derivative, a Hessian, a penalty on a gradient's size). This notebook does not need it; notebook 03 §8 shows it at work. The last backward should omit `retain_graph`, so the memory is released.
 """
 
 # %% slideshow={"slide_type": "fragment"}
@@ -241,7 +241,7 @@ assert torch.equal(a.grad, 2 * b)
 """
 ### How much memory is that?
 
-`SavedTensorMeter` listens to every tensor autograd saves during a forward pass and adds up their bytes (shared storage counted once, parameters reported apart). For an MLP it counts the input, each hidden activation and the output, so the bytes grow linearly with the batch, while the parameters do not.
+`SavedTensorMeter` listens to every tensor autograd saves during a forward pass and adds up their bytes (shared storage counted once, parameters reported apart). For an MLP it counts the input, each hidden activation and the output, so the bytes grow linearly with the batch, while the parameters do not. Its summary line reports the parameters **that the graph saved**, which, as the next cell shows, are not all of them.
 """
 
 # %% slideshow={"slide_type": "fragment"}
@@ -258,9 +258,54 @@ for batch in batches:
     report.append(f"batch {batch:>5}: {meter.summary()}")
     assert meter.bytes == batch * per_sample
 crossover = param_bytes // per_sample + 1
-report.append(f"parameters: {format_bytes(param_bytes)}; activations exceed them from batch {crossover} on")
+report.append(f"all parameters: {format_bytes(param_bytes)}; activations exceed them from batch {crossover} on")
 print("\n".join(report))
 assert crossover == 310
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+Two numbers in that output need a look: **8** tensors saved where `per_sample` counts 4 (input, two ReLU outputs, output), and **1.02 MiB** of saved parameters where the model has 1.52 MiB. A pack hook that simply keeps a list of what autograd hands it (the same `saved_tensors_hooks` the meter uses; the last cell of this section uses it again) shows the eight, in the order the forward pass saves them:
+"""
+
+# %% slideshow={"slide_type": "fragment"}
+from torch.autograd.graph import saved_tensors_hooks
+
+x = torch.randn(64, 256)
+packed: list[torch.Tensor] = []
+with saved_tensors_hooks(lambda t: packed.append(t) or t, lambda t: t):
+    h1 = mlp[1](mlp[0](x))            # Linear(256, 512), ReLU
+    h2 = mlp[3](mlp[2](h1))           # Linear(512, 512), ReLU
+    out = mlp[4](h2)                  # Linear(512, 10)
+    loss = out.pow(2).mean()
+names = {"input x": x, "ReLU 1 output": h1, "ReLU 2 output": h2, "output": out, **dict(mlp.named_parameters())}
+by_storage = {t.untyped_storage().data_ptr(): name for name, t in names.items()}
+seen: set[int] = set()
+for i, t in enumerate(packed, 1):
+    key = t.untyped_storage().data_ptr()
+    name = by_storage[key]
+    kind = "parameter (a transposed view)" if t._base is not None else "activation"
+    size = "same storage as above: counted once" if key in seen else format_bytes(t.untyped_storage().nbytes())
+    seen.add(key)
+    print(f"{i}. {name:<14} {str(tuple(t.shape)):<11} {kind:<30} {size}")
+saved_names = {by_storage[t.untyped_storage().data_ptr()] for t in packed}
+params = dict(mlp.named_parameters())
+saved_param_bytes = sum(p.numel() * 4 for n, p in params.items() if n in saved_names)
+activation_bytes = sum(names[n].numel() * 4 for n in saved_names - set(params))
+print(f"{len(packed)} packs, {len(seen)} storages: activations {format_bytes(activation_bytes)},"
+      f" weights {format_bytes(saved_param_bytes)}")
+print("parameters never saved:", {n: format_bytes(p.numel() * 4) for n, p in params.items() if n not in saved_names})
+assert len(packed) == 8 and len(seen) == 6 and activation_bytes == 64 * per_sample
+assert format_bytes(saved_param_bytes) == "1.02 MiB" and saved_param_bytes == (512 * 512 + 10 * 512) * 4
+assert {n for n in params if n not in saved_names} == {"0.weight", "0.bias", "2.bias", "4.bias"}
+
+# %% [markdown] slideshow={"slide_type": "fragment"}
+"""
+So the 8 packs are 6 storages:
+- **4 activations**, the ones `per_sample` counts. Each ReLU output is packed twice, once by `ReluBackward0` (its result, for the mask) and once by the next `addmm` (its input, for the weight's gradient); the meter counts that storage once.
+- **2 weights**, `2.weight` and `4.weight`, as transposed views: each `addmm` keeps its weight so it can send a gradient back to its input. Together 1.00 MiB + 20 KiB = **1.02 MiB**.
+
+The other 0.50 MiB of parameters is never saved: the first layer's weight would only be needed for the gradient of `x`, and `x` needs none (the rule of §2: a product keeps an operand only for its partner's gradient; §5 draws it); a bias's gradient is the sum of the incoming gradient over the batch, which needs no stored value at all. That is why the graph holds 1.02 MiB of the model's 1.52 MiB.
+"""
 
 # %% slideshow={"slide_type": "fragment"}
 fig, ax = plt.subplots(figsize=(7, 3.8), layout="constrained")
@@ -278,8 +323,6 @@ And the claim itself: these bytes are held by the graph until `backward()`, then
 """
 
 # %% slideshow={"slide_type": "fragment"}
-from torch.autograd.graph import saved_tensors_hooks
-
 param_storages = {p.untyped_storage().data_ptr() for p in mlp.parameters()}
 watched: dict[int, tuple[weakref.ref, int]] = {}
 

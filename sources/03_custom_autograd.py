@@ -9,14 +9,18 @@ By the end of this notebook you will be able to:
 - derive the derivative of Swish, $x\,\sigma(x)$, by hand, check it with SymPy, and check your backward with `torch.autograd.gradcheck` in float64;
 - measure how many bytes a Function keeps for backward, and compare a hand-written Function with autograd's own graph and with `torch.nn.functional.silu`;
 - choose between saving a tensor and recomputing it (the trade-off behind gradient checkpointing);
-- recognise outdated API (`ctx.saved_variables`, non-static `forward`) and use the modern `setup_context` style.
+- return the right gradient for a broadcast input, and say why tensors go through `save_for_backward` rather than `ctx` attributes;
+- take a second derivative with `create_graph=True`, and know when `once_differentiable` drops it silently;
+- recognise outdated API (`ctx.saved_variables`, non-static `forward`) and use the modern `setup_context` style that `torch.func` and `torch.library.custom_op` build on.
 
 This notebook assumes: notebook 02 (the graph autograd builds, `grad_fn`, saved tensors, and that backward frees them) and the chain rule from calculus.
 """
 
 # %% slideshow={"slide_type": "fragment"}
+import gc
 import time
 import warnings
+import weakref
 
 import matplotlib.pyplot as plt
 import sympy as sp
@@ -38,7 +42,7 @@ r"""
 
 A custom Function is a class with two **static** methods:
 
-- `forward(ctx, *inputs)` computes the output. Autograd does **not** record the operations inside it; instead, the whole call becomes *one* node of the graph. Whatever backward will need, `forward` stores on `ctx`: tensors with `ctx.save_for_backward(...)`, anything else (shapes, flags) as plain attributes.
+- `forward(ctx, *inputs)` computes the output. Autograd does **not** record the operations inside it; instead, the whole call becomes *one* node of the graph. Whatever backward will need, `forward` stores on `ctx`: tensors with `ctx.save_for_backward(...)`, anything else (shapes, flags) as plain attributes (why tensors must not be plain attributes: §8).
 - `backward(ctx, grad_output)` receives $\partial L/\partial \text{output}$ and returns $\partial L/\partial \text{input}$ for each input (or `None` for an input that needs no gradient). It reads the saved tensors back with `ctx.saved_tensors`.
 
 You never call these methods yourself: `MyFunction.apply(x)` runs `forward`, creates the graph node, and connects it to the inputs. A first example, doubling a tensor:
@@ -486,12 +490,156 @@ Gradient checkpointing (`torch.utils.checkpoint`, notebook 04) applies the same 
 """
 
 # %% [markdown] slideshow={"slide_type": "slide"}
-r"""
+"""
 ## 8. More of the API
 
+### Why tensors go through `save_for_backward`, not `ctx.x = x`
+
+§1 said: tensors with `ctx.save_for_backward`, anything else as plain attributes. Python would let you write `ctx.x = x` in `forward` and read `ctx.x` in `backward`, and the gradient would often come out right. The documentation of `Function.forward` asks you not to ("tensors should not be stored directly on ctx", not enforced, for backward compatibility). Three things go wrong with an attribute, each shown below with `SwishAttr`, our `Swish` with the input stored as `ctx.x`:
+
+1. **No version check.** `save_for_backward` records the tensor's version counter (notebook 01 §4). If the tensor is changed in place before backward, `ctx.saved_tensors` raises; an attribute hands backward the changed values, and the gradient is silently wrong.
+"""
+
+
+# %% slideshow={"slide_type": "fragment"}
+class SwishAttr(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        ctx.x = x                             # a plain attribute: autograd does not know it is kept
+        return x * torch.sigmoid(x)
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        x = ctx.x
+        s = torch.sigmoid(x)
+        return grad_output * (s * (1 + x * (1 - s)))
+
+
+a = torch.tensor([1.0, 2.0], requires_grad=True)
+true_grad = torch.autograd.grad(F.silu(a).sum(), a)[0]
+for name, fn in [("Swish", Swish.apply), ("SwishAttr", SwishAttr.apply)]:
+    h = a * 1                                 # a non-leaf input, so it may be changed in place
+    y = fn(h)
+    h.mul_(10)                                # changed after forward, before backward
+    if name == "Swish":
+        with expect_error(RuntimeError, match="modified by an inplace operation"):
+            y.sum().backward()
+    else:
+        (g,) = torch.autograd.grad(y.sum(), a)
+        print(f"SwishAttr: gradient {[round(v, 4) for v in g.tolist()]}, true {[round(v, 4) for v in true_grad.tolist()]}")
+        assert not torch.allclose(g, true_grad)          # no error, wrong numbers
+
+# %% [markdown] slideshow={"slide_type": "fragment"}
+"""
+2. **Invisible to the saved-tensor hooks.** Everything that manages activation memory listens to `saved_tensors_hooks`: `SavedTensorMeter`, non-reentrant checkpointing (notebook 04), which drops saved tensors and recomputes them, and `torch.autograd.graph.save_on_cpu`, which moves them to host memory. A tensor kept as an attribute never passes through the hooks, so the meter does not count it, checkpointing cannot drop it and offloading cannot move it:
+"""
+
+# %% slideshow={"slide_type": "fragment"}
+x = torch.randn(1000, requires_grad=True)
+hooks_saw = {}
+for name, fn in [("Swish (save_for_backward)", Swish.apply), ("SwishAttr (ctx.x = x)", SwishAttr.apply)]:
+    with SavedTensorMeter() as meter:
+        y = fn(x)
+    hooks_saw[name] = meter.bytes
+    print(f"{name:<26} the hooks saw {meter.count} tensor(s), {meter.bytes:,} bytes")
+assert list(hooks_saw.values()) == [4000, 0]     # the attribute holds its 4,000 bytes all the same
+
+# %% [markdown] slideshow={"slide_type": "fragment"}
+"""
+3. **Reference cycles.** Storing the *output* as an attribute makes a cycle: the output refers to its `grad_fn`, which is `ctx`, which refers to the output. Reference counting cannot free a cycle, so the output (and everything it keeps) lives on after its last name is gone, until Python's cycle collector happens to run. `save_for_backward` knows when it is given the output and keeps it without the cycle:
+"""
+
+
+# %% slideshow={"slide_type": "fragment"}
+class DoubleKeepOut(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, as_attribute):
+        out = 2 * x
+        if as_attribute:
+            ctx.out = out
+        else:
+            ctx.save_for_backward(out)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        return 2 * grad_output, None
+
+
+gc.disable()                                   # so that the collector cannot run in between
+try:
+    for as_attribute in (False, True):
+        out = DoubleKeepOut.apply(torch.randn(1000, requires_grad=True), as_attribute)
+        ref = weakref.ref(out)
+        del out                                # the last name of the output is gone
+        alive = ref() is not None
+        gc.collect()
+        print(f"output as {'attribute' if as_attribute else 'save_for_backward'}: alive after del: {alive}, "
+              f"after gc.collect(): {ref() is not None}")
+        assert alive == as_attribute and ref() is None
+finally:
+    gc.enable()
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+r"""
+### Gradients of broadcast inputs are summed
+
+The Swish paper also has a trainable $\beta$: $f(x, \beta) = x\,\sigma(\beta x)$. One scalar $\beta$ multiplies every element of $x$: PyTorch **broadcasts** it to $x$'s shape. What is the gradient of an input that was broadcast? The same $\beta$ is used at every position $i$ of the output $y$, and each use adds a term (the chain rule, summed over uses, the same reason gradients accumulate in a leaf used twice, notebook 02 §3):
+$$\frac{\partial L}{\partial \beta} = \sum_i \frac{\partial L}{\partial y_i}\,\frac{\partial y_i}{\partial \beta}.$$
+So the rule is: **the gradient of a broadcast input is the gradient of the result summed over the broadcast dimensions**, then given the input's shape. Broadcasting aligns shapes from the right: a dimension added in front (a bias `(3,)` added to a batch `(4, 3)`) is summed away; a dimension of size 1 that was stretched (a column `(4, 1)`) is summed and kept with size 1. `Tensor.sum_to_size(shape)` does exactly this reduction. Autograd applies the rule for every built-in operation:
+"""
+
+# %% slideshow={"slide_type": "fragment"}
+x = torch.randn(4, 3)
+beta = torch.tensor(1.5, requires_grad=True)          # shape ()     -> broadcast to (4, 3)
+bias = torch.zeros(3, requires_grad=True)             # shape (3,)   -> a dimension added in front
+col = torch.zeros(4, 1, requires_grad=True)           # shape (4, 1) -> its size-1 dimension stretched
+y = x * beta + bias + col
+g = torch.randn(4, 3)                                 # an incoming gradient dL/dy
+y.backward(g)
+assert torch.allclose(beta.grad, (g * x).sum())                   # summed over both dimensions
+assert torch.allclose(bias.grad, g.sum(dim=0))                    # summed over the added dimension
+assert torch.allclose(col.grad, g.sum(dim=1, keepdim=True))       # summed over the stretched one, kept
+for name, leaf, local in [("beta", beta, g * x), ("bias", bias, g), ("col", col, g)]:   # local = dL/dy * dy/d(name)
+    assert torch.allclose(leaf.grad, local.sum_to_size(leaf.shape))
+    print(f"{name:<4} shape {str(tuple(leaf.shape)):<7} grad shape {str(tuple(leaf.grad.shape)):<7}"
+          f" = (dL/dy * dy/d{name}).sum_to_size({tuple(leaf.shape)})")
+
+# %% [markdown] slideshow={"slide_type": "fragment"}
+"""
+In a custom Function you write the backward, so the sum is yours to do. The engine checks the shape of every gradient a backward returns: one in the broadcast shape is reduced for you with the same rule, a shape that cannot come from broadcasting is an error. Write the sum explicitly all the same: it states the rule where the reader sees it, and a gradient of another broadcast-compatible shape (say `(2, 3)` for an input of shape `(3,)`, a slicing mistake) would be reduced without a word.
+"""
+
+
+# %% slideshow={"slide_type": "fragment"}
+class ScaleBy(torch.autograd.Function):              # y = x * w, w of shape (3,) broadcast over the rows of x
+    @staticmethod
+    def forward(ctx, x, w, mistake):
+        ctx.save_for_backward(x, w)
+        ctx.mistake = mistake                         # a flag, not a tensor: an attribute is right
+        return x * w
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        x, w = ctx.saved_tensors
+        grad_w = grad_output * x                      # shape (4, 3), like the output
+        if ctx.mistake:
+            grad_w = grad_w[:, :2]                    # shape (4, 2): no broadcast gives that
+        return grad_output * w, grad_w, None
+
+
+x, w = torch.randn(4, 3), torch.randn(3, requires_grad=True)
+ScaleBy.apply(x, w, False).sum().backward()
+assert w.grad.shape == (3,) and torch.allclose(w.grad, x.sum(dim=0))
+print("a (4, 3) gradient returned for w of shape (3,): reduced by the engine to", tuple(w.grad.shape))
+with expect_error(RuntimeError, match="invalid gradient at index 1"):
+    ScaleBy.apply(x, w, True).sum().backward()
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+r"""
 ### `ctx.needs_input_grad`: skip gradients nobody wants
 
-The Swish paper also has a trainable $\beta$: $f(x, \beta) = x\,\sigma(\beta x)$, with $\partial f/\partial x = \sigma + \beta x\,\sigma(1-\sigma)$ and $\partial f/\partial \beta = x^2\,\sigma(1-\sigma)$. `ctx.needs_input_grad` is a tuple of booleans, one per input of `forward`, so backward can skip work and return `None` for an input that does not need a gradient.
+With $\partial f/\partial x = \sigma + \beta x\,\sigma(1-\sigma)$ and $\partial f/\partial \beta = x^2\,\sigma(1-\sigma)$, `SwishBeta` below returns both gradients, and sums $\beta$'s over every element, by the rule above. `ctx.needs_input_grad` is a tuple of booleans, one per input of `forward`, so backward can skip work and return `None` for an input that does not need a gradient.
 """
 
 # %% slideshow={"slide_type": "fragment"}
@@ -513,7 +661,7 @@ class SwishBeta(torch.autograd.Function):
         if ctx.needs_input_grad[0]:
             grad_x = grad_output * (s + beta * x * s * (1 - s))
         if ctx.needs_input_grad[1]:
-            grad_beta = (grad_output * x * x * s * (1 - s)).sum().reshape(beta.shape)   # beta was broadcast: sum
+            grad_beta = (grad_output * x * x * s * (1 - s)).sum_to_size(beta.shape)   # beta was broadcast: sum
         return grad_x, grad_beta
 
 
@@ -530,11 +678,40 @@ print("gradcheck with a trainable beta: passed")
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-### Double backward, and the trap of `once_differentiable`
+### Double backward, step by step
 
-Our `backward` is written with differentiable PyTorch operations, so autograd can differentiate *it*: second derivatives (`create_graph=True`, Hessians, gradient penalties) work. `torch.autograd.gradgradcheck` checks them, and the result matches SymPy's $f''$.
+**What it is.** `backward` computes a gradient, and a gradient is a function of the inputs like any other: $f(x) = x^3$ has $f'(x) = 3x^2$, itself differentiable, $f''(x) = 6x$. Differentiating a gradient is called **double backward**. It needs one thing: the gradient must be computed *with* a graph. `torch.autograd.grad(..., create_graph=True)` (or `loss.backward(create_graph=True)`) does that: autograd records the operations of the backward pass itself, so the gradient it returns has a `grad_fn` and can be passed to `grad` again. Without the flag the gradient is a plain tensor:
+"""
 
-Decorating `backward` with `@torch.autograd.function.once_differentiable` runs it under `no_grad`. The documentation says a second differentiation then raises an error, but in PyTorch 2.13 that only happens when the incoming gradient itself requires grad. In the common case it does not, and the dependence of $f'$ on $x$ is **silently dropped**:
+# %% slideshow={"slide_type": "fragment"}
+x = torch.tensor([1.0, 2.0], requires_grad=True)
+(g_plain,) = torch.autograd.grad((x**3).sum(), x)
+(g,) = torch.autograd.grad((x**3).sum(), x, create_graph=True)
+print(f"f'(x) = 3x^2 = {g.tolist()} | without create_graph: requires_grad={g_plain.requires_grad}"
+      f" | with it: grad_fn={type(g.grad_fn).__name__}")
+(gg,) = torch.autograd.grad(g.sum(), x)
+print("f''(x) = 6x =", gg.tolist())
+assert not g_plain.requires_grad and g.requires_grad and gg.tolist() == [6.0, 12.0]
+
+# %% [markdown] slideshow={"slide_type": "fragment"}
+r"""
+**Where it is used.** Hessians and Hessian-vector products (second-order optimisation, sharpness measures), gradient penalties that put $\lVert\nabla_x D(x)\rVert$ into the loss (WGAN-GP), meta-learning that differentiates through an inner update (MAML). For a custom Function it works when `backward` is itself written with differentiable PyTorch operations, as ours is: autograd records it like any other code. `torch.autograd.gradgradcheck` checks the second derivatives against finite differences, and the result matches SymPy's $f''$ (the cell below also adds $x^3$, to have a part whose second derivative does not come from Swish).
+"""
+
+# %% slideshow={"slide_type": "fragment"}
+assert torch.autograd.gradgradcheck(Swish.apply, (x64,))
+x = torch.tensor([0.5, -1.0], dtype=torch.float64, requires_grad=True)
+d2f = sp.diff(f, t, 2)
+exact = [float(d2f.subs(t, v)) + 6 * v for v in x.tolist()]       # d2/dx2 of f(x) + x**3
+(gx,) = torch.autograd.grad((Swish.apply(x) + x**3).sum(), x, create_graph=True)
+(ggx,) = torch.autograd.grad(gx.sum(), x)
+print(f"Swish: second derivative {[round(v, 4) for v in ggx.tolist()]}   exact {[round(v, 4) for v in exact]}")
+assert torch.allclose(ggx, torch.tensor(exact, dtype=torch.float64))
+print("gradgradcheck: passed")
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+**The trap of `once_differentiable`.** Decorating `backward` with `@torch.autograd.function.once_differentiable` runs it under `no_grad`: its operations are not recorded even with `create_graph=True`. Use it when backward truly cannot be differentiated (it calls NumPy or a custom kernel). The documentation says a second differentiation then raises an error. In PyTorch 2.13 it often does not: the part of $f''$ that comes through the Function is **silently dropped**, and only the $x^3$ part survives:
 """
 
 # %% slideshow={"slide_type": "fragment"}
@@ -555,34 +732,80 @@ class SwishOnce(torch.autograd.Function):
         return grad_output * (s * (1 + x * (1 - s)))
 
 
-assert torch.autograd.gradgradcheck(Swish.apply, (x64,))
-x = torch.tensor([0.5, -1.0], dtype=torch.float64, requires_grad=True)
-d2f = sp.diff(f, t, 2)
-exact = [float(d2f.subs(t, v)) + 6 * v for v in x.tolist()]       # d2/dx2 of f(x) + x**3
-for name, fn in [("Swish", Swish.apply), ("SwishOnce", SwishOnce.apply)]:
-    (gx,) = torch.autograd.grad((fn(x) + x**3).sum(), x, create_graph=True)
-    (ggx,) = torch.autograd.grad(gx.sum(), x)
-    print(f"{name:<10} second derivative {[round(v, 4) for v in ggx.tolist()]}   exact {[round(v, 4) for v in exact]}")
-    if name == "Swish":
-        assert torch.allclose(ggx, torch.tensor(exact, dtype=torch.float64))
-    else:
-        assert torch.allclose(ggx, torch.tensor([6 * v for v in x.tolist()], dtype=torch.float64))  # Swish's part is missing
+(gx,) = torch.autograd.grad((SwishOnce.apply(x) + x**3).sum(), x, create_graph=True)
+(ggx,) = torch.autograd.grad(gx.sum(), x)
+print(f"SwishOnce: second derivative {[round(v, 4) for v in ggx.tolist()]}   exact {[round(v, 4) for v in exact]}")
+assert torch.allclose(ggx, 6 * x.detach())          # only x**3's part: Swish's part is missing, no error
 
+# %% [markdown] slideshow={"slide_type": "fragment"}
+r"""
+**When does it raise?** `backward(ctx, grad_output)` receives `grad_output`, $\partial L/\partial\,\text{output}$, computed by the nodes *after* the Function. Under `create_graph=True` that incoming gradient is itself a recorded tensor, and it **requires grad** when it depends on the inputs. If the output goes straight into `.sum()`, it is a constant (ones) and does not; if something nonlinear follows, for example `output ** 2`, it is `2 * output`, which does. A probe Function that only reports what it receives shows the difference, and `once_differentiable` raises only in the second case: it then marks the gradient it returns so that differentiating it again is an error, while with a constant incoming gradient nothing is marked:
+"""
+
+
+# %% slideshow={"slide_type": "fragment"}
+class Probe(torch.autograd.Function):
+    """The identity; backward records whether the incoming gradient requires grad."""
+
+    seen: list[bool] = []
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        Probe.seen.append(grad_output.requires_grad)
+        return grad_output
+
+
+torch.autograd.grad(Probe.apply(x).sum(), x, create_graph=True)
+torch.autograd.grad((Probe.apply(x) ** 2).sum(), x, create_graph=True)
+print("incoming gradient requires grad? after .sum():", Probe.seen[0], "| after ** 2 then .sum():", Probe.seen[1])
+assert Probe.seen == [False, True]
+(gx,) = torch.autograd.grad((SwishOnce.apply(x) ** 2).sum(), x, create_graph=True)
+print("after ** 2: the first derivative still works, gx requires grad:", gx.requires_grad)
 with expect_error(RuntimeError, match="once_differentiable"):
-    v = torch.ones(2, dtype=torch.float64, requires_grad=True)     # an incoming gradient that requires grad
-    (gx,) = torch.autograd.grad(SwishOnce.apply(x), x, grad_outputs=v, create_graph=True)
-    gx.sum().backward()
+    gx.sum().backward()                                    # the second differentiation refuses
 
 # %% [markdown] slideshow={"slide_type": "fragment"}
 """
-Use `once_differentiable` only when backward truly cannot be differentiated (it calls NumPy or a custom kernel), and then do not use the Function where second derivatives are needed. Two more tools exist for Functions with several outputs: `ctx.mark_non_differentiable(out)` for outputs that carry no gradient (indices, masks), and `ctx.set_materialize_grads(False)` to receive `None` instead of zero-filled gradients for unused outputs.
+So `once_differentiable` protects you only when something nonlinear follows the Function; a Function whose output is summed into the loss loses its second derivative without a word. Do not use such a Function where second derivatives are needed. Two more tools exist for Functions with several outputs: `ctx.mark_non_differentiable(out)` for outputs that carry no gradient (indices, masks), and `ctx.set_materialize_grads(False)` to receive `None` instead of zero-filled gradients for unused outputs.
 """
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+r"""
+### `torch.func` in a few lines
+
+So far gradients came from `loss.backward()` (into `.grad`) or `torch.autograd.grad`. `torch.func` offers the same machinery as **function transforms**, in the style of JAX: each takes a function and returns a new function, and they compose.
+- `grad(f)` returns a function computing the gradient of a scalar-valued `f`;
+- `vmap(f)` runs `f`, written for one sample, over a batch dimension, without a Python loop;
+- `jacrev(f)` returns the Jacobian (built from reverse-mode products), `hessian(f)` the matrix of second derivatives;
+- `jvp(f, (x,), (v,))` is **forward-mode** AD: it returns $f(x)$ and the directional derivative $J v$ in one forward pass, with nothing saved for a backward pass (reverse mode, what `backward` does, computes $v^\top J$).
+"""
+
+# %% slideshow={"slide_type": "fragment"}
+from torch.func import grad, hessian, jacrev, jvp, vmap
+
+x = torch.tensor([1.0, 2.0, 3.0])
+cube_sum = lambda v: (v**3).sum()                                     # noqa: E731
+assert torch.allclose(grad(cube_sum)(x), 3 * x**2)                    # d/dx sum(x^3) = 3x^2
+assert torch.allclose(hessian(cube_sum)(x), torch.diag(6 * x))        # second derivatives: diag(6x)
+assert torch.allclose(jacrev(torch.sin)(x), torch.diag(torch.cos(x))) # elementwise: a diagonal Jacobian
+A, B = torch.randn(5, 3), torch.randn(5, 3)
+assert torch.allclose(vmap(torch.dot)(A, B), (A * B).sum(dim=1))      # torch.dot per row, batched
+value, tangent = jvp(torch.sin, (x,), (torch.ones(3),))
+assert torch.allclose(tangent, torch.cos(x))                          # J v with v = ones
+print("grad:", grad(cube_sum)(x).tolist(), "| hessian diagonal:", hessian(cube_sum)(x).diagonal().tolist(),
+      "| vmap(dot):", tuple(vmap(torch.dot)(A, B).shape), "| jvp tangent:", [round(v, 4) for v in tangent.tolist()])
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
 ### The modern style: `forward` without `ctx`, plus `setup_context`
 
-Since PyTorch 2.0, `forward` may take only the inputs, and a separate `setup_context(ctx, inputs, output)` saves what backward needs. Both styles run under ordinary autograd, but only this one works with `torch.func` transforms (`grad`, `vmap`, `jacrev`, `hessian`):
+Since PyTorch 2.0, `forward` may take only the inputs, and a separate `setup_context(ctx, inputs, output)` saves what backward needs. Both styles run under ordinary autograd, but only this one works with `torch.func`. The reason is what a transform does with your Function: `vmap` calls `forward` on its own batched stand-in tensors, `grad` calls it one level deeper than an outer `grad` when they are nested, `jvp` calls it with tangents attached. Each transform must be able to compute the output as a pure function of the inputs, and to decide by itself whether (and at which level) a backward is needed, and only then call `setup_context` to save tensors for it. A `forward(ctx, ...)` mixes the two jobs, so `torch.func` refuses it.
+
+`generate_vmap_rule = True` tells `vmap` how to batch the Function: by running its `forward` (and backward) under `vmap` like ordinary PyTorch code, which works when they use PyTorch operations only (otherwise you write a `vmap` static method by hand).
 """
 
 
@@ -617,9 +840,64 @@ with expect_error(RuntimeError, match="setup_context"):
     torch.func.grad(lambda v: Swish.apply(v).sum())(x)        # the classic style is refused
 
 # %% [markdown] slideshow={"slide_type": "fragment"}
+r"""
+`course_lib.activations.Swish` is written in this modern style, and also has a `jvp` static method: the forward-mode rule ($J v$, here $f'(x)\,v$ elementwise) that `torch.func.jvp` calls. Without it, `jvp` through the Function fails:
 """
-`course_lib.activations.Swish` is written in this modern style (with a `jvp` for forward-mode AD too), which is why it also works under `torch.func` transforms.
+
+# %% slideshow={"slide_type": "fragment"}
+from course_lib.activations import Swish as LibSwish
+
+v = torch.randn(6, dtype=torch.float64)
+_, lib_tangent = jvp(LibSwish.apply, (x,), (v,))
+_, silu_tangent = jvp(F.silu, (x,), (v,))
+torch.testing.assert_close(lib_tangent, silu_tangent)
+print("jvp through course_lib's Swish equals jvp through F.silu")
+with expect_error(NotImplementedError, match="jvp"):
+    jvp(SwishModern.apply, (x,), (v,))                        # no jvp static method
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
 """
+### Opaque kernels that must work with `torch.compile`: `torch.library.custom_op`
+
+`torch.compile`'s front end, Dynamo, reads Python: it follows an `autograd.Function`'s `forward` operation by operation (it even traces NumPy calls). What it cannot read is a compiled kernel, a C++ or CUDA extension or a Triton kernel launched by hand. Below, a function marked `torch.compiler.disable` stands for such a kernel. Called from a Function's `forward`, it stops a `fullgraph=True` compilation (without `fullgraph`, the whole Function would run eagerly, outside the compiled graph). Since PyTorch 2.4 the route for such a kernel is to make it an **operator**: `torch.library.custom_op` registers the function, `register_fake` says what shape and dtype its output has without running it (what the compiler traces with), and `register_autograd` attaches a backward in the same `setup_context` + `backward` form as above (here `SwishModern`'s own). `torch.library.opcheck` tests the registration, including under the compiler's tracing; `torch.compile(..., fullgraph=True)` then compiles through the operator (`aot_eager`: trace and run, no code generation):
+"""
+
+
+# %% slideshow={"slide_type": "fragment"}
+@torch.compiler.disable                     # stands for a kernel the compiler cannot look into
+def opaque_swish(x):
+    return x * torch.sigmoid(x)
+
+
+class SwishOpaque(SwishModern):             # the autograd.Function route: same context and backward
+    @staticmethod
+    def forward(x):
+        return opaque_swish(x)
+
+
+with expect_error(torch._dynamo.exc.Unsupported, match="disable"):
+    torch.compile(lambda v: SwishOpaque.apply(v).sum(), backend="aot_eager", fullgraph=True)(x64)
+
+
+@torch.library.custom_op("course::swish", mutates_args=())
+def swish_op(x: torch.Tensor) -> torch.Tensor:
+    return opaque_swish(x)                  # the same opaque kernel, now behind an operator
+
+
+@swish_op.register_fake
+def _(x):
+    return torch.empty_like(x)              # the output's shape and dtype, no computation
+
+
+swish_op.register_autograd(SwishModern.backward, setup_context=SwishModern.setup_context)
+
+assert torch.autograd.gradcheck(swish_op, (x64,))
+torch.library.opcheck(swish_op, (x64,))
+compiled = torch.compile(lambda v: swish_op(v).sum(), backend="aot_eager", fullgraph=True)
+(g_compiled,) = torch.autograd.grad(compiled(x64), x64)
+torch.testing.assert_close(g_compiled, torch.autograd.grad(F.silu(x64).sum(), x64)[0])
+print("custom_op: gradcheck, opcheck and torch.compile(fullgraph=True) passed; its graph node:",
+      type(swish_op(x64).grad_fn).__name__)
 
 # %% [markdown] slideshow={"slide_type": "slide"}
 r"""
@@ -630,7 +908,11 @@ r"""
 - Swish's derivative is $\sigma(x)\,(1 + x(1-\sigma(x)))$, which equals $f + \sigma(1-f)$; SymPy confirms both, and `gradcheck` (in **float64**; float32 fails even a correct backward) confirms the code.
 - For one million float32 inputs, our Function and `F.silu` keep 4,000,000 bytes for backward (the input); plain `x * torch.sigmoid(x)` and the save-the-sigmoid variant keep 8,000,000 (input and sigmoid).
 - `save_for_backward(i)` is activation memory, but only this node's share: in `Linear → Swish → Linear` the next `Linear` keeps the Swish output. Activation memory is everything any node saves.
-- Saving versus recomputing trades memory for compute; gradient checkpointing does this for whole blocks. `needs_input_grad` skips unneeded gradients; `once_differentiable` can silently drop second-derivative terms; `setup_context` is needed for `torch.func`.
+- Saving versus recomputing trades memory for compute; gradient checkpointing does this for whole blocks.
+- Tensors go through `save_for_backward`, not `ctx` attributes: an attribute skips the in-place (version) check, so a changed input gives a silently wrong gradient; it is invisible to `saved_tensors_hooks` (the meter, non-reentrant checkpointing, `save_on_cpu`); an output kept as an attribute makes a reference cycle.
+- The gradient of a broadcast input is the result's gradient summed over the broadcast dimensions (`sum_to_size`); a custom backward must return it in the input's shape.
+- Double backward differentiates a gradient; it needs `create_graph=True` and a backward made of differentiable operations. `once_differentiable` raises only when the incoming gradient requires grad; otherwise it silently drops second-derivative terms. `needs_input_grad` skips unneeded gradients.
+- `torch.func` (`grad`, `vmap`, `jacrev`, `hessian`, `jvp`) transforms functions; a Function works under it only with a ctx-free `forward` plus `setup_context`. An opaque kernel that must compose with `torch.compile` becomes a `torch.library.custom_op` with `register_fake` and `register_autograd`.
 """
 
 # %% [markdown] slideshow={"slide_type": "slide"}
@@ -692,12 +974,30 @@ def backward_is_correct(fn):
 
 check_backward_checker(backward_is_correct)
 
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+**4. The gradient of a broadcast input.** Write `reduce_to_shape(grad, shape)`: `grad` is the gradient of a result of shape `grad.shape`, computed from an input of shape `shape` that was broadcast (§8); return the input's gradient. Use `.sum(dim=..., keepdim=...)`; `Tensor.sum_to_size` is the answer key, so compare with it but do not hand it in. The check tries seven shape pairs, from a scalar to a `(2, 1, 1)` input under a `(2, 4, 3)` result.
+"""
+
+# %% slideshow={"slide_type": "fragment"}
+from course_lib.exercises.custom_autograd import check_reduce_to_shape
+
+
+def reduce_to_shape(grad, shape):
+    raise NotImplementedError("your code here")
+
+
+check_reduce_to_shape(reduce_to_shape)
+
 # %% [markdown] slideshow={"slide_type": "slide"}
 r"""
 ## References
 
 - PyTorch documentation: [Extending torch.autograd](https://pytorch.org/docs/stable/notes/extending.html) — `Function`, `save_for_backward`, `needs_input_grad`, `mark_non_differentiable`, `once_differentiable`.
-- PyTorch documentation: [Extending torch.func with autograd.Function](https://pytorch.org/docs/stable/notes/extending.func.html) — `setup_context`, `generate_vmap_rule`, `jvp`.
+- PyTorch documentation: [Extending torch.func with autograd.Function](https://pytorch.org/docs/stable/notes/extending.func.html) — `setup_context`, `generate_vmap_rule`, `jvp`; [`torch.func`](https://pytorch.org/docs/stable/func.html) — `grad`, `vmap`, `jacrev`, `hessian`, `jvp`.
+- PyTorch documentation: [`torch.autograd.Function.forward`](https://pytorch.org/docs/stable/generated/torch.autograd.Function.forward.html) ("tensors should not be stored directly on ctx"); [Broadcasting semantics](https://pytorch.org/docs/stable/notes/broadcasting.html).
+- PyTorch documentation: [Python custom operators](https://pytorch.org/tutorials/advanced/python_custom_ops.html) — `torch.library.custom_op`, `register_fake`, `register_autograd`, `opcheck` (PyTorch 2.4+).
+- I. Gulrajani et al., [Improved Training of Wasserstein GANs](https://arxiv.org/abs/1704.00028) (2017) — a gradient penalty, a use of double backward.
 - PyTorch documentation: [`torch.autograd.gradcheck`](https://pytorch.org/docs/stable/generated/torch.autograd.gradcheck.gradcheck.html) and [Autograd mechanics: saved tensors](https://pytorch.org/docs/stable/notes/autograd.html#saved-tensors) (`saved_tensors_hooks`).
 - P. Ramachandran, B. Zoph, Q. V. Le, [Searching for Activation Functions](https://arxiv.org/abs/1710.05941) (2017) — Swish.
 - S. Elfwing, E. Uchibe, K. Doya, [Sigmoid-Weighted Linear Units for Neural Network Function Approximation in Reinforcement Learning](https://arxiv.org/abs/1702.03118) (2017) — SiLU; D. Hendrycks, K. Gimpel, [Gaussian Error Linear Units](https://arxiv.org/abs/1606.08415) (2016).

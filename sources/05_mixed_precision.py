@@ -97,7 +97,7 @@ for v in (1.0, -2.5, 0.1, 65504.0, 6.1e-5, 3e-7):
 """
 ### A widespread mistake about fp16's range, and the true limits by experiment
 
-A popular blog post on training tricks (one of this course's sources) says fp16's range is "[-65504, -66504]" and that numbers below "2^-24" become 0. The first is a typo (both ends negative; the upper end is **+65504**); the second is imprecise: 2^-24 ≈ 5.96e-8 is the **smallest subnormal**, the smallest *normal* number is 2^-14 ≈ 6.10e-5, and only values below *half* the smallest subnormal (2^-25) round to zero. Between 2^-24 and 2^-14 numbers survive but with fewer and fewer significant bits.
+A popular blog post on training tricks (one of this course's sources) says fp16's range is "[-65504, -66504]" and that numbers below "2^-24" become 0. The first is a typo (both ends negative; the upper end is **+65504**); the second is imprecise: 2^-24 ≈ 5.96e-8 is the **smallest subnormal**, the smallest *normal* number is 2^-14 ≈ 6.10e-5, and the values that round to zero are those **at or below** *half* the smallest subnormal, 2^-25 (2^-25 itself lies exactly halfway between 0 and 2^-24, and a tie rounds to the neighbour whose last bit is even, which is 0). Between 2^-24 and 2^-14 numbers survive but with fewer and fewer significant bits.
 """
 
 # %% slideshow={"slide_type": "fragment"}
@@ -113,7 +113,7 @@ assert fp16(2.0**-25 * 1.01) == 2.0**-24                        # just above hal
 assert fp16(1e-8) == 0.0                                        # below 2^-25: gone
 print(f"fp16 range [{-h.max:g}, {h.max:g}]; 65520 -> {fp16(65520.0)}")
 print(f"smallest normal {h.smallest_normal:.4g}, smallest subnormal {h.smallest_subnormal:.4g}, "
-      f"zero below {h.smallest_subnormal / 2:.4g}")
+      f"zero at or below {h.smallest_subnormal / 2:.4g}")
 print(f"relative precision near 3e-7 (subnormal): {abs(fp16(3e-7) - 3e-7) / 3e-7:.1%} error, "
       f"near 1.0 (normal): {abs(fp16(1.0001) - 1.0001) / 1.0001:.3%}")
 
@@ -332,10 +332,69 @@ for scale in (1.0, 2.0**10, 2.0**16):
     err = max(((g - r).abs().max() / r.abs().max()).item() for g, r in zip(got, reference))
     print(f"scale {scale:>8g}: {lost:5.1%} of nonzero weight gradients lost, max error {err:.0e} (relative to the largest)")
 
-# %% [markdown] slideshow={"slide_type": "subslide"}
+# %% [markdown] slideshow={"slide_type": "fragment"}
 """
 With the scale, almost nothing underflows. (The error that remains, the same for every scale, is the rounding of the fp16 forward and backward passes themselves.) The catch: the right S depends on the model and changes during training (early gradients are large, late ones small), and a scale too big turns the largest gradients into inf.
+"""
 
+# %% [markdown] slideshow={"slide_type": "subslide"}
+r"""
+### Why weight gradients survive better than activation gradients
+
+Section 3 lost 39 % of the activation gradients to zero; at scale 1, the cell above loses only about 1 % of the weight gradients. They are different quantities. An activation gradient is $\partial L/\partial h$ for **one sample** at one position, and since the loss is a mean over the 512 samples of the batch, each one carries a factor 1/512. A weight gradient **adds up the batch**: for a `Linear` layer, $\partial L/\partial W = \sum_n \delta_n\, a_n^\top$, the activation gradients $\delta_n$ of its output times its inputs $a_n$, summed over the 512 samples. The cell checks that formula on the first layer (whose input is the batch itself), then compares the two distributions (statistics of a trained network's gradients, so after `~`):
+"""
+
+# %% slideshow={"slide_type": "fragment"}
+delta1 = outputs[0].grad                            # section 3's dL/d(first Linear's output), same 512 samples
+by_formula = delta1.T @ X[:512]                     # sum over n of delta_n x_n^T
+print("dL/dW1 = sum over the batch of delta_n x_n^T: allclose", torch.allclose(by_formula, reference[0], rtol=1e-4, atol=1e-10))
+assert torch.allclose(by_formula, reference[0], rtol=1e-4, atol=1e-10)
+
+w_grads = torch.cat([r.flatten() for r in reference]).abs()
+w_grads = w_grads[w_grads > 0]
+stats = {}
+for name, g in (("activation gradients", act_grads), ("weight gradients", w_grads)):
+    stats[name] = (g.log2().median().item(), (g.half() == 0).float().mean().item())
+    print(f"{name:<21} median log2|g| ~{stats[name][0]:.1f}, become 0 in fp16 ~{stats[name][1]:.1%}")
+gap = stats["weight gradients"][0] - stats["activation gradients"][0]
+print(f"weight gradients are typically 2^~{gap:.0f} times larger")
+assert gap > 8 and stats["weight gradients"][1] < 0.05 < 0.2 < stats["activation gradients"][1]
+
+# %% slideshow={"slide_type": "fragment"}
+fig, ax = plt.subplots(figsize=(8, 3.2))
+bins = torch.linspace(-60, 0, 61).numpy()
+ax.hist(act_grads.log2().numpy(), bins=bins, density=True, alpha=0.6, label="activation gradients (per sample)")
+ax.hist(w_grads.log2().numpy(), bins=bins, density=True, alpha=0.6, label="weight gradients (summed over the batch)")
+ax.axvline(-25, color="tab:red", ls="--", lw=1, label="fp16: at or below 2^-25 becomes 0")
+ax.set_xlabel("log2 |gradient| (dimensionless)")
+ax.set_ylabel("fraction of values per bin")
+ax.set_title("Same network, same batch: weight gradients sit far above fp16's underflow")
+ax.legend(fontsize=8)
+plt.show()
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+So how bad is fp16 without scaling for training? For this shallow network at this point of training, hardly at all: at scale 1 the weight gradients, which are what the optimizer uses, keep about 99 % of their entries, and their error is the same as with a scale. The danger is how little margin that is. The activation gradients that *do* underflow are the ones that carry the signal to earlier layers; in a deeper network, gradients shrink layer after layer, late in training the loss and its gradients are small, and a loss averaged over many more elements (tokens, pixels) divides every gradient further. Emulate that by making the loss $2^k$ times smaller, with no scale to compensate:
+"""
+
+# %% slideshow={"slide_type": "fragment"}
+print(" loss x  | weight gradients lost | error of their norm (worst layer)")
+shrunk = {}
+for k in (0, 4, 8, 12):
+    got = fp16_grads(2.0**-k)                           # the loss times 2^-k, unscaled back in fp32
+    lost = sum(((g == 0) & (r != 0)).sum().item() for g, r in zip(got, reference)) / sum((r != 0).sum().item() for r in reference)
+    err = max(((g - r).norm() / r.norm()).item() for g, r in zip(got, reference))
+    shrunk[k] = (lost, err)
+    print(f" 2^-{k:<4} |               ~{lost:5.1%} | ~{err:.1e}")
+assert shrunk[12][0] > 10 * shrunk[0][0] and shrunk[12][1] > 10 * shrunk[0][1]   # the loss grows with the shrink
+
+# %% [markdown] slideshow={"slide_type": "fragment"}
+"""
+Gradients 2^12 times smaller lose about a third of the weight gradients, and the rest of their norm is off by more than 10 %: that is training on a different, biased gradient. Micikevicius et al. (2018) report both sides: their ImageNet classifiers trained in mixed precision without loss scaling, while their SSD object detector did not train without it and matched fp32 with a scale of only 8. Since a scale costs one multiplication, fp16 training always uses one (`GradScaler`); bf16 (section 8) has fp32's range and needs none.
+"""
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
 ### Dynamic loss scaling, from scratch
 
 The dynamic rule picks S on the fly: start large ($2^{16}$); after every backward, check the gradients for inf/NaN. If there is one, **skip** the optimizer step and halve S. If `growth_interval` steps in a row were clean, double S. So S hovers just below the overflow limit. Here it is in a few lines:
@@ -460,6 +519,74 @@ with expect_error(ValueError, match="growth_factor"):
 with expect_error(ValueError, match="backoff_factor"):
     DynamicLossScaler(backoff_factor=1.5)
 print("GradScaler(init_scale=-1) is accepted:", torch.amp.GradScaler("cpu", init_scale=-1.0).get_scale())
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+### `GradScaler` in a real training loop: checkpoints and LR schedulers
+
+**The scale is training state.** After a few thousand steps the scaler has found its level (and counts clean steps towards the next growth). A run resumed with a fresh `GradScaler` starts again at 65536 and spends skipped steps finding it, so save `scaler.state_dict()` in the checkpoint with the model's and the optimizer's, and load it on resume:
+"""
+
+# %% slideshow={"slide_type": "fragment"}
+import io
+
+model = mlp(width=32)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+scaler = torch.amp.GradScaler("cpu", growth_interval=3)
+for step in range(8):                                   # overflows at steps 0-5: the scale backs off six times
+    optimizer.zero_grad()
+    scaler.scale(F.cross_entropy(model(X[:32]), Y[:32])).backward()
+    if step < 6:
+        model[0].weight.grad[0, 0] = math.inf
+    scaler.step(optimizer)
+    scaler.update()
+buffer = io.BytesIO()
+torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "scaler": scaler.state_dict()}, buffer)
+
+buffer.seek(0)
+checkpoint = torch.load(buffer)
+resumed = torch.amp.GradScaler("cpu")
+resumed.load_state_dict(checkpoint["scaler"])
+print(f"scale before saving {scaler.get_scale():g} | after loading {resumed.get_scale():g}"
+      f" | a fresh GradScaler: {torch.amp.GradScaler('cpu').get_scale():g}")
+assert resumed.state_dict() == scaler.state_dict() and resumed.get_scale() == 65536 / 2**6
+
+# %% [markdown] slideshow={"slide_type": "fragment"}
+"""
+**A skipped step is still a step for the LR scheduler.** `scaler.step(optimizer)` skips `optimizer.step()` when it found an inf, but a loop that calls `scheduler.step()` after every batch advances the schedule anyway (PyTorch notices the first time and warns that `lr_scheduler.step()` came before `optimizer.step()`). Over a long run that is a handful of steps early on, usually harmless; for a short schedule or a warm-up it shifts the learning rate. The skip is visible in the scale: `update()` lowers it exactly when the step was skipped, so step the scheduler only then. Two overflows in six steps, a scheduler that halves the learning rate at each of its steps:
+"""
+
+
+# %% slideshow={"slide_type": "fragment"}
+def scheduler_run(only_after_real_steps):
+    model = mlp(width=32)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
+    real_steps = 0
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for step in range(6):
+            optimizer.zero_grad()
+            scaler.scale(F.cross_entropy(model(X[:32]), Y[:32])).backward()
+            if step in (0, 3):
+                model[0].weight.grad[0, 0] = math.inf       # an overflow, as fp16 would produce
+            scale_before = scaler.get_scale()
+            scaler.step(optimizer)
+            scaler.update()
+            skipped = scaler.get_scale() < scale_before     # the scale drops exactly when the step was skipped
+            real_steps += not skipped
+            if not (only_after_real_steps and skipped):
+                scheduler.step()
+    warned = any("lr_scheduler.step()" in str(w.message) for w in caught)
+    return real_steps, scheduler.last_epoch, optimizer.param_groups[0]["lr"], warned
+
+
+for only in (False, True):
+    real, sched, lr, warned = scheduler_run(only)
+    print(f"scheduler.step() {'only after real steps' if only else 'after every batch   '}: optimizer steps {real},"
+          f" scheduler steps {sched}, lr {lr:g}, warning: {warned}")
+assert scheduler_run(False)[:2] == (4, 6) and scheduler_run(True)[:2] == (4, 4)
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
@@ -716,6 +843,78 @@ if requires_gpu("the autocast table on CUDA with fp16"):
         cpu_kind = cpu_table[name][2]
         print(f"{name:<14} CUDA: {kind:<16} CPU: {cpu_kind}{'   <- differs' if kind != cpu_kind else ''}")
 
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+### Two rules for code under autocast
+
+**Backward goes outside the region.** Put the forward pass and the loss inside `with torch.autocast(...)`, and call `backward()` after the block. Autograd records which dtype each forward operation ran in, and the backward of each operation runs in that same dtype whether autocast is active or not; the casts themselves (`ToCopyBackward0`) bring the gradients back to fp32 for the fp32 parameters. Running backward inside the region changes nothing here and invites mistakes; PyTorch's AMP documentation advises against it:
+"""
+
+# %% slideshow={"slide_type": "fragment"}
+small = mlp(width=32)
+grads = {}
+for inside in (False, True):
+    small.zero_grad()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = F.cross_entropy(small(X[:64]), Y[:64])
+        if inside:
+            loss.backward()
+    if not inside:
+        loss.backward()
+    grads[inside] = [p.grad.clone() for p in small.parameters()]
+same = all(torch.equal(a, b) for a, b in zip(grads[False], grads[True]))
+print("backward outside vs inside autocast: identical gradients:", same, "| gradient dtypes:", sorted({str(g.dtype) for g in grads[False]}))
+assert same and all(g.dtype == torch.float32 for g in grads[False])
+
+# %% [markdown] slideshow={"slide_type": "fragment"}
+"""
+**Custom Functions need to be told** (the bridge to notebook 03). Autocast is active inside your Function's `forward`, so a matmul there runs in bf16; but the engine calls your `backward` later, outside the region, so the same matmul there sees a bf16 gradient and fp32 weights. `torch.amp.custom_fwd(device_type=...)` and `torch.amp.custom_bwd(device_type=...)` fix it: backward runs under the autocast state that forward saw. With `custom_fwd(..., cast_inputs=torch.float32)`, forward instead runs in fp32 with autocast off (for an op that must not run in low precision):
+"""
+
+
+# %% slideshow={"slide_type": "fragment"}
+class LinearFn(torch.autograd.Function):               # y = x @ w, backward by hand
+    @staticmethod
+    def forward(ctx, x, w):
+        ctx.save_for_backward(x, w)
+        return x @ w
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        x, w = ctx.saved_tensors
+        return grad_output @ w.T, x.T @ grad_output
+
+
+class LinearAmp(LinearFn):
+    @staticmethod
+    @torch.amp.custom_fwd(device_type="cpu")
+    def forward(ctx, x, w):
+        return LinearFn.forward(ctx, x, w)
+
+    @staticmethod
+    @torch.amp.custom_bwd(device_type="cpu")
+    def backward(ctx, grad_output):
+        return LinearFn.backward(ctx, grad_output)
+
+
+class LinearFp32(LinearFn):
+    @staticmethod
+    @torch.amp.custom_fwd(device_type="cpu", cast_inputs=torch.float32)
+    def forward(ctx, x, w):
+        return LinearFn.forward(ctx, x, w)
+
+
+xs, ws = torch.randn(4, 8, requires_grad=True), torch.randn(8, 3, requires_grad=True)
+for fn in (LinearFn, LinearAmp, LinearFp32):
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        ys = fn.apply(xs, ws)
+    if fn is LinearFn:
+        with expect_error(RuntimeError, match="same dtype"):
+            ys.float().sum().backward()                # backward: bf16 gradient @ fp32 weight
+    else:
+        ys.float().sum().backward()
+        print(f"{fn.__name__:<10}: forward output {ys.dtype}, backward ran, weight gradient {ws.grad.dtype}")
+
 # %% [markdown] slideshow={"slide_type": "slide"}
 """
 ## 7. Apex O0–O3, and their native equivalents
@@ -882,7 +1081,60 @@ assert 0.4 < ratio < 0.75 and 0.45 < (m16.bytes - copies) / m32.bytes < 0.55
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-The activations of the matmuls are saved in bf16 (half the bytes), but two things keep the ratio above 0.5: autocast saves the bf16 *copies* of the weights it made for the matmuls (new tensors, not the fp32 parameters), and the loss's inputs stay fp32. In a deep network with large batches, activations dominate and the ratio approaches 0.5 (the activations alone are already at 0.5). `benchmarks/mixed_precision.py` shows it for a wider model and two batch sizes. On a GPU, the same comparison in allocator terms:
+The activations of the matmuls are saved in bf16 (half the bytes), but two things keep the ratio above 0.5: autocast saves the bf16 *copies* of the weights it made for the matmuls (new tensors, not the fp32 parameters), and the loss's inputs stay fp32. For **this MLP on the CPU**, with large batches the activations dominate and the ratio approaches 0.5 (the activations alone are already at 0.5); `benchmarks/mixed_precision.py` shows it for a wider model and two batch sizes.
+
+That limit is not universal. **On CUDA**, autocast runs `softmax`, `log_softmax`, `layer_norm` and the other ops of its fp32 list (section 6) in fp32, so they save fp32 tensors for backward, and the next matmul saves its own low-precision copy of their output. Take attention's score matrix, often a transformer's largest activation: the softmax saves its output, and the matmul with the values saves it again as its input. This CPU cannot run CUDA autocast, but it can count the bytes each rule saves per score element, applying CUDA's rule by hand (softmax in fp32, the matmul in bf16):
+"""
+
+# %% slideshow={"slide_type": "fragment"}
+scores_in = torch.randn(4, 64, 64)                   # attention scores: batch 4, 64 queries x 64 keys
+values_in = torch.randn(4, 64, 32)
+
+
+def bytes_per_score(softmax_dtype, matmul_dtype):
+    scores = scores_in.to(matmul_dtype).requires_grad_()     # scores come out of a matmul
+    values = values_in.to(matmul_dtype).requires_grad_()
+    with SavedTensorMeter(exclude=[values]) as meter:          # count what the scores cost
+        probs = F.softmax(scores.to(softmax_dtype), dim=-1)    # softmax saves its output
+        probs.to(matmul_dtype) @ values                        # the matmul saves its input (a copy if cast)
+    return meter.bytes / scores.numel()
+
+
+per_score = {
+    "fp32 training": bytes_per_score(torch.float32, torch.float32),
+    "CPU autocast (softmax unchanged, bf16)": bytes_per_score(torch.bfloat16, torch.bfloat16),
+    "CUDA autocast's rule (softmax in fp32)": bytes_per_score(torch.float32, torch.bfloat16),
+}
+for name, b in per_score.items():
+    print(f"{name:<40} {b:.0f} bytes saved per attention score")
+assert list(per_score.values()) == [4, 2, 6]
+
+# %% [markdown] slideshow={"slide_type": "fragment"}
+"""
+Under CUDA autocast the scores cost **more** than in fp32 (6 bytes instead of 4: an fp32 copy for the softmax, a bf16 one for the matmul), so a transformer's activation memory falls by clearly less than half. This is one reason fused attention (`F.scaled_dot_product_attention`, FlashAttention) matters: it does not save the score matrix at all.
+"""
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+**The weight copies are cached for the autocast region.** A weight used several times inside one `with torch.autocast(...)` block is cast once: autocast keeps the low-precision copy of each parameter (a leaf that requires grad) until the block exits, and every use reads it. That saves casts (a weight reused across the steps of an RNN, say), and the cached copies live as long as the region. `torch.autocast(..., cache_enabled=False)` turns the cache off: one copy per use. One `Linear` applied three times (the first use's copy is not saved for backward: its input needs no gradient, notebook 02 §4):
+"""
+
+# %% slideshow={"slide_type": "fragment"}
+shared = nn.Linear(64, 64)
+inp = torch.randn(8, 64)
+copies_saved = {}
+for cache in (True, False):
+    def three_uses(cache=cache):
+        with torch.autocast("cpu", dtype=torch.bfloat16, cache_enabled=cache):
+            return shared(shared(shared(inp))).float().sum()
+
+    copies_saved[cache] = saved_cast_copy_bytes(three_uses, shared.parameters())
+    print(f"cache_enabled={cache!s:<5}: bf16 weight copies saved for backward {format_bytes(copies_saved[cache])}")
+assert copies_saved[True] == 64 * 64 * 2 and copies_saved[False] == 2 * 64 * 64 * 2   # one copy vs one per saved use
+
+# %% [markdown] slideshow={"slide_type": "fragment"}
+"""
+On a GPU, the same comparison in allocator terms:
 """
 
 # %% slideshow={"slide_type": "fragment"}
@@ -902,7 +1154,7 @@ if requires_gpu("peak GPU memory of a training step, fp32 vs bf16 autocast"):
 """
 ## 10. Speed: it depends on the hardware
 
-Mixed precision is fast where the hardware has units for 16-bit math: NVIDIA tensor cores (Volta and later for fp16, Ampere and later for bf16), or CPUs with AVX512-BF16 / AMX. A CPU with only AVX2 has no bf16 arithmetic: PyTorch converts to fp32 and back, and a small bf16 matmul was measured at about **100x slower** than fp32 on such a CPU while this course was written. Other CPUs (AVX512-BF16, AMX) have bf16 units. So we measure, small, on this machine; the first cell also says which hardware support it found. Its output depends on the machine, so the tests do not check it:
+Mixed precision is fast where the hardware has units for 16-bit math: NVIDIA tensor cores (Volta and later for fp16, Ampere and later for bf16), or CPUs with AVX512-BF16 / AMX. A CPU with only AVX2 has no bf16 arithmetic: PyTorch converts to fp32 and back, and bf16 matmuls run much slower than fp32 (measured below, on a simulated AVX2 CPU). Other CPUs (AVX512-BF16, AMX) have bf16 units. So we measure, small, on this machine; the first cell also says which hardware support it found. Its output depends on the machine, so the tests do not check it:
 """
 
 # %% slideshow={"slide_type": "fragment"} tags=["nbval-ignore-output"]
@@ -956,9 +1208,40 @@ print(f"training step, fp32: ~{s32 * 1e3:.2f} ms | bf16 autocast: ~{s16 * 1e3:.2
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
+And an AVX2-only CPU, a typical laptop without bf16 units, simulated on this one: a new Python process with PyTorch's AVX2 kernels, oneDNN and MKL capped at AVX2, one thread (the settings `make test-portable` uses). Capped at AVX2, oneDNN reports no bf16 support, so PyTorch runs bf16 matmuls with its own fallback loop, as on a typical AVX2 machine. The ratio depends on the machine (`~`); the lesson is its size:
+"""
+
+# %% slideshow={"slide_type": "fragment"}
+import os
+import subprocess
+import sys
+
+AVX2_ENV = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2", "OMP_NUM_THREADS": "1"}
+probe = """
+import math, time, torch
+def best(fn):
+    fn()
+    times = []
+    for _ in range(5):
+        t0 = time.perf_counter(); fn(); fn(); fn(); times.append((time.perf_counter() - t0) / 3)
+    return min(times)
+a, b = torch.randn(128, 128), torch.randn(128, 128)
+a16, b16 = a.bfloat16(), b.bfloat16()
+print(torch.backends.cpu.get_cpu_capability(), torch.ops.mkldnn._is_mkldnn_bf16_supported(), best(lambda: a16 @ b16) / best(lambda: a @ b))
+"""
+run = subprocess.run([sys.executable, "-c", probe], env=os.environ | AVX2_ENV, capture_output=True, text=True, timeout=120)
+capability, onednn_bf16, ratio = run.stdout.split()
+if capability == "AVX2":
+    print(f"simulated AVX2: oneDNN bf16 support {onednn_bf16}; a 128x128 bf16 matmul takes ~{float(ratio):.0f}x the fp32 time")
+    assert onednn_bf16 == "False" and float(ratio) > 5
+else:
+    print(f"this CPU cannot simulate AVX2 (PyTorch ran {capability} kernels): no figure")
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
 A note on the blog's picture of tensor cores ("one matrix multiply per clock, versus one multiply per clock for a CUDA core"): it is the right idea, loosely put. A CUDA core performs one scalar fused multiply-add per clock; a tensor core performs a small matrix multiply-accumulate per clock (4x4x4 on Volta, larger tiles on later GPUs), with fp16/bf16 inputs and fp32 accumulation — the paper's "multiply in fp16, add in fp32".
 
-Read your own numbers: on a CPU with AMX or AVX512-BF16, bf16 matmuls can beat fp32 at larger sizes; on an AVX2-only CPU they are much slower, and autocast makes training *slower*, not faster (it also adds the cost of casting). The memory saving of section 9 holds everywhere. `benchmarks/mixed_precision.py` measures both for two batch sizes. On a GPU, tensor cores make the difference large — if the matrix dimensions are multiples of 8 (fp16/bf16), which is why model widths and vocabulary sizes are padded:
+Read your own numbers: on a CPU with AMX or AVX512-BF16, bf16 matmuls can beat fp32 at larger sizes; on an AVX2-only CPU they are much slower, and autocast makes training *slower*, not faster (it also adds the cost of casting). The memory saving of section 9 holds on every CPU (on a GPU, mind section 9's note on CUDA's fp32 ops). `benchmarks/mixed_precision.py` measures both for two batch sizes. On a GPU, tensor cores make the difference large — if the matrix dimensions are multiples of 8 (fp16/bf16), which is why model widths and vocabulary sizes are padded:
 """
 
 # %% slideshow={"slide_type": "fragment"}
@@ -969,16 +1252,50 @@ if requires_gpu("matmul throughput: fp32, TF32, fp16, bf16 on tensor cores"):
         print(f"n={n}: fp32 ~{matmul_tflops(n, torch.float32):.1f} | tf32 ~{matmul_tflops(n, torch.float32, tf32=True):.1f} | "
               f"fp16 ~{matmul_tflops(n, torch.float16):.1f} | bf16 ~{matmul_tflops(n, torch.bfloat16):.1f} TFLOP/s")
 
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+**TF32: the controls to use now.** On Ampere and later GPUs, fp32 matmuls and convolutions may run on tensor cores in TF32 (fp32's 8 exponent bits, 10 mantissa bits, fp32 accumulation): much faster, with fp16-like input precision. The cell above (through `course_lib.timing`) and most older code toggle `torch.backends.cuda.matmul.allow_tf32`. The portable switch is `torch.set_float32_matmul_precision("high")` (`"highest"`, the default, means full fp32); newer releases (2.9 and later; 2.13 here) also give each backend an `fp32_precision` setting, `"ieee"` or `"tf32"` (`torch.backends.cuda.matmul.fp32_precision`, `torch.backends.cudnn.conv.fp32_precision`), and the PyTorch documentation says the old `allow_tf32` flags will be deprecated. These are global flags, so they can be read and set on this CPU (where they change nothing), and restored:
+"""
+
+# %% slideshow={"slide_type": "fragment"}
+backends = (torch.backends.cuda.matmul, torch.backends.mkldnn.matmul)   # the setting moves both
+before = (torch.get_float32_matmul_precision(), *(b.fp32_precision for b in backends))
+try:
+    torch.set_float32_matmul_precision("high")
+    after = (torch.get_float32_matmul_precision(), torch.backends.cuda.matmul.fp32_precision)
+finally:
+    torch.set_float32_matmul_precision(before[0])
+    for b, old in zip(backends, before[1:]):
+        b.fp32_precision = old                   # "none": follow the global setting, as before
+print(f"matmul precision {before[0]!r}, cuda.matmul.fp32_precision {before[1]!r}"
+      f" -> after set_float32_matmul_precision('high'): {after[0]!r}, {after[1]!r}")
+assert after == ("high", "tf32")
+assert (torch.get_float32_matmul_precision(), *(b.fp32_precision for b in backends)) == before   # restored
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+**fp8, the next step (not run here).** NVIDIA's Hopper (H100) and Ada GPUs and later have tensor cores for 8-bit floats in two formats: E4M3 (more precision, max 448) for weights and activations and E5M2 (fp16's range, max 57344) for gradients (Micikevicius et al., 2022). With so little range, one loss scale is not enough: fp8 training scales **each tensor** (per tensor, per row, or per block) so that it fits, keeps master weights in higher precision, and runs only the matmuls in fp8. In PyTorch this is `torchao.float8` (`convert_to_float8_training` replaces the `Linear` layers) or NVIDIA's Transformer Engine; Blackwell GPUs add the OCP **MX** formats, such as MXFP8, where each block of 32 values shares one power-of-two scale. The formats themselves are PyTorch dtypes and can be inspected on any machine:
+"""
+
+# %% slideshow={"slide_type": "fragment"}
+for dt in (torch.float8_e4m3fn, torch.float8_e5m2, torch.float16):
+    fi = torch.finfo(dt)
+    print(f"{str(dt):<20} max {fi.max:>8g} | smallest normal 2^{math.log2(fi.smallest_normal):.0f} | eps 2^{math.log2(fi.eps):.0f}")
+assert torch.finfo(torch.float8_e4m3fn).max == 448 and torch.finfo(torch.float8_e5m2).max == 57344
+
 # %% [markdown] slideshow={"slide_type": "slide"}
 """
 ## Summary
 
-- fp16 has 5 exponent and 10 mantissa bits: range **[-65504, 65504]**, smallest normal 2^-14 ≈ 6.1e-5, smallest subnormal 2^-24 ≈ 6.0e-8; values below 2^-25 round to 0. bf16 has fp32's range with 7 mantissa bits (eps 2^-7).
+- fp16 has 5 exponent and 10 mantissa bits: range **[-65504, 65504]**, smallest normal 2^-14 ≈ 6.1e-5, smallest subnormal 2^-24 ≈ 6.0e-8; values at or below 2^-25 round to 0 (2^-25 is a tie, rounded to even: 0). bf16 has fp32's range with 7 mantissa bits (eps 2^-7).
 - fp16 breaks training by overflow (inf/NaN), underflow of small gradients (here a large fraction of a trained MLP's activation gradients), lost updates when `lr * grad` is below half a gap, and stalled fp16 accumulators.
-- Loss scaling shifts gradients into range; the dynamic rule (skip + halve on inf/NaN, double after `growth_interval` clean steps) is a few lines, and `torch.amp.GradScaler` makes exactly the same decisions. Call `scaler.unscale_(optimizer)` before clipping or inspecting gradients.
+- Weight gradients sum over the batch and sit far above activation gradients (here thousands of times larger), so unscaled fp16 loses few of them in this shallow MLP; shrink the gradients and the loss grows fast, which is why fp16 always uses a scale.
+- Loss scaling shifts gradients into range; the dynamic rule (skip + halve on inf/NaN, double after `growth_interval` clean steps) is a few lines, and `torch.amp.GradScaler` makes exactly the same decisions. Call `scaler.unscale_(optimizer)` before clipping or inspecting gradients; save `scaler.state_dict()` in checkpoints; step the LR scheduler only when the optimizer stepped (the scale drops when a step is skipped).
 - fp32 master weights keep small updates; the update is `w - lr * grad`. `GradScaler` refuses fp16 gradients for that reason.
 - `torch.autocast` casts matmul-like ops down, forces losses (and on CUDA, softmax/norms/reductions) to fp32. `torch.cuda.amp.*` and `torch.cpu.amp.*` are deprecated: use `torch.amp.autocast(device)` and `torch.amp.GradScaler(device)`. Apex is legacy; O1 ≈ autocast + GradScaler.
-- bf16 rarely needs loss scaling. Saved activations shrink toward half. Speed depends on the hardware: measure it.
+- Call `backward()` outside the autocast region; a custom `autograd.Function` under autocast needs `torch.amp.custom_fwd`/`custom_bwd(device_type=...)`.
+- bf16 rarely needs loss scaling. This MLP's saved activations shrink toward half on the CPU; under CUDA autocast, ops kept in fp32 (softmax, layer norm) save fp32 copies, so a transformer saves clearly less. Autocast caches its weight copies for the region (`cache_enabled`).
+- Speed depends on the hardware: measure it. A simulated AVX2 CPU runs a bf16 matmul tens of times slower than fp32. TF32 is controlled by `torch.set_float32_matmul_precision("high")` or, since 2.9, the backends' `fp32_precision`; fp8 (Hopper and later) scales every tensor (torchao.float8, MXFP8).
 """
 
 # %% [markdown] slideshow={"slide_type": "slide"}
@@ -1024,6 +1341,21 @@ def next_scale(scale, tracker, found_inf, growth_interval):
 
 check_next_scale(next_scale)
 
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+**4.** Write `scaler_step(scaler, optimizer, scheduler)` for a loop that has already called `scaler.scale(loss).backward()`: step the optimizer through the scaler, update the scale, step the LR scheduler **only if the optimizer really stepped** (section 4), and return `True` when it did. The check runs ten steps, four of them with an injected overflow.
+"""
+
+# %% slideshow={"slide_type": "fragment"}
+from course_lib.exercises.mixed_precision import check_scaler_step
+
+
+def scaler_step(scaler, optimizer, scheduler):
+    raise NotImplementedError("your code here")
+
+
+check_scaler_step(scaler_step)
+
 # %% [markdown] slideshow={"slide_type": "slide"}
 """
 ## References
@@ -1034,5 +1366,8 @@ check_next_scale(next_scale)
 - PyTorch documentation: [CUDA Automatic Mixed Precision examples](https://pytorch.org/docs/stable/notes/amp_examples.html) — `unscale_` with gradient clipping, accumulation, multiple models.
 - NVIDIA, [Train With Mixed Precision](https://docs.nvidia.com/deeplearning/performance/mixed-precision-training/index.html) — tensor cores and the multiples-of-8 rule.
 - NVIDIA Apex, [apex.amp](https://nvidia.github.io/apex/amp.html) — the O0–O3 opt levels; and ["torch.cuda.amp > apex amp"](https://github.com/NVIDIA/apex/issues/818) (M. Carilli, 2020) on why the native API replaced it.
+- P. Micikevicius et al., [FP8 Formats for Deep Learning](https://arxiv.org/abs/2209.05433), 2022 — E4M3 and E5M2; Open Compute Project, [OCP Microscaling Formats (MX) Specification v1.0](https://www.opencompute.org/documents/ocp-microscaling-formats-mx-v1-0-spec-final-pdf), 2023 — MXFP8's shared block scales.
+- PyTorch torchao, [float8 training](https://github.com/pytorch/ao/tree/main/torchao/float8) (`convert_to_float8_training`); NVIDIA, [Transformer Engine](https://github.com/NVIDIA/TransformerEngine).
+- PyTorch documentation: [CUDA semantics, TF32 on Ampere and later devices](https://pytorch.org/docs/stable/notes/cuda.html#tensorfloat-32-tf32-on-ampere-and-later-devices) — `set_float32_matmul_precision` and the `fp32_precision` settings; [`torch.amp.custom_fwd`](https://pytorch.org/docs/stable/amp.html#torch.amp.custom_fwd) for custom Functions; [`torch.optim.lr_scheduler`](https://pytorch.org/docs/stable/optim.html#how-to-adjust-learning-rate).
 - D. Goldberg, [What Every Computer Scientist Should Know About Floating-Point Arithmetic](https://docs.oracle.com/cd/E19957-01/806-3568/ncg_goldberg.html), 1991.
 """

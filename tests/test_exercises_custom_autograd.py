@@ -11,6 +11,7 @@ from course_lib.exercises.custom_autograd import (
     LECUN_B,
     check_backward_checker,
     check_lean_scaled_tanh,
+    check_reduce_to_shape,
     check_softplus_function,
 )
 
@@ -226,3 +227,68 @@ def test_the_package_hands_out_no_answer() -> None:
     for cls in functions:
         assert check_softplus_function(cls).status != "correct", cls
         assert check_lean_scaled_tanh(cls).status != "correct", cls
+
+
+# ---- 4. the gradient of a broadcast input --------------------------------------------------------
+def reduce_by_hand(grad: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
+    added = grad.dim() - len(shape)
+    out = grad.sum(dim=tuple(range(added))) if added else grad
+    stretched = tuple(i for i, n in enumerate(shape) if n == 1 and out.shape[i] != 1)
+    return out.sum(dim=stretched, keepdim=True) if stretched else out
+
+
+def reduce_builtin(grad: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
+    return grad.sum_to_size(shape)
+
+
+def reduce_by_autograd(grad: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
+    leaf = torch.zeros(shape, dtype=grad.dtype, requires_grad=True)
+    (g,) = torch.autograd.grad(leaf.expand(grad.shape), leaf, grad)
+    return g
+
+
+def reduce_leading_only(grad: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
+    added = grad.dim() - len(shape)
+    return grad.sum(dim=tuple(range(added))) if added else grad
+
+
+def reduce_without_keepdim(grad: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
+    added = grad.dim() - len(shape)
+    out = grad.sum(dim=tuple(range(added))) if added else grad
+    stretched = tuple(i for i, n in enumerate(shape) if n == 1 and out.shape[i] != 1)
+    return out.sum(dim=stretched) if stretched else out
+
+
+def reduce_mean(grad: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
+    added = grad.dim() - len(shape)
+    out = grad.mean(dim=tuple(range(added))) if added else grad
+    stretched = tuple(i for i, n in enumerate(shape) if n == 1 and out.shape[i] != 1)
+    return out.mean(dim=stretched, keepdim=True) if stretched else out
+
+
+def reduce_reshape(grad: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
+    return grad.flatten()[: int(torch.Size(shape).numel())].reshape(shape)  # right shape, wrong values
+
+
+def reduce_blank(grad: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
+    raise NotImplementedError("your code here")
+
+
+def test_reduce_to_shape() -> None:
+    assert_check(
+        check_reduce_to_shape,
+        right=[reduce_by_hand, reduce_builtin, reduce_by_autograd],
+        right_says="all 7 shape pairs",
+        not_done=[..., None, reduce_blank],
+        wrong=[
+            (lambda g, s: g, "must have the input's shape"),
+            (reduce_leading_only, "keepdim=True"),
+            (reduce_without_keepdim, "keepdim=True"),
+            (lambda g, s: g.sum(), "must have the input's shape"),
+            (reduce_mean, "use sum, not mean"),
+            (reduce_reshape, "wrong values"),
+            (lambda g, s: g.tolist(), "return a tensor"),
+            (lambda g, s: g.sum(dim=5), "your code raised IndexError"),
+            ("sum", "your function itself"),
+        ],
+    )

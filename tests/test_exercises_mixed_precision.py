@@ -7,7 +7,12 @@ import math
 import torch
 
 from checks import assert_check
-from course_lib.exercises.mixed_precision import check_fp16_spacing, check_next_scale, check_static_scale
+from course_lib.exercises.mixed_precision import (
+    check_fp16_spacing,
+    check_next_scale,
+    check_scaler_step,
+    check_static_scale,
+)
 
 
 def _blank(*args):
@@ -89,4 +94,81 @@ def test_next_scale() -> None:
         right=[_next_scale],
         not_done=[..., _blank],
         wrong=[(no_reset, "tracker"), (never_grows, ""), (lambda s, t, f, i: s, "")],
+    )
+
+
+# ---- skip-aware scheduler step --------------------------------------------------------------
+
+
+def _scaler_step(scaler, optimizer, scheduler):
+    before = scaler.get_scale()
+    scaler.step(optimizer)
+    scaler.update()
+    stepped = scaler.get_scale() >= before
+    if stepped:
+        scheduler.step()
+    return stepped
+
+
+def _scaler_step_checks_grads(scaler, optimizer, scheduler):
+    # another right answer: look for inf in the (scaled) gradients first
+    grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+    stepped = all(torch.isfinite(g).all() for g in grads)
+    scaler.step(optimizer)
+    scaler.update()
+    if stepped:
+        scheduler.step()
+    return bool(stepped)
+
+
+def test_scaler_step() -> None:
+    def always_schedules(scaler, optimizer, scheduler):
+        stepped = _scaler_step(scaler, optimizer, scheduler)
+        if not stepped:
+            scheduler.step()
+        return stepped
+
+    def no_update(scaler, optimizer, scheduler):
+        scaler.step(optimizer)
+        scheduler.step()
+        return True
+
+    def plain_step(scaler, optimizer, scheduler):
+        optimizer.step()
+        scheduler.step()
+        return True
+
+    def no_step(scaler, optimizer, scheduler):
+        return False
+
+    def zero_lr(scaler, optimizer, scheduler):
+        for group in optimizer.param_groups:
+            group["lr"] = 0.0
+        return _scaler_step(scaler, optimizer, scheduler)
+
+    def returns_nothing_useful(scaler, optimizer, scheduler):
+        _scaler_step(scaler, optimizer, scheduler)
+        return "yes"
+
+    def inverted(scaler, optimizer, scheduler):
+        return not _scaler_step(scaler, optimizer, scheduler)
+
+    def blank(scaler, optimizer, scheduler):
+        raise NotImplementedError("your code here")
+
+    assert_check(
+        check_scaler_step,
+        right=[_scaler_step, _scaler_step_checks_grads],
+        right_says="6 real steps and 4 skipped",
+        not_done=[..., blank],
+        wrong=[
+            (always_schedules, "only when the optimizer stepped"),
+            (no_update, "scaler.update()"),
+            (plain_step, "not optimizer.step()"),
+            (no_step, "call scaler.update()"),
+            (zero_lr, "did not move the weights"),
+            (returns_nothing_useful, "True or False"),
+            (inverted, "compare it before and after"),
+            ("step", "your function itself"),
+        ],
     )

@@ -63,8 +63,8 @@ def test_summary_is_text_with_both_numbers() -> None:
     with SavedTensorMeter() as m:
         (x * 2).exp().sum()
     assert (
-        m.summary()
-        == "1 tensors saved for backward: 1.00 KiB of activations (+ 0 B of parameters, shared storage counted once)"
+        m.summary() == "1 tensors saved for backward: 1.00 KiB of activations"
+        " (+ 0 B of saved parameters, shared storage counted once)"
     )
 
 

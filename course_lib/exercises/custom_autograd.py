@@ -3,6 +3,7 @@
 * :func:`check_softplus_function` — write ``forward`` and ``backward`` of softplus by hand.
 * :func:`check_lean_scaled_tanh` — LeCun's scaled tanh, saving nothing the next layer does not keep already.
 * :func:`check_backward_checker` — write a function that tells a right backward from a wrong one with gradcheck.
+* :func:`check_reduce_to_shape` — the gradient of a broadcast input: sum over the broadcast dimensions.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ __all__ = [
     "check_softplus_function",
     "check_lean_scaled_tanh",
     "check_backward_checker",
+    "check_reduce_to_shape",
     "LECUN_A",
     "LECUN_B",
 ]
@@ -226,3 +228,53 @@ def check_backward_checker(backward_is_correct: Any) -> str:
             )
     n_right = sum(right for *_, right in _CANDIDATES)
     return f"it told {n_right} right and {len(_CANDIDATES) - n_right} wrong backwards apart"
+
+
+# ---- 4. the gradient of a broadcast input -------------------------------------------------------
+# (shape of the broadcast result, shape of the input that was broadcast)
+_BROADCAST_CASES: list[tuple[tuple[int, ...], tuple[int, ...]]] = [
+    ((4, 3), (4, 3)),  # nothing broadcast
+    ((4, 3), ()),  # a scalar
+    ((4, 3), (3,)),  # a bias: one dimension added in front
+    ((4, 3), (4, 1)),  # a column: a size-1 dimension stretched
+    ((2, 4, 3), (4, 3)),
+    ((2, 4, 3), (1, 3)),  # both kinds at once
+    ((2, 4, 3), (2, 1, 1)),
+]
+
+
+@exercise("broadcast gradient", todo="write reduce_to_shape(grad, shape) with .sum, then run the check")
+def check_reduce_to_shape(reduce_to_shape: Any) -> str:
+    if is_placeholder(reduce_to_shape):
+        raise NotDone
+    if not callable(reduce_to_shape):
+        raise Wrong(f"pass your function itself, not {type(reduce_to_shape).__name__}")
+    g = torch.Generator().manual_seed(5)
+    for out_shape, in_shape in _BROADCAST_CASES:
+        grad = torch.randn(out_shape, generator=g, dtype=torch.float64)
+        expected = grad.sum_to_size(in_shape)
+        got = call_learner(reduce_to_shape, grad.clone(), in_shape)
+        if not isinstance(got, torch.Tensor):
+            raise Wrong(f"return a tensor, got {type(got).__name__}")
+        if tuple(got.shape) != in_shape:
+            hint = (
+                "a dimension of size 1 in `shape` is summed with keepdim=True"
+                if 1 in in_shape
+                else "sum away the leading dimensions that `shape` does not have"
+            )
+            raise Wrong(
+                f"for a gradient of shape {out_shape} and an input of shape {in_shape} it returned shape "
+                f"{tuple(got.shape)}; the result must have the input's shape ({hint})"
+            )
+        if torch.allclose(got, expected, rtol=1e-9, atol=1e-12):
+            continue
+        n_copies = grad.numel() // max(expected.numel(), 1)
+        if torch.allclose(got * n_copies, expected, rtol=1e-9, atol=1e-12):
+            raise Wrong(
+                "it averages: use sum, not mean. Every broadcast copy of the input contributes its whole gradient"
+            )
+        raise Wrong(
+            f"wrong values for a gradient of shape {out_shape} and an input of shape {in_shape}: sum over the "
+            "dimensions added in front and over the dimensions where the input has size 1"
+        )
+    return f"right for all {len(_BROADCAST_CASES)} shape pairs: the same as autograd's rule (Tensor.sum_to_size)"

@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Any
 
 import torch
 
 from ..float_formats import ulp
 from ..loss_scaling import update_scale
-from .core import Wrong, as_number, call_learner, exercise
+from .core import NotDone, Wrong, as_number, call_learner, exercise, is_placeholder
 
-__all__ = ["check_fp16_spacing", "check_static_scale", "check_next_scale"]
+__all__ = ["check_fp16_spacing", "check_static_scale", "check_next_scale", "check_scaler_step"]
 
 _SPACING_POINTS = (1.0, 0.1, 3.5, 1000.0, 1024.0, 2.0**-14, 0.75, 60000.0)
 
@@ -87,3 +88,84 @@ def check_next_scale(next_scale: Any) -> str:
                 )
             scale, tracker = want
     return "back off by 2 on inf/NaN and reset the count; double after growth_interval clean steps"
+
+
+_OVERFLOW_STEPS = {0, 3, 4, 8}  # steps whose gradients the check sets to inf, as an fp16 overflow would
+_STEPS = 10
+
+
+@exercise(
+    "skip-aware step",
+    todo="write scaler_step(scaler, optimizer, scheduler): step and update through the scaler, step the scheduler "
+    "only when the optimizer stepped, return True when it did",
+)
+def check_scaler_step(scaler_step: Any) -> str:
+    if is_placeholder(scaler_step):
+        raise NotDone
+    if not callable(scaler_step):
+        raise Wrong(f"pass your function itself, not {type(scaler_step).__name__}")
+    g = torch.Generator().manual_seed(11)
+    model = torch.nn.Linear(4, 2)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn(p.shape, generator=g))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10, growth_interval=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # PyTorch warns when a scheduler steps before its optimizer; the hint says it
+        _run_scaler_steps(scaler_step, model, optimizer, scheduler, scaler, g)
+    return (
+        f"{_STEPS - len(_OVERFLOW_STEPS)} real steps and {len(_OVERFLOW_STEPS)} skipped ones: "
+        "the scheduler followed the optimizer, not the loop"
+    )
+
+
+def _run_scaler_steps(
+    scaler_step: Any,
+    model: torch.nn.Linear,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any,
+    scaler: torch.amp.GradScaler,
+    g: torch.Generator,
+) -> None:
+    scale, tracker, real_steps = 2.0**10, 0, 0
+    for step in range(_STEPS):
+        optimizer.zero_grad()
+        x = torch.randn(3, 4, generator=g)
+        loss = model(x).pow(2).mean()
+        scaler.scale(loss).backward()
+        overflow = step in _OVERFLOW_STEPS
+        weight_grad = model.weight.grad
+        if overflow and weight_grad is not None:
+            weight_grad[0, 0] = math.inf
+        before = [p.detach().clone() for p in model.parameters()]
+        stepped = call_learner(scaler_step, scaler, optimizer, scheduler)
+        moved = any(not torch.equal(b, p) for b, p in zip(before, model.parameters()))
+        finite = all(torch.isfinite(p).all() for p in model.parameters())
+        if not finite or (overflow and moved):
+            raise Wrong(
+                f"step {step}: the weights took an inf gradient. Step through scaler.step(optimizer), "
+                "which skips the optimizer when it finds inf/NaN, not optimizer.step()"
+            )
+        if not overflow and not moved:
+            raise Wrong(f"step {step}: a clean step did not move the weights: call scaler.step(optimizer)")
+        scale, tracker = update_scale(scale, tracker, overflow, growth_interval=2)
+        if scaler.get_scale() != scale:
+            raise Wrong(
+                f"step {step}: the scale is {scaler.get_scale():g}, it should be {scale:g}: "
+                "call scaler.update() after scaler.step(optimizer)"
+            )
+        if not isinstance(stepped, bool):
+            raise Wrong(f"return True or False (did the optimizer step?), not {type(stepped).__name__}")
+        if stepped == overflow:
+            raise Wrong(
+                f"step {step}: you returned {stepped}, but the optimizer {'was skipped' if overflow else 'stepped'}. "
+                "The scale drops exactly when the step was skipped: compare it before and after update()"
+            )
+        real_steps += not overflow
+        if scheduler.last_epoch != real_steps:
+            raise Wrong(
+                f"after step {step} the scheduler has taken {scheduler.last_epoch} steps, the optimizer {real_steps}: "
+                "step the scheduler only when the optimizer stepped"
+            )
