@@ -374,7 +374,7 @@ plt.show()
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-So how bad is fp16 without scaling for training? For this shallow network at this point of training, hardly at all: at scale 1 the weight gradients, which are what the optimizer uses, keep about 99 % of their entries, and their error is the same as with a scale. The danger is how little margin that is. The activation gradients that *do* underflow are the ones that carry the signal to earlier layers; in a deeper network, gradients shrink layer after layer, late in training the loss and its gradients are small, and a loss averaged over many more elements (tokens, pixels) divides every gradient further. Emulate that by making the loss $2^k$ times smaller, with no scale to compensate:
+So how bad is fp16 without scaling for training? For this shallow network at this point of training, hardly at all: at scale 1 the weight gradients, which are what the optimizer uses, lose only about 1 % of their entries, and their error is the same as with a scale. The danger is how little margin that is. The activation gradients that *do* underflow are the ones that carry the signal to earlier layers; in a deeper network, gradients shrink layer after layer, late in training the loss and its gradients are small, and a loss averaged over many more elements (tokens, pixels) divides every gradient further. Emulate that by making the loss $2^k$ times smaller, with no scale to compensate:
 """
 
 # %% slideshow={"slide_type": "fragment"}
@@ -390,7 +390,7 @@ assert shrunk[12][0] > 10 * shrunk[0][0] and shrunk[12][1] > 10 * shrunk[0][1]  
 
 # %% [markdown] slideshow={"slide_type": "fragment"}
 """
-Gradients 2^12 times smaller lose about a third of the weight gradients, and the rest of their norm is off by more than 10 %: that is training on a different, biased gradient. Micikevicius et al. (2018) report both sides: their ImageNet classifiers trained in mixed precision without loss scaling, while their SSD object detector did not train without it and matched fp32 with a scale of only 8. Since a scale costs one multiplication, fp16 training always uses one (`GradScaler`); bf16 (section 8) has fp32's range and needs none.
+Gradients 2^12 times smaller lose about a third of the weight gradients, and the norm of what is left is off by about a fifth (the last column): that is training on a different, biased gradient. Micikevicius et al. (2018) report both sides: their ImageNet classifiers trained in mixed precision without loss scaling, while their SSD object detector did not train without it and matched fp32 with a scale of only 8. Since a scale costs one multiplication, fp16 training always uses one (`GradScaler`); bf16 (section 8) has fp32's range and needs none.
 """
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
