@@ -28,11 +28,19 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.checkpoint import checkpoint
 
 from .validation import check_bool, check_int, check_number
 
-__all__ = ["deep_chain", "checkpoint_momentum", "frozen_bn_stats", "bn_safe_context_fn", "checkpoint_bn_safe"]
+__all__ = [
+    "deep_chain",
+    "checkpoint_momentum",
+    "frozen_bn_stats",
+    "bn_safe_context_fn",
+    "checkpoint_bn_safe",
+    "OpCounter",
+]
 
 _ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU, "gelu": nn.GELU, "sigmoid": nn.Sigmoid}
 
@@ -188,3 +196,32 @@ def checkpoint_bn_safe(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
     if torch.compiler.is_compiling():
         return checkpoint(module, *args, use_reentrant=False, **kwargs)
     return checkpoint(module, *args, use_reentrant=False, context_fn=bn_safe_context_fn(module), **kwargs)
+
+
+class OpCounter(TorchDispatchMode):
+    """Counts the ATen operations that really run while it is active (``counts["aten.addmm"]``).
+
+    A ``TorchDispatchMode`` sees every operation after autograd, so inside a backward it sees the
+    recomputation of a checkpoint as well as the backward's own operations. Unlike the profiler,
+    it does not count an operation that a selective checkpoint answers from its cache: that one
+    never reaches the modes below it. Overload names are dropped (``aten.addmm.default`` counts as
+    ``aten.addmm``).
+
+    >>> with OpCounter() as ops:
+    ...     _ = torch.ones(2, 2) @ torch.ones(2, 2)
+    >>> ops.counts["aten.mm"]
+    1
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.counts: dict[str, int] = {}
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        name = str(func.overloadpacket)
+        self.counts[name] = self.counts.get(name, 0) + 1
+        return func(*args, **(kwargs or {}))
+
+    def count(self, *names: str) -> int:
+        """Total count of the named operations (``"aten.mm"``, ``"aten.addmm"``, ...)."""
+        return sum(self.counts.get(n, 0) for n in names)
