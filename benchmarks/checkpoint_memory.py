@@ -1,21 +1,36 @@
-"""Gradient checkpointing on a deep chain: peak memory against depth, and the time it costs.
+"""Gradient checkpointing on a deep chain: peak memory against depth, and the time it costs, modelled.
 
 For a chain of N blocks (``course_lib.checkpointing.deep_chain``: Linear + Tanh, each keeping one
 ``batch x width`` activation for backward) this measures the peak memory of one forward +
 backward step, from the allocator's events (``course_lib.memory.step_peak_memory``), without
 checkpointing and with ``checkpoint_sequential`` in sqrt(N) segments (``use_reentrant=False``).
 Fitting log(peak) against log(N) gives the growth exponent: about 1 without checkpointing and
-about 0.5 with sqrt(N) segments (Chen et al. 2016). Then it times both steps on wider layers,
-where arithmetic rather than per-call bookkeeping dominates, and reports the relative overhead.
+about 0.5 with sqrt(N) segments (Chen et al. 2016). Peaks are bytes and deterministic.
 
-Peaks are bytes and deterministic. Timings run on one torch thread (steadier on a shared
-machine), interleave the two variants, and report the fastest of the repeats after a warm-up
-(the least disturbed by other processes) alongside the median.
+Then it times the step on wider layers (64 blocks of 128, batch 1024, 8 segments) and explains the
+overhead. Counting FLOPs, a backward is 2 forwards, so recomputing 7/8 of the forward should add
+0.875 / 3 = +29 %; the step measured +51 % when this was first written. Three causes, each
+measured apart from the checkpointed step:
+
+1. time is not FLOPs: here a backward takes about 1.5 forwards, not 2 (``tanh`` is dear in the
+   forward and its derivative ``1 - y**2`` cheap), so the recomputed forwards are ``0.875 x
+   forward / step``, about +34 %;
+2. every tensor a checkpointed block saves goes through Python saved-tensor hooks three times
+   (packed in forward, packed again when recomputed, unpacked in backward): the cost of a pair of
+   *identity* hooks on the same step, measured, scaled from its 2 passes per tensor to those 3 (and
+   to the checkpointed blocks only): about +6 to +9 %;
+3. the fixed cost of each checkpoint call (RNG state, frames, early stop), measured on the same
+   chain with 8-wide layers, where arithmetic is negligible: about +5 %.
+
+Their sum is ``overhead_predicted``. Timings are CPU time of this thread with one torch thread
+(the backward runs on it too), so other processes on a shared machine do not inflate them; the
+variants run interleaved, and each number is the median over rounds of a within-round ratio.
+On a busy machine the two still differ by up to about 10 %.
 
     python benchmarks/checkpoint_memory.py            # the full sweep, N up to 1024
-    python benchmarks/checkpoint_memory.py --quick    # N up to 256, fewer repeats
+    python benchmarks/checkpoint_memory.py --quick    # N up to 256, fewer rounds
 
-Last line: ``RESULT slope_plain=<f> slope_sqrt=<f> ratio_256=<f> overhead=<f>``.
+Last line: ``RESULT slope_plain=<f> slope_sqrt=<f> ratio_256=<f> overhead=<f> overhead_predicted=<f>``.
 """
 
 from __future__ import annotations

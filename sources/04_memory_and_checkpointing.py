@@ -200,9 +200,16 @@ for cache_enabled in (True, False):
     with torch.autocast("cpu", dtype=torch.bfloat16, cache_enabled=cache_enabled):
         cast[cache_enabled] = measure_peak(lambda: lin(torch.ones(8, 512)).float().sum()).retained_bytes
 kept = cast[True] - cast[False]
-print(f"autocast region: {format_bytes(kept)} still held after the forward = bf16 copies of the weight and bias "
-      f"({(512 * 512 + 512) * 2:,} bytes), freed when the region ends")
-assert kept == (512 * 512 + 512) * 2
+
+
+def whole_region():
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        return lin(torch.ones(8, 512)).float().sum()
+
+
+print(f"inside an autocast region: {format_bytes(kept)} still held after the forward = bf16 copies of the weight and bias "
+      f"({(512 * 512 + 512) * 2:,} bytes); after the region: {measure_peak(whole_region).retained_bytes - cast[False]} bytes")
+assert kept == (512 * 512 + 512) * 2 and measure_peak(whole_region).retained_bytes == cast[False]
 
 # %% [markdown] slideshow={"slide_type": "slide"}
 """
@@ -1059,12 +1066,12 @@ with SavedTensorMeter() as meter:
 print(f"save_on_cpu packed {len(packed)} tensors; SavedTensorMeter counts {meter.count} saved tensors")
 print("what one pack returns:", type(pack_to_cpu(torch.ones(2))).__name__, "(device, CPU copy) - unpack copies it back to that device")
 assert len(packed) == meter.count
-assert all(torch.allclose(a, b) for a, b in zip(offload_grads, sac_grads["no checkpoint"]))
-print("gradients equal those without offloading")
+assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(offload_grads, sac_grads["no checkpoint"]))
+print("gradients equal those without offloading, within 1e-6")
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-Offloading costs transfer time instead of recomputation: on a GPU each saved tensor crosses the PCIe or NVLink-C2C link twice. It pays when the link is idle during compute and the activations are large; checkpointing pays when the arithmetic is cheap. The two combine: SAC's `MUST_CPU_OFFLOAD`/`PREFER_CPU_OFFLOAD` policies offload chosen operations' outputs.
+Offloading costs transfer time instead of recomputation: on a GPU each saved tensor crosses the PCIe or NVLink-C2C link twice. It pays when the link is idle during compute and the activations are large; checkpointing pays when the arithmetic is cheap. The two combine: 2.13's `CheckpointPolicy` also has `MUST_CPU_OFFLOAD`/`PREFER_CPU_OFFLOAD`, for the compiler's partitioner to offload chosen operations' outputs (eager selective checkpointing treats them as recompute, as its source in `torch/utils/checkpoint.py` shows).
 """
 
 # %% [markdown] slideshow={"slide_type": "slide"}
@@ -1282,7 +1289,7 @@ if requires_gpu("checkpoint saves the RNG state of the GPUs holding its inputs")
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-**The caching allocator.** `cudaMalloc` and `cudaFree` are slow and synchronise the device, so PyTorch keeps freed GPU memory *reserved* in its own cache and reuses it. `torch.cuda.memory_allocated` counts what tensors use; `torch.cuda.memory_reserved` what PyTorch holds from the driver, which is what `nvidia-smi` shows (plus the CUDA context). The gap is reusable by PyTorch but not by another process, and when blocks of different sizes interleave it fragments: a step can fail "out of memory" with gigabytes reserved but free. `torch.cuda.empty_cache()` returns the unused cache to the driver (it does not make your own step fit). `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`, set before CUDA starts, lets the allocator grow segments in place instead of reserving new fixed-size ones, which removes most fragmentation ([CUDA memory management notes](https://pytorch.org/docs/stable/notes/cuda.html#optimizing-memory-usage-with-pytorch-cuda-alloc-conf)).
+**The caching allocator.** `cudaMalloc` and `cudaFree` are slow and synchronise the device, so PyTorch keeps freed GPU memory *reserved* in its own cache and reuses it. `torch.cuda.memory_allocated` counts what tensors use; `torch.cuda.memory_reserved` what PyTorch holds from the driver, which is what `nvidia-smi` shows (plus the CUDA context). The gap is reusable by PyTorch but not by another process, and when blocks of different sizes interleave it fragments: a step can fail "out of memory" with gigabytes reserved but free. `torch.cuda.empty_cache()` returns the unused cache to the driver (it does not make your own step fit). `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`, set before CUDA starts, lets the allocator grow segments in place instead of reserving new fixed-size ones, which avoids much of the fragmentation ([CUDA memory management notes](https://pytorch.org/docs/stable/notes/cuda.html#optimizing-memory-usage-with-pytorch-cuda-alloc-conf)).
 """
 
 # %% slideshow={"slide_type": "-"}
@@ -1303,7 +1310,7 @@ if requires_gpu("the caching allocator: memory allocated vs reserved"):
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-**Memory snapshots.** For every real out-of-memory error the tool of choice is the allocator's own history: `torch.cuda.memory._record_memory_history()` starts recording every allocation and free with its Python stack, `torch.cuda.memory._dump_snapshot(path)` writes it to a file, and the viewer at [pytorch.org/memory_viz](https://pytorch.org/memory_viz) (it runs in your browser; nothing is uploaded) draws memory over time, one coloured band per tensor, with the stack that allocated it. A checkpointed step shows the saw-tooth of section 4: each segment's activations come back during its recomputation and go again. The functions start with an underscore but are documented ([Understanding CUDA memory usage](https://pytorch.org/docs/stable/torch_cuda_memory.html)).
+**Memory snapshots.** For every real out-of-memory error the tool of choice is the allocator's own history: `torch.cuda.memory._record_memory_history()` starts recording every allocation and free with its Python stack, `torch.cuda.memory._dump_snapshot(path)` writes it to a file, and the viewer at [pytorch.org/memory_viz](https://pytorch.org/memory_viz) (it runs in your browser) draws memory over time, one coloured band per tensor, with the stack that allocated it. A checkpointed step shows the saw-tooth of section 4: each segment's activations come back during its recomputation and go again. The functions start with an underscore but are documented ([Understanding CUDA memory usage](https://pytorch.org/docs/stable/torch_cuda_memory.html)).
 """
 
 # %% slideshow={"slide_type": "-"}
