@@ -577,7 +577,6 @@ plt.show()
 # %% [markdown] slideshow={"slide_type": "subslide"}
 r"""
 Both measured curves have their minimum at $k = \sqrt{64} = 8$, but they sit well above the simple count: at $k = 8$ the default curve is about half as much again (22.22 against 15). The count leaves out what the next cell adds up: the two gradients in flight (section 2), the recomputed segment's extra tensors (its pre-`Tanh` outputs, alive while the recomputation runs), and, in the default curve, the CPU RNG states, 5,056 bytes each, here 0.62 of an activation: one stored per checkpointed segment, and one more taken while a segment is recomputed (the recomputation saves the current state before restoring the stored one, and puts it back after). The default curve climbs faster on the right for that last reason: with 64 one-block segments the RNG states alone are 39 activations, and checkpointing costs *more* than not checkpointing at all (1 segment, which checkpoints nothing). Without the RNG states, 64 one-block segments cost exactly as much as no checkpointing. On realistic layers an activation is megabytes and the RNG state is negligible.
-
 """
 
 # %% slideshow={"slide_type": "-"}
@@ -988,7 +987,7 @@ print(f"use_reentrant=True, images.requires_grad_(): parameters with gradients {
 assert present == {"cnn_block_1": True, "cnn_block_2": True, "head": True} and not messages
 
 # %% [markdown] slideshow={"slide_type": "slide"}
-r"""
+"""
 ## 7. Choosing what to keep: selective checkpointing and offloading
 
 Plain checkpointing is all or nothing for a block: every tensor it would save is dropped and recomputed. Two tools built on the same saved-tensor mechanism refine that.
