@@ -174,7 +174,7 @@ Four parts are the model's; a real step has more, most of them on a GPU:
 - **The allocator's cache**: freed GPU memory stays *reserved* by PyTorch's caching allocator for reuse, so `nvidia-smi` and `memory_reserved` read more than `memory_allocated`; fragmentation can make a step fail with memory free. Section 9 shows it in a GPU cell.
 - **DDP's buckets**: `DistributedDataParallel` keeps the gradients in flat communication buckets, a second gradient-sized copy unless `gradient_as_bucket_view=True` ([DDP documentation](https://pytorch.org/docs/stable/generated/torch.nn.parallel.DistributedDataParallel.html)); notebook 08 builds the buckets. Multi-process, not shown here.
 - **Autocast's weight-cast cache** (notebook 05): inside one `torch.autocast` region each weight is cast to the low precision once and the copy is kept until the region ends. Shown below on CPU.
-- **The optimizer step's temporaries**: the default `foreach` implementation of Adam works on whole lists of tensors at once, so its temporaries have the size of *all* parameters, where the one-tensor-at-a-time loop (`foreach=False`) needs only the largest one's; `fused=True` (one kernel per step, on GPUs and CPUs in recent releases) avoids most of them. Shown below on CPU.
+- **The optimizer step's temporaries**: the default `foreach` implementation of Adam works on whole lists of tensors at once, so its temporaries have the size of *all* parameters, where the one-tensor-at-a-time loop (`foreach=False`) needs temporaries for one tensor at a time (here two of the largest tensor's size); `fused=True` (one kernel per step, on GPUs and CPUs in recent releases) avoids most of them. Shown below on CPU.
 """
 
 # %% slideshow={"slide_type": "-"}
