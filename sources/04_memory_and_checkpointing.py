@@ -1247,9 +1247,12 @@ assert bn_rows == {("checkpoint", "eager"): (20, False), ("checkpoint", "compile
                    ("momentum fix", "eager"): (20, True), ("momentum fix", "compiled"): (10, False),
                    ("checkpoint_bn_safe", "eager"): (10, True), ("checkpoint_bn_safe", "compiled"): (10, True)}
 block = bn_block()
-with expect_error(Exception, match="must generate a tuple of two `TorchDispatchMode`s"):
+with expect_error(torch._dynamo.exc.BackendCompilerFailed, match="must generate a tuple of two `TorchDispatchMode`s",
+                  quiet=True) as caught:
     torch.compile(lambda t: checkpoint(block, t, use_reentrant=False, context_fn=bn_safe_context_fn(block)),
                   backend="aot_eager")(torch.randn(8, WIDTH))
+reason = next(line for line in str(caught.error).splitlines() if "TorchDispatchMode" in line)
+print(f"the eager guard, compiled: {type(caught.error).__name__}: {reason.strip()}")
 torch._dynamo.reset()
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
