@@ -12,7 +12,8 @@ Two questions about training memory need two different tools:
   ``tracemalloc`` sees nothing of PyTorch's allocator. The allocator's own record does:
 
   - on CPU, ``torch.profiler`` with ``profile_memory=True`` logs every allocation and free of
-    the step; :func:`measure_peak` replays them and reports the highest running total;
+    the step (:func:`allocation_events`, the one place that reads the profiler's private
+    record); :func:`measure_peak` replays them and reports the highest running total;
   - on CUDA, ``torch.cuda.max_memory_allocated`` is that highest total, kept by the allocator.
 
 Both report bytes *above what was allocated when the measurement started*, so numbers are
@@ -35,7 +36,15 @@ from .saved_tensors import _storage_key
 # it must be set before the profiler is first used, so it is set when this module is imported.
 os.environ.setdefault("KINETO_LOG_LEVEL", "6")
 
-__all__ = ["StepMemory", "StateBytes", "measure_peak", "step_peak_memory", "state_bytes", "tensor_bytes"]
+__all__ = [
+    "StepMemory",
+    "StateBytes",
+    "allocation_events",
+    "measure_peak",
+    "step_peak_memory",
+    "state_bytes",
+    "tensor_bytes",
+]
 
 
 @dataclass(frozen=True)
@@ -81,22 +90,42 @@ def _as_device(device: torch.device | str | None) -> torch.device:
     return device
 
 
+def allocation_events(prof: Any) -> list[tuple[int, int]]:
+    """``(start_ns, nbytes)`` of every CPU allocation (``nbytes > 0``) and free (``< 0``) a finished
+    ``torch.profiler.profile(profile_memory=True)`` recorded, in time order.
+
+    The idea is public and simple: the profiler logs each call to the allocator as a ``[memory]``
+    event with its size, and the running sum of the sizes, in time order, is the memory in use.
+    The way to read them is not: the public ``prof.events()`` has no per-allocation sizes, so this
+    reads PyTorch's private record ``prof.profiler.kineto_results.events()`` and each event's
+    ``name()``, ``device_type()``, ``start_ns()`` and ``nbytes()``. Everything private the course
+    uses from the profiler is in this one function, and ``tests/test_memory.py`` checks it on
+    every torch it runs with: if an upgrade renames it, that test says so first.
+    """
+    try:
+        raw = prof.profiler.kineto_results.events()
+        events = [
+            (int(e.start_ns()), int(e.nbytes()))
+            for e in raw
+            if e.name() == "[memory]" and e.device_type() == torch.autograd.DeviceType.CPU
+        ]
+    except AttributeError as err:
+        raise RuntimeError(
+            f"torch {torch.__version__} changed the profiler's private record that "
+            f"course_lib.memory.allocation_events reads ({err}); update that function"
+        ) from err
+    events.sort(key=lambda e: e[0])  # stable: ties keep the allocator's order
+    return events
+
+
 def _cpu_peak(fn: Callable[[], Any]) -> tuple[int, int, Any]:
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=False) as prof:
         result = fn()
-    # kineto_results is PyTorch's private record of the profile: the first thing to check when a torch
-    # upgrade breaks measure_peak (the public prof.events() has no per-allocation sizes).
-    events = [
-        e
-        for e in prof.profiler.kineto_results.events()
-        if e.name() == "[memory]" and e.device_type() == torch.autograd.DeviceType.CPU
-    ]
-    events.sort(key=lambda e: e.start_ns())  # stable: ties keep the allocator's order
     running = peak = 0
-    for e in events:
-        running += e.nbytes()  # positive for an allocation, negative for a free
+    for _, nbytes in allocation_events(prof):
+        running += nbytes  # positive for an allocation, negative for a free
         peak = max(peak, running)
     return peak, running, result
 

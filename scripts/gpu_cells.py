@@ -43,6 +43,15 @@ CANNOT_RUN_ON_CPU = {
     "matmul throughput: fp32, TF32, fp16, bf16 on tensor cores": (
         "it times tensor cores with CUDA events; the same 4096^3 fp16 matmuls take minutes on a CPU"
     ),
+    "checkpoint saves the RNG state of the GPUs holding its inputs": (
+        "the claim is which GPU RNG states are saved; a CPU tensor has none, so the cell's GPU answer cannot appear"
+    ),
+    "the caching allocator: memory allocated vs reserved": (
+        "reserved vs allocated is the CUDA caching allocator's own bookkeeping; the CPU allocator has no cache to show"
+    ),
+    "a memory snapshot of a checkpointed training step, for pytorch.org/memory_viz": (
+        "torch.cuda.memory's history recorder and snapshot exist only for the CUDA allocator"
+    ),
 }
 # Cells that run on the CPU up to one call that needs a GPU: everything before it (environment,
 # process group, conversion) is checked, and the call must fail with exactly this message.

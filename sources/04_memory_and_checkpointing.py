@@ -9,13 +9,16 @@ By the end of this notebook you will be able to:
 - measure the *peak* memory of a forward + backward step on CPU from the allocator's own events, and say why saved-tensor hooks and `tracemalloc` are not enough;
 - explain how checkpointing works, write a minimal checkpoint `autograd.Function` by hand, and choose between `use_reentrant=True` and `False`;
 - use `checkpoint` and `checkpoint_sequential` with the current API, and measure the $\sqrt N$ result and the time it costs;
-- avoid the three classic pitfalls: Dropout, BatchNorm running statistics, and a block whose input does not require grad.
+- avoid the three classic pitfalls: Dropout, BatchNorm running statistics, and a block whose input does not require grad;
+- choose what to save and what to recompute op by op (selective checkpointing), or move saved tensors elsewhere (`save_on_cpu`);
+- say what `torch.compile` does with a checkpoint and with the tensors autograd saves (AOTAutograd's rematerialisation, the activation-memory budget), and read a GPU memory snapshot.
 
 This notebook assumes: notebooks 02 and 03 (the autograd graph, saved tensors, `SavedTensorMeter`, and writing a `torch.autograd.Function`), and a first idea of what an optimizer does.
 """
 
 # %% slideshow={"slide_type": "-"}
 import math
+import os
 import time
 import warnings
 
@@ -25,11 +28,12 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint, checkpoint_sequential
 
-from course_lib.checkpointing import checkpoint_momentum, deep_chain, prepare_batchnorm_for_checkpointing
+from course_lib.checkpointing import (OpCounter, bn_safe_context_fn, checkpoint_bn_safe, checkpoint_momentum, deep_chain,
+                                      frozen_bn_stats)
 from course_lib.data import digits
 from course_lib.device import requires_gpu
 from course_lib.errors import expect_error
-from course_lib.memory import measure_peak, state_bytes, step_peak_memory, tensor_bytes
+from course_lib.memory import allocation_events, measure_peak, state_bytes, step_peak_memory, tensor_bytes
 from course_lib.saved_tensors import SavedTensorMeter, format_bytes
 from course_lib.seeding import seed_everything
 
@@ -160,6 +164,53 @@ for depth in (4, 16, 64):
     print(f"N = {depth:2d}: {meter.bytes // UNIT} activations of {format_bytes(UNIT)} kept for backward")
 assert all(saved[d] == (d + 1) * UNIT for d in saved)  # the input plus one per block
 
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+### What else takes memory
+
+Four parts are the model's; a real step has more, most of them on a GPU:
+
+- **The CUDA context**: each process that touches a GPU first loads CUDA's kernels and state, typically a few hundred MiB that `torch.cuda.memory_allocated` never shows (PyTorch's [CUDA semantics notes](https://pytorch.org/docs/stable/notes/cuda.html#memory-management): `nvidia-smi` shows more than PyTorch reports). GPU only.
+- **The allocator's cache**: freed GPU memory stays *reserved* by PyTorch's caching allocator for reuse, so `nvidia-smi` and `memory_reserved` read more than `memory_allocated`; fragmentation can make a step fail with memory free. Section 9 shows it in a GPU cell.
+- **DDP's buckets**: `DistributedDataParallel` keeps the gradients in flat communication buckets, a second gradient-sized copy unless `gradient_as_bucket_view=True` ([DDP documentation](https://pytorch.org/docs/stable/generated/torch.nn.parallel.DistributedDataParallel.html)); notebook 08 builds the buckets. Multi-process, not shown here.
+- **Autocast's weight-cast cache** (notebook 05): inside one `torch.autocast` region each weight is cast to the low precision once and the copy is kept until the region ends. Shown below on CPU.
+- **The optimizer step's temporaries**: the default `foreach` implementation of Adam works on whole lists of tensors at once, so its temporaries have the size of *all* parameters, where the one-tensor-at-a-time loop (`foreach=False`) needs temporaries for one tensor at a time (here two of the largest tensor's size); `fused=True` (one kernel per step, on GPUs and CPUs in recent releases) avoids most of them. Shown below on CPU.
+"""
+
+# %% slideshow={"slide_type": "-"}
+step_peaks = {}
+for foreach in (False, True):
+    seed_everything(0)
+    mlp = nn.Sequential(*[nn.Linear(256, 256) for _ in range(8)])
+    opt = torch.optim.Adam(mlp.parameters(), lr=1e-3, foreach=foreach)
+    mlp(torch.ones(4, 256)).sum().backward()
+    opt.step()  # the first step creates Adam's state; measure the second
+    mlp(torch.ones(4, 256)).sum().backward()
+    step_peaks[foreach] = measure_peak(opt.step).peak_bytes
+P_mlp = sum(p.numel() for p in mlp.parameters()) * 4
+largest = 256 * 256 * 4
+print(f"Adam step, parameters {format_bytes(P_mlp)}, largest tensor {format_bytes(largest)}:")
+for foreach, peak in step_peaks.items():
+    print(f"  foreach={foreach!s:5}: temporaries peak at {format_bytes(peak)} = {peak / P_mlp:.2f} x the parameters")
+assert step_peaks[True] > 3 * step_peaks[False] and step_peaks[False] < 3 * largest
+
+lin = nn.Linear(512, 512)
+cast = {}
+for cache_enabled in (True, False):
+    with torch.autocast("cpu", dtype=torch.bfloat16, cache_enabled=cache_enabled):
+        cast[cache_enabled] = measure_peak(lambda: lin(torch.ones(8, 512)).float().sum()).retained_bytes
+kept = cast[True] - cast[False]
+
+
+def whole_region():
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        return lin(torch.ones(8, 512)).float().sum()
+
+
+print(f"inside an autocast region: {format_bytes(kept)} still held after the forward = bf16 copies of the weight and bias "
+      f"({(512 * 512 + 512) * 2:,} bytes); after the region: {measure_peak(whole_region).retained_bytes - cast[False]} bytes")
+assert kept == (512 * 512 + 512) * 2 and measure_peak(whole_region).retained_bytes == cast[False]
+
 # %% [markdown] slideshow={"slide_type": "slide"}
 """
 ## 2. Measuring the peak: ask the allocator
@@ -183,7 +234,7 @@ del big
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-`tracemalloc` traces Python's allocator, not PyTorch's; `torch.cpu` has no counterpart of `torch.cuda.max_memory_allocated`. What works on CPU is the profiler: with `profile_memory=True`, `torch.profiler` records every allocation (positive bytes) and free (negative bytes). Adding them up in time order gives the memory in use at each moment; its maximum is the peak. That is all `course_lib.memory.measure_peak` does; here it is by hand, checked against the library:
+`tracemalloc` traces Python's allocator, not PyTorch's; `torch.cpu` has no counterpart of `torch.cuda.max_memory_allocated`. What works on CPU is the profiler: with `profile_memory=True`, `torch.profiler` records every call to the allocator as an event carrying its size, positive for an allocation and negative for a free. Adding the sizes up in time order gives the memory in use at each moment; its maximum is the peak. Reading those sizes needs one non-public detail: the public `prof.events()` does not carry them, so `course_lib.memory.allocation_events(prof)` reads the profiler's private record (`prof.profiler.kineto_results`) and returns plain `(time, bytes)` pairs. It is the only place the course touches that record, and a test fails with a clear message if a PyTorch release renames it. The running sum is then ordinary arithmetic, here by hand and checked against `measure_peak`:
 """
 
 # %% slideshow={"slide_type": "-"}
@@ -199,9 +250,9 @@ def work():
 
 with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
     kept = work()
-events = sorted((e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"), key=lambda e: e.start_ns())
-running = np.cumsum([e.nbytes() for e in events])
-print("bytes per event:", [e.nbytes() for e in events])
+events = allocation_events(prof)  # (time in ns, bytes) of each allocation (+) and free (-), in time order
+running = np.cumsum([nbytes for _, nbytes in events])
+print("bytes per event:", [nbytes for _, nbytes in events])
 print("in use         :", running.tolist())
 by_hand = int(running.max())
 lib = measure_peak(work)
@@ -228,6 +279,17 @@ fig, ax = plt.subplots(figsize=(5, 3))
 ax.plot(depths, np.array(peaks) / 2**10, "o-")
 ax.set(title="Peak memory of a step grows linearly with depth", xlabel="depth N (blocks)", ylabel="peak memory (KiB)")
 plt.show()
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+Why 6.04 activations at $N = 4$, when the meter counted 5 kept? The meter's 5 include the input, which existed before the step and is not in the peak: the step itself allocates the 4 `Tanh` outputs it keeps. The backward then holds two gradients of an activation's size at once, the one arriving at a block and the one it computes for its input: 4 + 2 = 6. What is left is a few hundred bytes, the small tensors alive at that moment (parameter gradients, the loss and its gradient). Each block adds 1, as the slope says:
+"""
+
+# %% slideshow={"slide_type": "-"}
+rest = peaks[0] - (4 + 2) * UNIT
+print(f"N = 4: peak {peaks[0]:,} B = 4 kept outputs + 2 gradients in flight ({6 * UNIT:,} B) + {rest} B of small tensors")
+print(f"one block's parameters: {sum(p.numel() for p in deep_chain(1, WIDTH).parameters()) * 4} B")
+assert 0 < rest < 1024 and all(peak - (d + 2) * UNIT == rest for d, peak in zip(depths, peaks))
 
 # %% [markdown] slideshow={"slide_type": "slide"}
 """
@@ -299,17 +361,25 @@ four = step_peak_memory(chain, x_chain, forward=in_segments(NaiveCheckpoint.appl
 print(f"peak of a step, in activations: plain {plain.peak_bytes / UNIT:.2f}, one checkpoint {whole.peak_bytes / UNIT:.2f},"
       f" four checkpoints of 4 blocks {four.peak_bytes / UNIT:.2f}")
 assert four.peak_bytes < plain.peak_bytes < whole.peak_bytes
+torch_peaks = {}
 for use_reentrant in (True, False):
-    run = lambda seg, x, r=use_reentrant: checkpoint(seg, x, use_reentrant=r)  # noqa: E731
-    peak = step_peak_memory(chain, x_chain, forward=in_segments(run, 4)).peak_bytes
-    print(f"torch checkpoint, use_reentrant={use_reentrant!s:5}, same four segments: {peak / UNIT:.2f}")
+    for preserve in (True, False):
+        run = lambda seg, x, r=use_reentrant, p=preserve: checkpoint(seg, x, use_reentrant=r, preserve_rng_state=p)  # noqa: E731
+        torch_peaks[use_reentrant, preserve] = step_peak_memory(chain, x_chain, forward=in_segments(run, 4)).peak_bytes
+RNG_BYTES = torch.get_rng_state().numel()
+print(f"torch's checkpoint also saves the CPU RNG state per call (section 6.1): {RNG_BYTES:,} bytes = {RNG_BYTES / UNIT:.2f} activations")
+for use_reentrant in (True, False):
+    peak, bare = torch_peaks[use_reentrant, True], torch_peaks[use_reentrant, False]
+    print(f"torch checkpoint, use_reentrant={use_reentrant!s:5}, same four segments: {peak / UNIT:.2f}"
+          f" = {bare / UNIT:.2f} with preserve_rng_state=False + {(peak - bare) / RNG_BYTES:.2f} RNG states")
     assert peak < plain.peak_bytes
-rng_state = torch.get_rng_state()
-print(f"torch's checkpoint also saves the CPU RNG state per call (section 6.1): {rng_state.numel()} bytes = {rng_state.numel() / UNIT:.2f} activations")
+# the reentrant form is the hand-written algorithm plus one RNG state per call, to the byte
+assert torch_peaks[True, False] == four.peak_bytes and torch_peaks[True, True] - four.peak_bytes == 4 * RNG_BYTES
+assert torch_peaks[False, False] < four.peak_bytes and 4 * RNG_BYTES < torch_peaks[False, True] - torch_peaks[False, False] < 5 * RNG_BYTES
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-Checkpointing the whole chain as *one* block does not help at all: in backward it recomputes all 16 activations at once, while also holding the block's output gradient, one activation more than the plain step. The gain comes from *several* checkpointed pieces: with four, at most 4 inputs are stored and 4 blocks recomputed at a time (section 4 finds the best number). Note also what the meter cannot see: it counts what is saved, and the recomputation happens during backward. Inside PyTorch's checkpoint the meter sees nothing at all in backward, which is why this notebook measures peaks with the allocator:
+Where the extra fractions come from: the reentrant `checkpoint` is our `NaiveCheckpoint` plus one saved RNG state per call (section 6.1), 10.18 + 4 × 0.62 = 12.65 activations, to the byte. The non-reentrant one is leaner without RNG states (9.14), and its RNG states add between 4 and 5 states' worth, because with them the peak falls at a different moment of the backward. Checkpointing the whole chain as *one* block does not help at all: in backward it recomputes all 16 activations at once, while also holding the block's output gradient, one activation more than the plain step. The gain comes from *several* checkpointed pieces: with four, at most 4 inputs are stored and 4 blocks recomputed at a time (section 4 finds the best number). Note also what the meter cannot see: it counts what is saved, and the recomputation happens during backward. Inside PyTorch's checkpoint the meter sees nothing at all in backward, which is why this notebook measures peaks with the allocator:
 """
 
 # %% slideshow={"slide_type": "-"}
@@ -343,6 +413,11 @@ with expect_error(RuntimeError, match="incompatible with .grad"):
 # the weight w is used inside the block, but the outer graph never sees it:
 with expect_error(RuntimeError, match="not have been used in the graph"):
     torch.autograd.grad(checkpoint(f, x0, use_reentrant=True).sum(), w)
+# keyword arguments reach the block only through the non-reentrant form:
+scaled = lambda t, scale=1.0: f(t) * scale  # noqa: E731
+assert torch.allclose(checkpoint(scaled, x0, use_reentrant=False, scale=2.0), 2 * f(x0))
+with expect_error(ValueError, match="Unexpected keyword arguments"):
+    checkpoint(scaled, x0, use_reentrant=True, scale=2.0)
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
@@ -360,7 +435,7 @@ print("PyTorch", torch.__version__, "- still a warning, and the default is still
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-One more practical fact: the first `checkpoint` call in a process is slow. `checkpoint` is wrapped so that `torch.compile` leaves it alone, and that wrapper imports `torch._dynamo` (the compiler's front end) on first use: seconds on 2 cores. In this notebook something earlier has already imported it, so we show it in a fresh Python process. Warm up once before timing anything.
+One more practical fact: the first `checkpoint` call in a process is slow. `checkpoint` is decorated with `torch._disable_dynamo`, which keeps Dynamo (the front end of `torch.compile`) from tracing *into* checkpoint's Python code, and that decorator imports `torch._dynamo` on first use: seconds on 2 cores. It does not mean that `torch.compile` leaves checkpoints alone: a compiled function captures the call whole and decides the recomputation itself (section 8). In this notebook something earlier has already imported Dynamo, so we show the import in a fresh Python process. Warm up once before timing anything.
 """
 
 # %% slideshow={"slide_type": "-"}
@@ -464,7 +539,7 @@ for use_reentrant in (True, False):
 r"""
 ### The U-shaped curve
 
-With $N$ blocks in $k$ segments, the forward keeps the $k-1$ segment inputs plus the $N/k$ activations of the last, plain segment; backward then recomputes one segment of $N/k$ blocks at a time. The peak is about $k + N/k$ activations: large for few segments (long segments), large for many (many stored inputs), smallest at $k = \sqrt N$, where it is about $2\sqrt N$. Measured on a 64-block chain:
+With $N$ blocks in $k$ segments, the forward keeps the $k-1$ inputs of the checkpointed segments plus the $N/k$ activations of the last, plain segment; backward then recomputes one segment of $N/k$ blocks at a time. The simple count is therefore $k - 1 + N/k$ activations: large for few segments (long segments), large for many (many stored inputs), smallest at $k = \sqrt N$, where it is $2\sqrt N - 1$. Measured on a 64-block chain, against that count:
 """
 
 # %% slideshow={"slide_type": "-"}
@@ -501,8 +576,20 @@ plt.show()
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 r"""
-Both measured curves have their minimum at $k = \sqrt{64} = 8$. They sit a few activations above the simple count: the gradients flowing through the block being backpropagated, and the pre-`Tanh` output recomputed alongside. The default curve climbs faster on the right because each `checkpoint` call also stores the CPU RNG state, 5,056 bytes, here 0.62 of an activation per segment: with 64 one-block segments that alone is 39 activations, and checkpointing costs *more* than not checkpointing at all (1 segment, which checkpoints nothing). Without the RNG states, 64 one-block segments cost exactly as much as no checkpointing. On realistic layers an activation is megabytes and the RNG state is negligible.
+Both measured curves have their minimum at $k = \sqrt{64} = 8$, but they sit well above the simple count: at $k = 8$ the default curve is about half as much again (22.22 against 15). The count leaves out what the next cell adds up: the two gradients in flight (section 2), the recomputed segment's extra tensors (its pre-`Tanh` outputs, alive while the recomputation runs), and, in the default curve, the CPU RNG states, 5,056 bytes each, here 0.62 of an activation: one stored per checkpointed segment, and one more taken while a segment is recomputed (the recomputation saves the current state before restoring the stored one, and puts it back after). The default curve climbs faster on the right for that last reason: with 64 one-block segments the RNG states alone are 39 activations, and checkpointing costs *more* than not checkpointing at all (1 segment, which checkpoints nothing). Without the RNG states, 64 one-block segments cost exactly as much as no checkpointing. On realistic layers an activation is megabytes and the RNG state is negligible.
+"""
 
+# %% slideshow={"slide_type": "-"}
+k = 8
+simple = k - 1 + N / k
+rng_part = (seg_peaks[True][k] - seg_peaks[False][k]) * UNIT / RNG_BYTES
+rest_k = seg_peaks[False][k] - simple
+print(f"k = {k}: measured {seg_peaks[True][k]:.2f} = simple count {simple:.0f} + {rest_k:.2f} (gradients, recomputed pre-Tanh outputs)"
+      f" + {rng_part:.0f} RNG states x {RNG_BYTES / UNIT:.3f}; {seg_peaks[True][k] / simple - 1:.0%} above the simple count")
+assert rng_part == k and 0 < rest_k < 5  # k - 1 stored states, and one more while a segment is recomputed
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+r"""
 ### Peak against depth: slope 1 versus slope ½
 
 Now $\sqrt N$ segments at every depth, against no checkpointing. On log-log axes a power law $N^a$ is a line of slope $a$. (`benchmarks/checkpoint_memory.py` goes deeper, to $N = 1024$.)
@@ -535,7 +622,24 @@ plt.show()
 r"""
 ### What it costs: one more forward, mostly
 
-Every checkpointed block runs its forward twice. With $\sqrt N$ segments that is all blocks except the last segment: $N - N/\sqrt N$ extra block forwards, just under one extra forward pass. Since a backward costs about twice a forward, the arithmetic grows by about a third. We count the matrix products with the profiler (exact), then time the step (this machine's numbers, after a warm-up).
+Every checkpointed block runs its forward twice. With $\sqrt N$ segments that is all blocks except the last segment: $N - N/\sqrt N$ extra block forwards, just under one extra forward pass. How much is that against a whole step? A backward through a `Linear` layer computes two matrix products where the forward computed one: one for the gradient of its input, one for the gradient of its weight. `torch.utils.flop_counter.FlopCounterMode` counts the floating-point operations of the matrix products (exactly, from their shapes):
+"""
+
+# %% slideshow={"slide_type": "-"}
+from torch.utils.flop_counter import FlopCounterMode
+
+with FlopCounterMode(display=False) as forward_flops:
+    loss64 = chain64(x_chain).sum()
+with FlopCounterMode(display=False) as backward_flops:
+    loss64.backward()
+f_fwd, f_bwd = forward_flops.get_total_flops(), backward_flops.get_total_flops()
+print(f"matrix-product FLOPs of one step: forward {f_fwd:,}, backward {f_bwd:,} = {f_bwd / f_fwd:.0f} x the forward")
+assert f_bwd == 2 * f_fwd
+print(f"so recomputing {N - N // 8} of {N} blocks adds {(N - N // 8) / N:.3f} / 3 = {(N - N // 8) / N / 3:.1%} to the step's arithmetic")
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+A backward costs twice a forward in matrix products, so the arithmetic grows by just under a third. (Only when the input needs a gradient: the first layer of a network, whose input is data, skips one product.) We count the recomputed matrix products with the profiler (exact), then time the step (this machine's numbers, after a warm-up).
 """
 
 # %% slideshow={"slide_type": "-"}
@@ -560,7 +664,7 @@ print(f"step time: plain ~{t_plain * 1e3:.2f} ms, checkpointed ~{t_ckpt * 1e3:.2
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-On this tiny chain (8×8 weights) the measured overhead is usually well above a third: each `checkpoint` call has a fixed cost (saving RNG state, installing hooks, bookkeeping in Python) that dwarfs a 256×8 matrix product. On layers with real arithmetic the fixed cost fades and the overhead approaches the extra forward pass; `benchmarks/checkpoint_memory.py` measures it on 128-wide layers.
+On this tiny chain (8×8 weights) the measured overhead is usually well above a third: each `checkpoint` call has a fixed cost (saving RNG state, installing hooks, bookkeeping in Python) that dwarfs a 256×8 matrix product. On layers with real arithmetic the fixed cost fades, but not all the way to a third: `benchmarks/checkpoint_memory.py` measures about +50 % on 128-wide layers, and models it term by term. Time is not FLOPs: there a backward costs about 1.5 forwards, not 2 (`tanh` is dear to compute and its derivative, $1 - y^2$, cheap), so one recomputed forward is a larger share of the step, about +34 %; every tensor saved in a checkpointed block passes three times through Python saved-tensor hooks (saved, saved again when recomputed, unpacked), about +10 %; and the calls' fixed costs add about +5 %.
 """
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
@@ -652,7 +756,7 @@ Much less than the table above suggests, and nothing for the seed's choice. How 
 
 ### 6.1 Dropout inside a checkpoint
 
-The seed says: the forward runs twice, Dropout draws a different mask the second time, so the gradients are wrong; put the checkpoint before or after Dropout. That was a real problem once. Today `checkpoint` has `preserve_rng_state=True` by default: it saves the CPU RNG state (and that of each GPU used) before the forward and restores it for the recomputation, so Dropout draws the same mask. Only with `preserve_rng_state=False` do the gradients go wrong:
+The seed says: the forward runs twice, Dropout draws a different mask the second time, so the gradients are wrong; put the checkpoint before or after Dropout. That was a real problem once. Today `checkpoint` has `preserve_rng_state=True` by default: it saves the CPU RNG state (and that of each GPU holding one of the block's tensor *inputs*) before the forward and restores it for the recomputation, so Dropout draws the same mask. Only with `preserve_rng_state=False` do the gradients go wrong:
 """
 
 # %% slideshow={"slide_type": "-"}
@@ -678,6 +782,18 @@ print(f"the price of preserving it on CPU: a {torch.get_rng_state().numel()}-byt
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
+Which GPUs' states? `checkpoint` asks `torch.utils.checkpoint.get_device_states(*args)`: the devices of the tensors passed *in*. A block that receives CPU tensors and moves them to a GPU inside, or draws random numbers on a GPU none of its inputs lives on, gets no GPU state saved, and its recomputed Dropout masks there differ. Under `torch.compile` the flag is ignored altogether (section 8). On this CPU there is nothing to save; section 9 shows a GPU input.
+"""
+
+# %% slideshow={"slide_type": "-"}
+from torch.utils.checkpoint import get_device_states
+
+devices, states = get_device_states(x_d, "not a tensor", 3)
+print(f"GPU RNG states saved for a block with CPU inputs: devices {devices}, states {states}")
+assert (devices, states) == ([], [])
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
 So keep Dropout wherever the model needs it, and leave `preserve_rng_state=True`. Set it to `False` only for blocks without randomness, to skip saving and restoring the RNG state.
 
 ### 6.2 BatchNorm: the running statistics update twice
@@ -692,17 +808,25 @@ def bn_block(momentum=0.1):
     return nn.Sequential(nn.Linear(WIDTH, 16), nn.BatchNorm1d(16, momentum=momentum), nn.ReLU())
 
 
-def run_steps(block, steps, ckpt):
+def run_steps(block, steps, forward):
+    """`steps` training steps of `block`, each through `forward(block, x)`; returns its BatchNorm layer."""
     g = torch.Generator().manual_seed(11)
     for _ in range(steps):
         x = torch.randn(64, WIDTH, generator=g) * 2 + 1
-        out = checkpoint(block, x, use_reentrant=False) if ckpt else block(x)
-        out.square().mean().backward()
+        forward(block, x).square().mean().backward()
     return block[1]
 
 
-ref_bn = run_steps(bn_block(), 1, ckpt=False)
-ck_bn = run_steps(bn_block(), 1, ckpt=True)
+def plain_forward(block, x):
+    return block(x)
+
+
+def ckpt_forward(block, x):
+    return checkpoint(block, x, use_reentrant=False)
+
+
+ref_bn = run_steps(bn_block(), 1, plain_forward)
+ck_bn = run_steps(bn_block(), 1, ckpt_forward)
 print("running_mean[:3], plain       :", [round(v, 4) for v in ref_bn.running_mean[:3].tolist()], " batches:", int(ref_bn.num_batches_tracked))
 print("running_mean[:3], checkpointed:", [round(v, 4) for v in ck_bn.running_mean[:3].tolist()], " batches:", int(ck_bn.num_batches_tracked))
 assert not torch.allclose(ref_bn.running_mean, ck_bn.running_mean)
@@ -710,12 +834,60 @@ assert (int(ref_bn.num_batches_tracked), int(ck_bn.num_batches_tracked)) == (1, 
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 r"""
-The seed's fix: replace the momentum by its square root. Whether that is right depends on what "momentum" means, and the two conventions in use are opposite:
+**The robust fix: leave the statistics alone while recomputing.** The recomputation exists only to rebuild tensors for backward; it has no business updating statistics. The non-reentrant `checkpoint` has a hook for exactly this: `context_fn`, a function returning two context managers, the first entered around the forward, the second around the recomputation. The second one here sets each BatchNorm layer's momentum to 0 (the update $r \leftarrow (1 - 0)\,r + 0 \cdot x$ leaves $r$ bit for bit unchanged) and hides its `num_batches_tracked` counter, then puts both back. The output does not change: in training mode BatchNorm normalises with the batch's own statistics. Written by hand, then checked over 10 steps against the block without checkpointing and against `course_lib.checkpointing.checkpoint_bn_safe`, which does the same:
+"""
+
+# %% slideshow={"slide_type": "-"}
+from contextlib import contextmanager, nullcontext
+
+
+@contextmanager
+def frozen_stats(block):
+    bns = [m for m in block.modules() if isinstance(m, nn.BatchNorm1d)]
+    saved = [(bn.momentum, bn.num_batches_tracked) for bn in bns]
+    for bn in bns:
+        bn.momentum, bn.num_batches_tracked = 0.0, None  # no update, no count
+    try:
+        yield
+    finally:
+        for bn, (momentum, counter) in zip(bns, saved):
+            bn.momentum, bn.num_batches_tracked = momentum, counter
+
+
+def guarded_forward(block, x):
+    return checkpoint(block, x, use_reentrant=False, context_fn=lambda: (nullcontext(), frozen_stats(block)))
+
+
+ref_bn = run_steps(bn_block(), 10, plain_forward)
+for label, forward in [("by hand", guarded_forward), ("checkpoint_bn_safe", checkpoint_bn_safe)]:
+    bn = run_steps(bn_block(), 10, forward)
+    same = [torch.equal(getattr(bn, b), getattr(ref_bn, b)) for b in ("running_mean", "running_var", "num_batches_tracked")]
+    print(f"{label:18s}: running_mean, running_var, num_batches_tracked identical to the plain block: {same};"
+          f" momentum still {bn.momentum}")
+    assert all(same) and bn.momentum == 0.1
+with frozen_bn_stats(bn_block()) as n_frozen:  # the library's context manager, for any norm layer with running stats
+    pass
+assert n_frozen == 1
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+Identical, not merely close: the statistics see the same single update per step as without checkpointing, and nothing about the module changes for good. `context_fn` exists only in the non-reentrant form, one more reason for `use_reentrant=False`; the reentrant form has a BatchNorm surprise of its own: when the block's input does not require grad it is never recomputed at all, so its statistics update once and its parameters learn nothing (section 6.3). Section 8 shows why the guard also matters under `torch.compile`, and why it takes a different form there.
+"""
+
+# %% slideshow={"slide_type": "-"}
+with expect_error(ValueError, match="only supported when use_reentrant=False"):
+    checkpoint(bn_block(), torch.randn(4, WIDTH), use_reentrant=True, context_fn=lambda: (nullcontext(), nullcontext()))
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+r"""
+### The momentum algebra (eager mode only)
+
+The seed fixes the double update another way: replace the momentum by its square root, so that two updates add up to one. This is worth working through, because it explains the problem exactly, but it is a fix for eager mode only, and only when the block is recomputed exactly once per step (section 8 shows it going wrong under `torch.compile`; a forward in training mode without a backward gives the smaller update only), and it changes the module for good. Whether the square root is right depends on what "momentum" means, and the two conventions in use are opposite:
 
 - **old-weight** (the seed, Keras, TensorFlow): $r \leftarrow m\,r + (1-m)\,x$, typically $m = 0.9$;
 - **PyTorch**: $r \leftarrow (1-m)\,r + m\,x$, default $m = 0.1$.
 
-Both describe the same update (0.9 on the old value is 0.1 on the new one). Two updates with $m'$ on the same batch statistic $x$ must equal one update with $m$, for every $r$ and $x$. SymPy solves both:
+Both describe the same update (0.9 on the old value is 0.1 on the new one). Two updates with $m'$ on the same batch statistic $x$ must equal one update with $m$, for every $r$ and $x$: the difference of the two, a polynomial in $r$ and $x$, must have both coefficients zero. One equation is enough, because an update is a weighted average of $r$ and $x$ whose weights sum to 1: whatever weight $r$ keeps, $x$ gets the rest, so the coefficient of $x$ in the difference is minus the coefficient of $r$. In PyTorch's convention that equation is $(1 - m')^2 = 1 - m$, quadratic, so it has two roots, and only one of them is a momentum between 0 and 1. SymPy does each step:
 """
 
 # %% slideshow={"slide_type": "-"}
@@ -727,12 +899,16 @@ conventions = {"old-weight": lambda r_, mom: mom * r_ + (1 - mom) * xs,
 solutions = {}
 for name, update in conventions.items():
     once, twice = update(r, m_), update(update(r, mp), mp)
-    coeffs = sp.Poly(sp.expand(twice - once), r, xs).coeffs()   # must vanish for every r and x
-    candidates = sp.solve(coeffs[0], mp)
-    sol = [s for s in candidates if all(0 <= s.subs(m_, v) <= 1 for v in (0.01, 0.5, 0.99))][0]
-    assert sp.simplify(twice.subs(mp, sol) - once) == 0
-    solutions[name] = sol
-    print(f"{name:10s}: m' = {sol}   (candidates {candidates})")
+    difference = sp.expand(twice - once)                            # must vanish for every r and x
+    coeff_r, coeff_x = difference.coeff(r), difference.coeff(xs)
+    assert sp.expand(difference - coeff_r * r - coeff_x * xs) == 0  # nothing else: it is linear in r and x
+    assert sp.expand(coeff_r + coeff_x) == 0                        # weights sum to 1: one equation, not two
+    roots = sp.solve(coeff_r, mp)
+    in_range = [s for s in roots if all(0 <= s.subs(m_, v) <= 1 for v in (0.01, 0.5, 0.99))]
+    assert len(in_range) == 1
+    solutions[name] = in_range[0]
+    assert sp.simplify(twice.subs(mp, solutions[name]) - once) == 0
+    print(f"{name:10s}: coefficient of r: {sp.factor(coeff_r)} = 0;  roots {roots};  the momentum: m' = {solutions[name]}")
 assert sp.simplify(solutions["old-weight"] - sp.sqrt(m_)) == 0
 assert sp.simplify(solutions["pytorch"] - (1 - sp.sqrt(1 - m_))) == 0
 print(f"seed, m = 0.9 (old-weight): m' = sqrt(0.9) = {float(solutions['old-weight'].subs(m_, 0.9)):.4f}")
@@ -740,40 +916,37 @@ print(f"PyTorch, m = 0.1         : m' = 1 - sqrt(0.9) = {float(solutions['pytorc
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-So the seed is right *in its own convention*, and its recipe is wrong when typed into PyTorch: `momentum=math.sqrt(0.1)` (0.316) or `momentum=math.sqrt(0.9)` (0.949) both weigh the new batch far too much. The correct PyTorch value is `1 - math.sqrt(1 - 0.1)` = 0.0513, which `course_lib.checkpointing.checkpoint_momentum` computes and `prepare_batchnorm_for_checkpointing(block)` applies to every BatchNorm layer of a block. Checked over 10 training steps, against the block without checkpointing:
+So the seed is right *in its own convention*, and its recipe is wrong when typed into PyTorch: `momentum=math.sqrt(0.1)` (0.316) or `momentum=math.sqrt(0.9)` (0.949) both weigh the new batch far too much. The correct PyTorch value is `1 - math.sqrt(1 - 0.1)` = 0.0513, which `course_lib.checkpointing.checkpoint_momentum` computes. Checked over 10 eager training steps, against the block without checkpointing:
 """
 
 # %% slideshow={"slide_type": "-"}
-ref_bn = run_steps(bn_block(), 10, ckpt=False)
 results = {}
 for label, momentum in [("no fix (0.1)", 0.1), ("sqrt(0.1)", math.sqrt(0.1)), ("sqrt(0.9)", math.sqrt(0.9)),
                         ("1 - sqrt(0.9)", 1 - math.sqrt(0.9))]:
-    bn = run_steps(bn_block(momentum), 10, ckpt=True)
+    bn = run_steps(bn_block(momentum), 10, ckpt_forward)
     ok = torch.allclose(bn.running_mean, ref_bn.running_mean, atol=1e-6) and torch.allclose(bn.running_var, ref_bn.running_var, atol=1e-6)
     err = (bn.running_mean - ref_bn.running_mean).abs().max().item()
     results[label] = ok
     print(f"momentum {label:14s}= {momentum:.4f}: running stats match: {ok!s:5}  (max error in mean {err:.4f})")
 assert results == {"no fix (0.1)": False, "sqrt(0.1)": False, "sqrt(0.9)": False, "1 - sqrt(0.9)": True}
-
-block = bn_block()
-changed = prepare_batchnorm_for_checkpointing(block)
-print("prepare_batchnorm_for_checkpointing:", {k: (round(a, 4), round(b, 4)) for k, (a, b) in changed.items()})
-assert changed["1"][1] == checkpoint_momentum(0.1) == 1 - math.sqrt(0.9)
-lib_bn = run_steps(block, 10, ckpt=True)
-assert torch.allclose(lib_bn.running_mean, ref_bn.running_mean, atol=1e-6) and torch.allclose(lib_bn.running_var, ref_bn.running_var, atol=1e-6)
-print("the helper's block matches the uncheckpointed running_mean and running_var; num_batches_tracked:", int(lib_bn.num_batches_tracked))
+assert checkpoint_momentum(0.1) == 1 - math.sqrt(0.9)
+print(f"num_batches_tracked after 10 steps with the momentum fix: {int(bn.num_batches_tracked)} (the guard: 10)")
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-Two details. `num_batches_tracked` still counts 20 batches for 10 steps; it matters only with `momentum=None`, where BatchNorm keeps a plain cumulative average (momentum $1/n$). In that mode no fix is needed: averaging every batch twice gives the same average, so the running statistics come out right and only the counter doubles. And the fix assumes the block is recomputed exactly once per step: a forward in training mode that is not followed by a backward (an evaluation loop without `model.eval()`, say) gives the smaller update only.
+Close, but the counter still says 20 batches for 10 steps. It matters only with `momentum=None`, where BatchNorm keeps a plain cumulative average (momentum $1/n$). In that mode no fix is needed for the statistics: averaging every batch twice gives the same average, and only the counter doubles. The guard gets the counter right too:
 """
 
 # %% slideshow={"slide_type": "-"}
-ref_none = run_steps(bn_block(None), 10, ckpt=False)
-ck_none = run_steps(bn_block(None), 10, ckpt=True)
+ref_none = run_steps(bn_block(None), 10, plain_forward)
+ck_none = run_steps(bn_block(None), 10, ckpt_forward)
+safe_none = run_steps(bn_block(None), 10, checkpoint_bn_safe)
 assert torch.allclose(ref_none.running_mean, ck_none.running_mean, atol=1e-6)
 assert torch.allclose(ref_none.running_var, ck_none.running_var, atol=1e-6)
-print(f"momentum=None: running stats match without any fix; num_batches_tracked {int(ref_none.num_batches_tracked)} vs {int(ck_none.num_batches_tracked)}")
+assert torch.equal(ref_none.running_mean, safe_none.running_mean) and torch.equal(ref_none.running_var, safe_none.running_var)
+print(f"momentum=None: running stats match without any fix; num_batches_tracked plain {int(ref_none.num_batches_tracked)},"
+      f" checkpointed {int(ck_none.num_batches_tracked)}, with the guard {int(safe_none.num_batches_tracked)}")
+assert int(safe_none.num_batches_tracked) == int(ref_none.num_batches_tracked) == 10
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
@@ -814,21 +987,285 @@ print(f"use_reentrant=True, images.requires_grad_(): parameters with gradients {
 assert present == {"cnn_block_1": True, "cnn_block_2": True, "head": True} and not messages
 
 # %% [markdown] slideshow={"slide_type": "slide"}
-r"""
-## 7. When to checkpoint
-
-Checkpointing trades memory for compute; spend it where it buys the most:
-
-- **Only when memory is the limit.** It never makes a step faster. If the batch fits, do not checkpoint; if it almost fits, checkpointing a little may let you double the batch.
-- **Measure the peak, not what is kept.** The peak is a maximum over time; a checkpointed block's activations return during its recomputation. In the CNN, checkpointing the dominant block gained a few percent and the seed's block 2 nothing. Checkpointing works when the memory is spread over many similar blocks.
-- **Large activations, cheap recomputation first.** Element-wise layers (activations, normalisation, Dropout) and high-resolution early layers hold big tensors and cost little to recompute; a big matmul or convolution costs the most to redo.
-- **Blocks of a repeated structure, about $\sqrt N$ of them.** For a stack of identical layers (a Transformer, a ResNet stage), checkpoint each layer or group of layers; the memory minimum is near $\sqrt N$ segments and the cost is about one extra forward.
-- **Mind the last segment and the head.** `checkpoint_sequential` leaves the last segment plain; the loss and head are usually cheap to keep.
-- **Always `use_reentrant=False`**, keep `preserve_rng_state=True` when there is randomness inside, and fix BatchNorm momentum with `prepare_batchnorm_for_checkpointing`.
 """
+## 7. Choosing what to keep: selective checkpointing and offloading
+
+Plain checkpointing is all or nothing for a block: every tensor it would save is dropped and recomputed. Two tools built on the same saved-tensor mechanism refine that.
+
+### 7.1 Selective activation checkpointing
+
+Recomputing a matrix product costs much more than recomputing a GELU, while their outputs are the same size. *Selective* activation checkpointing (SAC) decides op by op: `torch.utils.checkpoint.create_selective_checkpoint_contexts(policy)` builds the pair of contexts for `context_fn` (section 6.2's hook again), and the policy is a function called for every operation in the forward, `policy(ctx, op, *args, **kwargs)`, returning a `CheckpointPolicy`: `MUST_SAVE`/`PREFER_SAVE` to keep the output, `MUST_RECOMPUTE`/`PREFER_RECOMPUTE` to drop it (`MUST_` tells `torch.compile` not to overrule the choice). Below, a policy that keeps the products and recomputes everything else, against no checkpointing and plain checkpointing, on 4 blocks `Linear(64, 64)` + GELU. What is kept is read from the allocator (what the forward left allocated, minus its output); what is recomputed is counted by `course_lib.checkpointing.OpCounter`, a `TorchDispatchMode` that sees every operation that really runs (the profiler would also count the products SAC answers from its cache).
+"""
+
+# %% slideshow={"slide_type": "-"}
+from functools import partial
+
+from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+
+MATMULS = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default}
+
+
+def save_matmuls(ctx, op, *args, **kwargs):
+    return CheckpointPolicy.MUST_SAVE if op in MATMULS else CheckpointPolicy.PREFER_RECOMPUTE
+
+
+gelu_chain = deep_chain(4, 64, activation="gelu")
+x_sac = torch.randn(512, 64, generator=torch.Generator().manual_seed(5), requires_grad=True)
+ACT = 512 * 64 * 4  # bytes of one activation of this chain
+# preserve_rng_state=False: nothing random inside, and the byte counts stay free of RNG states
+strategies = {
+    "no checkpoint": lambda m, x: m(x),
+    "checkpoint": lambda m, x: checkpoint(m, x, use_reentrant=False, preserve_rng_state=False),
+    "selective": lambda m, x: checkpoint(m, x, use_reentrant=False, preserve_rng_state=False,
+                                         context_fn=partial(create_selective_checkpoint_contexts, save_matmuls)),
+}
+sac_rows, sac_grads = {}, {}
+for label, forward in strategies.items():
+    gelu_chain.zero_grad(set_to_none=True)
+    x_sac.grad = None
+    fwd = measure_peak(lambda: forward(gelu_chain, x_sac))
+    kept_bytes = fwd.retained_bytes - ACT  # what the forward left allocated, minus its output
+    with OpCounter() as ops:
+        fwd.result.sum().backward()
+    sac_rows[label] = (kept_bytes, ops.count("aten.addmm"), ops.count("aten.gelu"))
+    sac_grads[label] = [x_sac.grad.clone()] + [p.grad.clone() for p in gelu_chain.parameters()]
+    print(f"{label:14s}: kept for backward {format_bytes(kept_bytes):>9s} = {kept_bytes / ACT:.0f} activations;"
+          f" recomputed in backward: {sac_rows[label][1]} matrix products, {sac_rows[label][2]} GELUs")
+assert all(torch.allclose(a, b, atol=1e-6) for label in ("checkpoint", "selective")
+           for a, b in zip(sac_grads[label], sac_grads["no checkpoint"]))
+assert sac_rows["checkpoint"][0] == 0 and sac_rows["selective"][0] == 4 * ACT
+assert sac_rows["selective"][1] == 0 < sac_rows["checkpoint"][1] and sac_rows["selective"][2] > 0
+print("gradients: all three equal within 1e-6")
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
+Selective checkpointing sits between the two: it keeps the 4 product outputs (the GELUs' inputs), recomputes only the cheap GELUs whose outputs the next products need, and never redoes a matrix product. That is section 10's advice, "large activations, cheap recomputation first", as code. In a Transformer the usual policies keep the attention and feed-forward products (or only some of them) and recompute the element-wise work.
+
+### 7.2 Offloading saved tensors: `save_on_cpu`
+
+Another way out: keep every saved tensor, but somewhere else. `torch.autograd.graph.save_on_cpu(pin_memory=True)` copies each tensor autograd saves to CPU memory in forward and copies it back in backward; with `pin_memory=True` the CPU copy is in page-locked memory, so the copies can overlap with GPU work. It is nothing more than a `saved_tensors_hooks` pair (notebook 02): its pack hook sees exactly the tensors `SavedTensorMeter` counts. On this CPU the copy is CPU to CPU and saves nothing, but the mechanism is the same:
+"""
+
+# %% slideshow={"slide_type": "-"}
+from torch.autograd.graph import save_on_cpu, saved_tensors_hooks
+
+offload = save_on_cpu(pin_memory=True)  # pinned only where a GPU exists: here a plain CPU copy
+assert isinstance(offload, saved_tensors_hooks)
+packed = []
+pack_to_cpu = offload.pack_hook
+offload.pack_hook = lambda t: packed.append(t.shape) or pack_to_cpu(t)  # count, then do what it does
+gelu_chain.zero_grad(set_to_none=True)
+x_sac.grad = None
+with offload:
+    loss = gelu_chain(x_sac).sum()
+loss.backward()
+offload_grads = [x_sac.grad] + [p.grad for p in gelu_chain.parameters()]
+with SavedTensorMeter() as meter:
+    gelu_chain(x_sac).sum()
+print(f"save_on_cpu packed {len(packed)} tensors; SavedTensorMeter counts {meter.count} saved tensors")
+print("what one pack returns:", type(pack_to_cpu(torch.ones(2))).__name__, "(device, CPU copy) - unpack copies it back to that device")
+assert len(packed) == meter.count
+assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(offload_grads, sac_grads["no checkpoint"]))
+print("gradients equal those without offloading, within 1e-6")
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+Offloading costs transfer time instead of recomputation: on a GPU each saved tensor crosses the PCIe or NVLink-C2C link twice. It pays when the link is idle during compute and the activations are large; checkpointing pays when the arithmetic is cheap. The two combine: 2.13's `CheckpointPolicy` also has `MUST_CPU_OFFLOAD`/`PREFER_CPU_OFFLOAD`, for the compiler's partitioner to offload chosen operations' outputs (eager selective checkpointing treats them as recompute, as its source in `torch/utils/checkpoint.py` shows).
+"""
+
+# %% [markdown] slideshow={"slide_type": "slide"}
+"""
+## 8. Checkpointing under `torch.compile`
+
+`torch.compile(fn)` has two stages that matter here. **Dynamo** reads the Python bytecode and captures the tensor operations as an FX graph; **AOTAutograd** traces that graph together with its backward into one *joint* graph, then *partitions* it into a forward graph and a backward graph, deciding which intermediate tensors the forward saves for the backward. A backend then compiles both graphs: Inductor generates fused kernels; `aot_eager` runs the two graphs with ordinary eager kernels, which shows the structure without a C++ compiler and in a second rather than tens. This section uses `aot_eager`.
+
+### 8.1 Dynamo captures `checkpoint` whole
+
+A `torch.compile` backend is any function that receives the captured graph; this one prints it and runs it unchanged:
+"""
+
+
+# %% slideshow={"slide_type": "-"}
+def op_names(gm):
+    return [getattr(n.target, "__name__", str(n.target)) for n in gm.graph.nodes if n.op == "call_function"]
+
+
+captured = {}
+
+
+def show_graph(gm, example_inputs):
+    """A torch.compile backend: record the graph Dynamo captured, then run it as it is."""
+    captured["graph"] = op_names(gm)
+    captured.update({name: op_names(sub) for name, sub in gm.named_children()})
+    return gm.forward
+
+
+small = nn.Sequential(nn.Linear(WIDTH, 16), nn.Tanh(), nn.Linear(16, WIDTH))
+x_small = torch.randn(4, WIDTH, requires_grad=True)
+torch.compile(lambda t: checkpoint(small, t, use_reentrant=False), backend=show_graph)(x_small)
+for name, ops_ in captured.items():
+    print(f"{name:12s}: {ops_}")
+assert captured["graph"][0] == "tag_activation_checkpoint" and captured["wrap_body_0"] == ["linear", "tanh", "linear"]
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+The whole checkpointed block became one node, a *higher-order operator* `tag_activation_checkpoint` whose body is the block's own graph. Nothing of checkpoint's Python code (its hooks, its RNG handling) runs inside the compiled function: AOTAutograd marks the body's operations "recompute" and its partitioner puts them into the backward graph. Catching the two graphs with `aot_autograd`'s `fw_compiler` and `bw_compiler` shows it:
+"""
+
+# %% slideshow={"slide_type": "-"}
+from functorch.compile import make_boxed_func, min_cut_rematerialization_partition
+from torch._dynamo.backends.common import aot_autograd
+
+
+def aot_graphs(fn, *args):
+    """The aten operations of the forward and backward graphs AOTAutograd makes of fn, run once."""
+    graphs = {}
+
+    def keep(kind):
+        def compiler(gm, example_inputs):
+            graphs[kind] = [str(n.target).removeprefix("aten.").removesuffix(".default")
+                            for n in gm.graph.nodes if n.op == "call_function"]
+            return make_boxed_func(gm.forward)
+        return compiler
+
+    backend = aot_autograd(fw_compiler=keep("forward"), bw_compiler=keep("backward"),
+                           partition_fn=min_cut_rematerialization_partition)
+    torch.compile(fn, backend=backend)(*args).sum().backward()
+    return graphs
+
+
+for label, fn in [("plain", small), ("checkpointed", lambda t: checkpoint(small, t, use_reentrant=False))]:
+    g = aot_graphs(fn, x_small)
+    computing = [op for op in g["backward"] if op not in ("t", "view", "detach", "sum.dim_IntList")]
+    print(f"{label:12s} forward graph : {g['forward']}")
+    print(f"{'':12s} backward graph: {computing}")
+    recomputed = [op for op in ("addmm", "tanh") if op in g["backward"]]
+    assert recomputed == ([] if label == "plain" else ["addmm", "tanh"])
+preserve_note = " ".join(checkpoint.__doc__.split("preserve_rng_state(bool, optional):")[1].split("Default")[0].split())
+print("checkpoint's docstring on preserve_rng_state:", preserve_note)
+assert "under torch.compile, this flag doesn't take effect" in preserve_note
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+Compiled, the checkpointed block's backward graph starts by recomputing `addmm` and `tanh`, and the forward graph is the same in both cases: the recomputation is now a property of the graphs, decided at compile time. Two consequences: `preserve_rng_state` is ignored (the docstring says so; random operations are handled by the compiler), and anything checkpoint's Python code did at run time, such as calling `context_fn`'s second context around the recomputation, does not happen the same way (section 8.3).
+
+### 8.2 The partitioner recomputes without being asked
+
+AOTAutograd's default partitioner for the `aot_eager` and Inductor backends is `min_cut_rematerialization_partition`. It treats "what does the forward save?" as a minimum cut in the joint graph: cheap element-wise operations are recomputed in the backward when that means saving fewer bytes, with no `checkpoint` anywhere. Counted with `SavedTensorMeter`, which also sees the tensors a compiled function saves (they pass through the same hooks), for a product followed by element-wise work:
+"""
+
+
+# %% slideshow={"slide_type": "-"}
+def pointwise_after_matmul(x, w):
+    h = x @ w
+    return (torch.sin(h) * torch.cos(h)).relu()
+
+
+x_pm = torch.randn(256, 64, requires_grad=True)
+w_pm = torch.randn(64, 64, requires_grad=True)
+PM = 256 * 64 * 4  # bytes of one 256 x 64 activation
+
+
+def saved_by(fn):
+    with SavedTensorMeter(exclude=[x_pm, w_pm]) as meter:  # the inputs are not activations
+        out = fn(x_pm, w_pm)
+    return meter.count, meter.bytes, out
+
+
+torch._dynamo.reset()
+pm_rows = {"eager": saved_by(pointwise_after_matmul)}
+for backend in ("aot_eager_default_partitioner", "aot_eager"):  # the same graphs, two partitioners
+    compiled = torch.compile(pointwise_after_matmul, backend=backend)
+    compiled(x_pm, w_pm)  # compile once
+    pm_rows[backend] = saved_by(compiled)
+reference = torch.autograd.grad(pointwise_after_matmul(x_pm, w_pm).sum(), (x_pm, w_pm))
+for label, (count, nbytes, out) in pm_rows.items():
+    grads_pm = torch.autograd.grad(out.sum(), (x_pm, w_pm))
+    assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(grads_pm, reference))
+    print(f"{label:30s}: {count} tensors saved (inputs and weights included), activations {format_bytes(nbytes):>8s} = {nbytes / PM:.0f} of 64 KiB")
+assert pm_rows["aot_eager"][1] < pm_rows["aot_eager_default_partitioner"][1] <= pm_rows["eager"][1]
+print("gradients: equal within 1e-5 in all three")
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+Eager saves what each operation asks for: the product's output (for `sin` and for `cos`), `sin` and `cos` of it (for the product rule) and the ReLU's output, 4 activations; the default partitioner saves what the backward graph reads, the same 4. The min-cut partitioner saves 2, the product's output and the ReLU's output, and recomputes `sin` and `cos` in the backward graph. Inductor fuses that recomputation into the backward's own kernels, so on a GPU, where such operations are limited by memory traffic rather than arithmetic, it is almost free.
+
+**The activation-memory budget.** `torch._functorch.config.activation_memory_budget` (default 1.0) asks the partitioner to recompute more, down to a fraction of the activations it would otherwise save, choosing what to recompute by estimated cost (a knapsack problem): 0 recomputes everything it can. On two products with `tanh`:
+"""
+
+
+# %% slideshow={"slide_type": "-"}
+def two_layers(x, w1, w2):
+    return torch.tanh(torch.tanh(x @ w1) @ w2)
+
+
+import torch._functorch.config as functorch_config
+
+w2_pm = torch.randn(64, 64, requires_grad=True)
+budget_rows = {}
+for budget in (1.0, 0.5, 0.0):
+    torch._dynamo.reset()
+    with functorch_config.patch(activation_memory_budget=budget):
+        compiled = torch.compile(two_layers, backend="aot_eager")
+        compiled(x_pm, w_pm, w2_pm)
+        with SavedTensorMeter(exclude=[x_pm, w_pm, w2_pm]) as meter:
+            out = compiled(x_pm, w_pm, w2_pm)
+    grads_b = torch.autograd.grad(out.sum(), (x_pm, w_pm, w2_pm))
+    budget_rows[budget] = meter.bytes
+    print(f"activation_memory_budget={budget:.1f}: activations saved {format_bytes(meter.bytes):>8s} = {meter.bytes / PM:.0f} of 64 KiB")
+reference = torch.autograd.grad(two_layers(x_pm, w_pm, w2_pm).sum(), (x_pm, w_pm, w2_pm))
+assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(grads_b, reference))
+assert budget_rows[1.0] > budget_rows[0.5] > budget_rows[0.0]
+torch._dynamo.reset()
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+The knob trades memory for recomputation across the whole compiled graph, without marking blocks by hand; `checkpoint` and SAC policies inside a compiled function are hints the partitioner respects (`MUST_` ones always).
+
+### 8.3 BatchNorm in a compiled checkpoint
+
+Section 6.2's problem looks different compiled. AOTAutograd turns BatchNorm's update of its running statistics into an output of the forward graph, written back once; the recomputation in the backward graph rebuilds only what the gradients need. So a compiled checkpoint updates the statistics *once* per step, and the eager momentum fix, which assumed two updates, now under-updates, silently. The guard of section 6.2 has no such assumption, but its `context_fn` returns ordinary context managers, and under `torch.compile` `context_fn` must return two `TorchDispatchMode`s (the kind SAC uses). `checkpoint_bn_safe` therefore asks `torch.compiler.is_compiling()` and passes no guard when compiled, where none is needed. Ten steps each, eager and compiled:
+"""
+
+# %% slideshow={"slide_type": "-"}
+import logging
+
+logging.getLogger("torch._higher_order_ops.wrap").setLevel(logging.ERROR)  # a one-time notice about context_fn
+ref_bn = run_steps(bn_block(), 10, plain_forward)
+bn_rows = {}
+for label, momentum, forward in [("checkpoint", 0.1, ckpt_forward),
+                                 ("momentum fix", checkpoint_momentum(0.1), ckpt_forward),
+                                 ("checkpoint_bn_safe", 0.1, checkpoint_bn_safe)]:
+    for mode in ("eager", "compiled"):
+        torch._dynamo.reset()
+        fwd = forward if mode == "eager" else torch.compile(forward, backend="aot_eager")
+        bn = run_steps(bn_block(momentum), 10, fwd)
+        match = torch.allclose(bn.running_mean, ref_bn.running_mean, atol=1e-6) and torch.allclose(bn.running_var, ref_bn.running_var, atol=1e-6)
+        bn_rows[label, mode] = (int(bn.num_batches_tracked), match)
+        print(f"{label:18s} {mode:8s}: num_batches_tracked {int(bn.num_batches_tracked):2d} (plain: 10), running stats match: {match}")
+assert bn_rows == {("checkpoint", "eager"): (20, False), ("checkpoint", "compiled"): (10, True),
+                   ("momentum fix", "eager"): (20, True), ("momentum fix", "compiled"): (10, False),
+                   ("checkpoint_bn_safe", "eager"): (10, True), ("checkpoint_bn_safe", "compiled"): (10, True)}
+block = bn_block()
+with expect_error(torch._dynamo.exc.BackendCompilerFailed, match="must generate a tuple of two `TorchDispatchMode`s",
+                  quiet=True) as caught:
+    torch.compile(lambda t: checkpoint(block, t, use_reentrant=False, context_fn=bn_safe_context_fn(block)),
+                  backend="aot_eager")(torch.randn(8, WIDTH))
+reason = next(line for line in str(caught.error).splitlines() if "TorchDispatchMode" in line)
+print(f"the eager guard, compiled: {type(caught.error).__name__}: {reason.strip()}")
+torch._dynamo.reset()
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+Only the guard is right in both modes, and it never changes the module. (The plain checkpoint happens to be right when compiled; the same code then double-counts the day someone runs it eagerly, to debug, say.)
+
+**What Inductor adds, and what you get without a compiler.** `torch.compile`'s default backend, Inductor, takes the same two graphs and generates fused kernels: Triton on GPUs, C++ with OpenMP on CPUs, which needs a working C++ compiler. The fusion is what makes the partitioner's recomputation nearly free. Its first compilation is slow: a tiny function took about 21 s on this course's 2-core machine while the course was written (not re-run here, to keep the notebook under a minute). Without a compiler, `backend="aot_eager"` runs everything in this section: Dynamo's capture, AOTAutograd's joint graph, the partitioner and the memory it saves; only the fused kernels, and so the speed, are missing.
+"""
+
+# %% [markdown] slideshow={"slide_type": "slide"}
+"""
+## 9. On a GPU: peaks, the caching allocator and memory snapshots
+
 On a GPU the same measurements read `torch.cuda.max_memory_allocated`; `measure_peak(..., device="cuda")` does it for you:
 """
 
@@ -840,22 +1277,94 @@ if requires_gpu("peak GPU memory of a deep chain with and without checkpointing"
     gs = step_peak_memory(gpu_chain, xg, forward=lambda m, x: checkpoint_sequential(m, 16, x, use_reentrant=False))
     print(f"CUDA peak: plain {format_bytes(gp.peak_bytes)}, 16 segments {format_bytes(gs.peak_bytes)}, ratio {gp.peak_bytes / gs.peak_bytes:.1f}")
 
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+Section 6.1's RNG states, on a GPU: `checkpoint` saves the state of each GPU that holds one of the block's tensor inputs, and only those:
+"""
+
+# %% slideshow={"slide_type": "-"}
+if requires_gpu("checkpoint saves the RNG state of the GPUs holding its inputs"):
+    devices, states = get_device_states(torch.ones(2, device="cuda"), torch.ones(2))
+    print(f"a block with one GPU input and one CPU input: GPU states saved for devices {devices}")
+    assert devices == [torch.cuda.current_device()] and len(states) == 1
+    assert get_device_states(torch.ones(2)) == ([], [])  # a block that moves its input to the GPU inside: none
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+**The caching allocator.** `cudaMalloc` and `cudaFree` are slow and synchronise the device, so PyTorch keeps freed GPU memory *reserved* in its own cache and reuses it. `torch.cuda.memory_allocated` counts what tensors use; `torch.cuda.memory_reserved` what PyTorch holds from the driver, which is what `nvidia-smi` shows (plus the CUDA context). The gap is reusable by PyTorch but not by another process, and when blocks of different sizes interleave it fragments: a step can fail "out of memory" with gigabytes reserved but free. `torch.cuda.empty_cache()` returns the unused cache to the driver (it does not make your own step fit). `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`, set before CUDA starts, lets the allocator grow segments in place instead of reserving new fixed-size ones, which avoids much of the fragmentation ([CUDA memory management notes](https://pytorch.org/docs/stable/notes/cuda.html#optimizing-memory-usage-with-pytorch-cuda-alloc-conf)).
+"""
+
+# %% slideshow={"slide_type": "-"}
+if requires_gpu("the caching allocator: memory allocated vs reserved"):
+    torch.cuda.empty_cache()
+    alloc0, reserved0 = torch.cuda.memory_allocated(), torch.cuda.memory_reserved()
+    big = torch.empty(256 * 2**20, dtype=torch.uint8, device="cuda")  # 256 MiB
+    alloc1, reserved1 = torch.cuda.memory_allocated(), torch.cuda.memory_reserved()
+    del big
+    alloc2, reserved2 = torch.cuda.memory_allocated(), torch.cuda.memory_reserved()
+    torch.cuda.empty_cache()
+    reserved3 = torch.cuda.memory_reserved()
+    print(f"256 MiB tensor: allocated +{format_bytes(alloc1 - alloc0)}, reserved +{format_bytes(reserved1 - reserved0)}")
+    print(f"after del     : allocated +{format_bytes(alloc2 - alloc0)}, reserved +{format_bytes(reserved2 - reserved0)} (kept in the cache)")
+    print(f"empty_cache() : reserved +{format_bytes(reserved3 - reserved0)}")
+    print("PYTORCH_CUDA_ALLOC_CONF =", os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "(not set)"))
+    assert alloc2 == alloc0 and reserved2 - reserved0 >= 256 * 2**20 and reserved3 <= reserved2
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+**Memory snapshots.** For every real out-of-memory error the tool of choice is the allocator's own history: `torch.cuda.memory._record_memory_history()` starts recording every allocation and free with its Python stack, `torch.cuda.memory._dump_snapshot(path)` writes it to a file, and the viewer at [pytorch.org/memory_viz](https://pytorch.org/memory_viz) (it runs in your browser) draws memory over time, one coloured band per tensor, with the stack that allocated it. A checkpointed step shows the saw-tooth of section 4: each segment's activations come back during its recomputation and go again. The functions start with an underscore but are documented ([Understanding CUDA memory usage](https://pytorch.org/docs/stable/torch_cuda_memory.html)).
+"""
+
+# %% slideshow={"slide_type": "-"}
+if requires_gpu("a memory snapshot of a checkpointed training step, for pytorch.org/memory_viz"):
+    import tempfile
+    from pathlib import Path
+
+    torch.cuda.memory._record_memory_history(max_entries=100_000)
+    snap_chain = deep_chain(64, 256).cuda()
+    xs_gpu = torch.randn(4096, 256, device="cuda", requires_grad=True)
+    checkpoint_sequential(snap_chain, 8, xs_gpu, use_reentrant=False).sum().backward()
+    snapshot_path = Path(tempfile.gettempdir()) / "04_checkpointed_step.pickle"
+    torch.cuda.memory._dump_snapshot(str(snapshot_path))
+    snapshot = torch.cuda.memory._snapshot()
+    torch.cuda.memory._record_memory_history(enabled=None)  # stop recording
+    n_events = sum(len(trace) for trace in snapshot["device_traces"])
+    print(f"{n_events} allocator events recorded; snapshot written to {snapshot_path}: open it at https://pytorch.org/memory_viz")
+    assert snapshot_path.stat().st_size > 0 and n_events > 0
+
+# %% [markdown] slideshow={"slide_type": "slide"}
+r"""
+## 10. When to checkpoint
+
+Checkpointing trades memory for compute; spend it where it buys the most:
+
+- **Only when memory is the limit.** It never makes a step faster. If the batch fits, do not checkpoint; if it almost fits, checkpointing a little may let you double the batch.
+- **Measure the peak, not what is kept.** The peak is a maximum over time; a checkpointed block's activations return during its recomputation. In the CNN, checkpointing the dominant block gained a few percent and the seed's block 2 nothing. Checkpointing works when the memory is spread over many similar blocks. On a GPU, a memory snapshot shows where the peak is.
+- **Large activations, cheap recomputation first.** Element-wise layers (activations, normalisation, Dropout) and high-resolution early layers hold big tensors and cost little to recompute; a big matmul or convolution costs the most to redo. Selective checkpointing (section 7.1) says exactly that, op by op; under `torch.compile` the partitioner already recomputes cheap operations, and the activation-memory budget asks for more (section 8.2).
+- **Blocks of a repeated structure, about $\sqrt N$ of them.** For a stack of identical layers (a Transformer, a ResNet stage), checkpoint each layer or group of layers; the memory minimum is near $\sqrt N$ segments and the cost is about one extra forward.
+- **Mind the last segment and the head.** `checkpoint_sequential` leaves the last segment plain; the loss and head are usually cheap to keep.
+- **Always `use_reentrant=False`**, keep `preserve_rng_state=True` when there is randomness inside, and keep BatchNorm statistics out of the recomputation: `checkpoint_bn_safe` (a recompute guard through `context_fn`, right eager and compiled), or keep BatchNorm outside checkpointed blocks, or use a normalisation without running statistics (LayerNorm, GroupNorm). Do not change the momentum: that fix holds in eager mode only.
+- **Offload when the link is idle**: `save_on_cpu` trades transfers for recomputation.
+"""
+
 # %% [markdown] slideshow={"slide_type": "slide"}
 r"""
 ## Summary
 
-- A step's memory is parameters + gradients + optimizer state (0 for SGD, 1× for momentum, 2× plus step counters for Adam) + activations; only the activations grow with batch and depth, and they dominate at large batch.
+- A step's memory is parameters + gradients + optimizer state (0 for SGD, 1× for momentum, 2× plus step counters for Adam) + activations; only the activations grow with batch and depth, and they dominate at large batch. Around them: the CUDA context, the allocator's cache, DDP's buckets, autocast's cast copies and the optimizer step's temporaries (`foreach` ones the size of all parameters).
 - Saved-tensor hooks count what is kept; the *peak* needs the allocator: `torch.profiler(profile_memory=True)` events on CPU, `torch.cuda.max_memory_allocated` on GPU (`course_lib.memory`).
 - Checkpointing keeps a block's inputs and recomputes its forward in backward. Use `use_reentrant=False` (and always pass it: the silent default is still `True` in 2.13).
-- `checkpoint_sequential` counts children, never checkpoints the last segment; with $\sqrt N$ segments the peak grows as $N^{0.5}$ instead of $N^{1}$, for just under one extra forward pass.
-- Dropout is safe with `preserve_rng_state=True`; BatchNorm needs momentum $1 - \sqrt{1-m}$ in PyTorch's convention ($\sqrt{m}$ only in the old-weight convention); the reentrant form silently skips blocks whose input does not require grad.
+- `checkpoint_sequential` counts children, never checkpoints the last segment; with $\sqrt N$ segments the peak grows as $N^{0.5}$ instead of $N^{1}$, for just under one extra forward pass: a third more matrix-product FLOPs, about half as much again in time on small CPU layers (hooks and bookkeeping).
+- Dropout is safe with `preserve_rng_state=True` (CPU and the GPUs holding the inputs); BatchNorm's running statistics need a recompute guard through `context_fn` (`checkpoint_bn_safe`), right in eager and compiled mode; the momentum $1 - \sqrt{1-m}$ explains the problem but holds in eager mode only; the reentrant form silently skips blocks whose input does not require grad.
+- Selective checkpointing chooses op by op what to save (`create_selective_checkpoint_contexts`); `save_on_cpu` offloads saved tensors; both are saved-tensor mechanisms.
+- Under `torch.compile`, `checkpoint` becomes a higher-order op and AOTAutograd's partitioner decides what is recomputed; it recomputes cheap operations even without checkpointing, and `activation_memory_budget` asks for more. On GPUs, `memory_allocated` vs `memory_reserved` and memory snapshots explain what `nvidia-smi` shows.
 """
 
 # %% [markdown] slideshow={"slide_type": "slide"}
 """
 ## Exercises
 
-**1.** A BatchNorm layer with PyTorch momentum `m` sits inside a checkpointed block. Write `corrected_momentum(m)` returning the momentum that makes its two updates per step equal one update with `m`.
+**1.** (Eager mode.) A BatchNorm layer with PyTorch momentum `m` sits inside a checkpointed block, run eagerly. Write `corrected_momentum(m)` returning the momentum that makes its two updates per step equal one update with `m`.
 """
 
 # %% slideshow={"slide_type": "fragment"}
@@ -898,6 +1407,36 @@ def state_size(model, name):
 
 check_optimizer_state_bytes(state_size)
 
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+**4.** Write a selective-checkpointing policy `policy(ctx, op, *args, **kwargs)` that keeps the outputs of matrix products (`torch.ops.aten.mm.default`, `torch.ops.aten.addmm.default`) and recomputes everything else. The check runs it on a GELU chain and counts what is kept and what is recomputed.
+"""
+
+# %% slideshow={"slide_type": "fragment"}
+from course_lib.exercises.checkpointing import check_sac_policy
+
+
+def policy(ctx, op, *args, **kwargs):
+    raise NotImplementedError("your code here")
+
+
+check_sac_policy(policy)
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+**5.** Write `forward(block, x)` that checkpoints a block containing BatchNorm so that, step after step, its running statistics and `num_batches_tracked` equal those of `block(x)`, without changing the block for good. `x` is raw data (it does not require grad). Use `checkpoint` and a context manager of your own, not `checkpoint_bn_safe`.
+"""
+
+# %% slideshow={"slide_type": "fragment"}
+from course_lib.exercises.checkpointing import check_bn_safe_forward
+
+
+def forward(block, x):
+    raise NotImplementedError("your code here")
+
+
+check_bn_safe_forward(forward)
+
 # %% [markdown] slideshow={"slide_type": "slide"}
 r"""
 ## References
@@ -908,4 +1447,8 @@ r"""
 - PyTorch documentation: [BatchNorm1d](https://pytorch.org/docs/stable/generated/torch.nn.BatchNorm1d.html) — the momentum convention, `momentum=None` and `num_batches_tracked`.
 - PyTorch documentation: [Hooks for saved tensors](https://pytorch.org/tutorials/intermediate/autograd_saved_tensors_hooks_tutorial.html) — the mechanism behind the non-reentrant checkpoint.
 - S. Ioffe, C. Szegedy, [Batch Normalization](https://arxiv.org/abs/1502.03167), 2015.
+- PyTorch documentation: [torch.utils.checkpoint](https://pytorch.org/docs/stable/checkpoint.html) — `context_fn`, `create_selective_checkpoint_contexts`, `CheckpointPolicy`; and [torch.autograd.graph.save_on_cpu](https://pytorch.org/docs/stable/autograd.html#torch.autograd.graph.save_on_cpu).
+- PyTorch blog: [Current and New Activation Checkpointing Techniques in PyTorch](https://pytorch.org/blog/activation-checkpointing-techniques/), 2025 — selective checkpointing, the compile partitioner and the activation-memory budget.
+- J. Ansel et al., [PyTorch 2: Faster Machine Learning Through Dynamic Python Bytecode Transformation and Graph Compilation](https://doi.org/10.1145/3620665.3640366), ASPLOS 2024 — Dynamo, AOTAutograd, Inductor; and the [torch.compile documentation](https://pytorch.org/docs/stable/torch.compiler.html).
+- PyTorch documentation: [Understanding CUDA memory usage](https://pytorch.org/docs/stable/torch_cuda_memory.html) — memory snapshots and the viewer at pytorch.org/memory_viz; [CUDA semantics: memory management](https://pytorch.org/docs/stable/notes/cuda.html#memory-management) — the caching allocator and `PYTORCH_CUDA_ALLOC_CONF`.
 """

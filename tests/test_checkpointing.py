@@ -7,7 +7,13 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from course_lib.checkpointing import PREPARED_ATTR, checkpoint_momentum, deep_chain, prepare_batchnorm_for_checkpointing
+from course_lib.checkpointing import (
+    bn_safe_context_fn,
+    checkpoint_bn_safe,
+    checkpoint_momentum,
+    deep_chain,
+    frozen_bn_stats,
+)
 
 
 def test_deep_chain_shape_and_children() -> None:
@@ -82,39 +88,85 @@ def _train(block: nn.Module, steps: int, *, ckpt: bool) -> None:
         out.square().sum().backward()
 
 
-@pytest.mark.parametrize("use_fix", [False, True])
-def test_prepared_block_matches_the_uncheckpointed_running_stats(use_fix: bool) -> None:
+def _state(block: nn.Module) -> list[torch.Tensor]:
+    return [b.clone() for b in block.buffers()]
+
+
+def _same_state(a: nn.Module, b: nn.Module) -> bool:
+    return all(torch.equal(x, y) for x, y in zip(a.buffers(), b.buffers()))
+
+
+def test_plain_checkpoint_updates_the_statistics_twice() -> None:
     ref, ck = _block(), _block()
-    if use_fix:
-        changed = prepare_batchnorm_for_checkpointing(ck)
-        assert set(changed) == {"1", "4"} and changed["1"] == (0.1, pytest.approx(1 - math.sqrt(0.9)))
-    _train(ref, 5, ckpt=False)
-    _train(ck, 5, ckpt=True)
-    for i in (1, 4):
-        same = torch.allclose(ref[i].running_mean, ck[i].running_mean, atol=1e-6) and torch.allclose(
-            ref[i].running_var, ck[i].running_var, atol=1e-6
-        )
-        assert same is use_fix
-        assert int(ck[i].num_batches_tracked) == 10  # counted twice either way
-        assert int(ref[i].num_batches_tracked) == 5
+    _train(ref, 3, ckpt=False)
+    _train(ck, 3, ckpt=True)
+    assert int(ck[1].num_batches_tracked) == 6 and int(ref[1].num_batches_tracked) == 3
+    assert not torch.allclose(ref[1].running_mean, ck[1].running_mean)
 
 
-def test_momentum_none_needs_no_fix_and_is_left_alone() -> None:
-    ref, ck = _block(None), _block(None)
-    assert prepare_batchnorm_for_checkpointing(ck) == {}
-    _train(ref, 4, ckpt=False)
-    _train(ck, 4, ckpt=True)
+@pytest.mark.parametrize("momentum", [0.1, None])
+def test_the_guard_matches_the_uncheckpointed_block_exactly(momentum: float | None) -> None:
+    ref, by_hand, lib = _block(momentum), _block(momentum), _block(momentum)
+    g = torch.Generator().manual_seed(1)
+    for _ in range(10):
+        x = torch.randn(16, 4, generator=g, requires_grad=True)
+        ref(x).square().sum().backward()
+        checkpoint(by_hand, x, use_reentrant=False, context_fn=bn_safe_context_fn(by_hand)).square().sum().backward()
+        checkpoint_bn_safe(lib, x).square().sum().backward()
+    assert _same_state(ref, by_hand) and _same_state(ref, lib)  # running mean, var and counters, bit for bit
+    assert int(lib[1].num_batches_tracked) == 10
+    for a, b in zip(ref.parameters(), lib.parameters()):
+        assert torch.allclose(a.grad, b.grad, atol=1e-6)
+    assert lib[1].momentum == momentum  # the module is left as it was
+
+
+def test_the_guard_is_exact_under_torch_compile() -> None:
+    ref, ck = _block(), _block()
+    step = torch.compile(lambda t: checkpoint_bn_safe(ck, t), backend="aot_eager")
+    g = torch.Generator().manual_seed(1)
+    for _ in range(4):
+        x = torch.randn(16, 4, generator=g, requires_grad=True)
+        ref(x).square().sum().backward()
+        step(x).square().sum().backward()
+    assert int(ck[1].num_batches_tracked) == 4
     assert torch.allclose(ref[1].running_mean, ck[1].running_mean, atol=1e-6)
     assert torch.allclose(ref[1].running_var, ck[1].running_var, atol=1e-6)
 
 
-def test_preparing_twice_is_refused_and_untracked_layers_are_skipped() -> None:
-    block = nn.Sequential(nn.BatchNorm2d(3), nn.BatchNorm1d(3, track_running_stats=False))
-    assert list(prepare_batchnorm_for_checkpointing(block)) == ["0"]
-    assert getattr(block[0], PREPARED_ATTR) == 0.1
-    with pytest.raises(ValueError, match="already prepared"):
-        prepare_batchnorm_for_checkpointing(block)
-    bn = nn.BatchNorm1d(2)
-    assert list(prepare_batchnorm_for_checkpointing(bn)) == ["BatchNorm1d"]  # a bare layer works too
-    with pytest.raises(TypeError, match="nn.Module"):
-        prepare_batchnorm_for_checkpointing("bn")  # type: ignore[arg-type]
+def test_frozen_bn_stats_freezes_and_restores() -> None:
+    block = nn.Sequential(
+        nn.BatchNorm1d(3), nn.InstanceNorm1d(3, track_running_stats=True), nn.BatchNorm1d(3, track_running_stats=False)
+    )
+    before = _state(block)
+    x = torch.randn(4, 3, 5)
+    with frozen_bn_stats(nn.Sequential(block[0])) as n0:
+        block[0](x)
+    with frozen_bn_stats(block) as n:
+        block[1](x)
+        assert block[0].momentum == 0.0 and block[0].num_batches_tracked is None
+    assert (n0, n) == (1, 2)  # the untracked layer is left out
+    assert all(torch.equal(a, b) for a, b in zip(before, _state(block)))
+    assert block[0].momentum == 0.1 and int(block[0].num_batches_tracked) == 0
+    with pytest.raises(ZeroDivisionError), frozen_bn_stats(block):
+        raise ZeroDivisionError
+    assert block[0].momentum == 0.1 and block[0].num_batches_tracked is not None  # restored after an error
+
+
+def test_the_guard_does_not_change_the_output_or_eval_mode() -> None:
+    block = _block().eval()
+    x = torch.randn(8, 4)
+    with frozen_bn_stats(block):
+        frozen = block(x)
+    assert torch.equal(frozen, block(x))
+
+
+def test_the_helpers_reject_bad_arguments() -> None:
+    for fn in (frozen_bn_stats, bn_safe_context_fn, checkpoint_bn_safe):
+        with pytest.raises(TypeError, match="nn.Module"):
+            fn("bn")  # type: ignore[operator]
+    block, x = _block(), torch.randn(4, 4, requires_grad=True)
+    with pytest.raises(ValueError, match="use_reentrant=False"):
+        checkpoint_bn_safe(block, x, use_reentrant=True)
+    with pytest.raises(ValueError, match="context_fn"):
+        checkpoint_bn_safe(block, x, context_fn=bn_safe_context_fn(block))
+    assert int(block[1].num_batches_tracked) == 0  # nothing ran

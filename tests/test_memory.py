@@ -5,7 +5,15 @@ import torch
 from torch.utils.checkpoint import checkpoint_sequential
 
 from course_lib.checkpointing import deep_chain
-from course_lib.memory import StateBytes, StepMemory, measure_peak, state_bytes, step_peak_memory, tensor_bytes
+from course_lib.memory import (
+    StateBytes,
+    StepMemory,
+    allocation_events,
+    measure_peak,
+    state_bytes,
+    step_peak_memory,
+    tensor_bytes,
+)
 
 
 def test_peak_and_retained_follow_allocations_and_frees() -> None:
@@ -146,3 +154,29 @@ def test_cuda_peak_and_retained() -> None:
         model, x, forward=lambda m_, t: checkpoint_sequential(m_, 4, t.requires_grad_(), use_reentrant=False)
     )
     assert ckpt.peak_bytes < plain.peak_bytes
+
+
+def test_the_private_profiler_record_is_still_there() -> None:
+    """allocation_events reads torch.profiler's private kineto_results; if a torch upgrade renames
+    it, this test fails first and names the function to update."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        a = torch.empty(1024)
+        del a
+    assert hasattr(prof.profiler, "kineto_results"), (
+        "torch.profiler no longer has profiler.kineto_results: update course_lib.memory.allocation_events"
+    )
+    for method in ("name", "device_type", "start_ns", "nbytes"):
+        assert all(hasattr(e, method) for e in prof.profiler.kineto_results.events()), (
+            f"kineto events lost {method}(): update course_lib.memory.allocation_events"
+        )
+    assert [n for _, n in allocation_events(prof)] == [4096, -4096]
+
+
+def test_allocation_events_says_what_to_update_when_the_record_is_missing() -> None:
+    class Renamed:
+        profiler = object()  # no kineto_results
+
+    with pytest.raises(RuntimeError, match="update that function"):
+        allocation_events(Renamed())
