@@ -40,7 +40,7 @@ KINDS = {"ddp": "ddp", "zero1": "zero1", "zero1_builtin": "zero1", "zero2": "zer
 def notebook_script(name: str) -> str:
     """The text of the notebook cell that writes ``_runs/<name>``."""
     source = (ROOT / "sources" / "11_sharded_data_parallel.py").read_text()
-    cells = re.split(r"^# %%.*$", source, flags=re.M)
+    cells = re.split(r"^# %%(?: .*)?$", source, flags=re.M)  # cell markers, not "# %%writefile"
     for cell in cells:
         lines = cell.strip("\n").splitlines()
         if lines and lines[0].strip() == f"# %%writefile _runs/{name}":
