@@ -48,7 +48,7 @@ def notebook_script(name: str) -> str:
     raise LookupError(f"no %%writefile _runs/{name} cell in notebook 11's source")
 
 
-WORKER = '''
+WORKER = """
 import zero
 
 
@@ -58,7 +58,7 @@ def measure_all(rank, n, kinds):
         r = zero.measure_stage(rank, n, kind)
         out[kind] = {k: r[k] for k in ("held", "retained", "peak", "numel")}
     return out
-'''
+"""
 
 
 def main() -> None:
@@ -72,7 +72,9 @@ def main() -> None:
         Path(tmp, "bench_worker.py").write_text(WORKER)
         sys.path.insert(0, tmp)
         for n in sizes:
-            results = spawn(f"{tmp}/bench_worker.py:measure_all", nprocs=n, args=(list(KINDS),), timeout=300, echo="none")
+            results = spawn(
+                f"{tmp}/bench_worker.py:measure_all", nprocs=n, args=(list(KINDS),), timeout=300, echo="none"
+            )
             for rank, per_kind in enumerate(results):
                 for kind, r in per_kind.items():
                     model = model_state_bytes(r["numel"], n, KINDS[kind], "fp32_adam").total
@@ -82,7 +84,10 @@ def main() -> None:
         err = abs(held - model) / model
         print(f"{n:>2} {kind:<14}{rank:>5}{held:>12,}{model:>12,}{err:>8.1%}{retained:>12,}{peak:>12,}")
     held_at = {(n, kind): held for n, kind, rank, held, *_ in rows if rank == 0}
-    ratios = {s: held_at[(2, k)] / held_at[(2, "ddp")] for s, k in (("zero1", "zero1"), ("zero2", "zero2"), ("zero3", "fsdp2"))}
+    ratios = {
+        s: held_at[(2, k)] / held_at[(2, "ddp")]
+        for s, k in (("zero1", "zero1"), ("zero2", "zero2"), ("zero3", "fsdp2"))
+    }
     model_error = max(abs(held - model) / model for _, _, _, held, model, _, _ in rows)
     excess = max((retained - held) / held for _, _, _, held, _, retained, _ in rows)
     print(

@@ -90,7 +90,9 @@ def _check_precision(precision: object) -> Precision:
     if isinstance(precision, Precision):
         return precision
     if not isinstance(precision, str):
-        raise TypeError(f"precision must be a Precision or one of {', '.join(PRECISIONS)}; got {type(precision).__name__}")
+        raise TypeError(
+            f"precision must be a Precision or one of {', '.join(PRECISIONS)}; got {type(precision).__name__}"
+        )
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
     return PRECISIONS[precision]

@@ -317,6 +317,7 @@ def measure_stage(rank, n, kind, steps=3):
         "ddp_bucket_bytes": getattr(step, "bucket_bytes", None),
     }
 
+
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
 Section 6 runs it; here is what it checks. With `Ψ` parameters in fp32 Adam on `N = 2` ranks, the model of section 1 predicts per rank `4Ψ + 4Ψ + 8Ψ` bytes for DDP, `4Ψ + 4Ψ + 4Ψ` for ZeRO-1 and `4Ψ + 2Ψ + 4Ψ` for ZeRO-2. After 3 steps every version must hold the same parameters as DDP.
@@ -423,6 +424,7 @@ def fsdp2_report(rank, n):
             "reshard": {r: one_step_collectives(rank, n, r) for r in (True, False)},
             "bf16": bf16_compute(rank, n), "scalers": scalers(rank, n)}
 
+
 # %% [markdown] slideshow={"slide_type": "slide"}
 """
 ## 4. DTensor and DeviceMesh
@@ -481,6 +483,7 @@ def two_d(rank, n, steps=3, width=64):
     return {"mesh": mesh.mesh.tolist(), "placements": [type(p).__name__ for p in w.placements],
             "global": tuple(w.shape), "local": tuple(w.to_local().shape),
             "max_diff": max((p.full_tensor() - q).abs().max().item() for p, q in zip(model.parameters(), reference.parameters()))}
+
 
 # %% [markdown] slideshow={"slide_type": "slide"}
 """
@@ -570,6 +573,7 @@ def train(rank, n, stop, save_dir=None, save_at=None, resume_from=None, full_pat
     params = [p.full_tensor() if isinstance(p, DTensor) else p for p in model.parameters()]
     return torch.cat([p.detach().flatten() for p in params])
 
+
 # %% [markdown] slideshow={"slide_type": "slide"}
 """
 ## 6. Running it: one launch per world size
@@ -597,6 +601,7 @@ def at_two(rank, n, ckpt_dir, full_path):
 
 def at_four(rank, n, ckpt_dir):
     return {"two_d": dtensor_demo.two_d(rank, n), "resumed": resume.train(rank, n, stop=8, resume_from=ckpt_dir)}
+
 
 # %% slideshow={"slide_type": "fragment"}
 import shutil

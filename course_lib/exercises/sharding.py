@@ -41,19 +41,22 @@ def check_rank_bytes(rank_bytes: Any) -> str:
         wrong_k = {s: model_state_bytes(params, n, s).total for s in STAGES}
         if n > 1 and stage != "zero3" and math.isclose(got, 16 * params / n, rel_tol=1e-3):
             raise Wrong(
-                f"{call} = {got:,.0f} divides everything by N: DDP shards nothing, and only ZeRO-3 shards the parameters"
+                f"{call} = {got:,.0f} divides everything by N: "
+                "DDP shards nothing, and only ZeRO-3 shards the parameters"
             )
         for other, value in wrong_k.items():
             if other != stage and math.isclose(got, value, rel_tol=1e-3):
                 raise Wrong(f"{call} returned what {other!r} keeps; {stage!r} shards a different set")
         raise Wrong(
-            f"{call} returned {got:,.0f}, expected {want:,.0f}: count 2 bytes of parameters, 2 of gradients "
+            f"{call} returned {got:,.0f}: count 2 bytes of parameters, 2 of gradients "
             "and 12 of optimizer state per parameter, and divide the sharded ones by N"
         )
     return "2 + 2 + 12 bytes per parameter, each part divided by N once its stage shards it"
 
 
-@exercise("which stage fits", todo="fill `answer` with the first stage (in the order ddp, zero1, zero2, zero3) that fits")
+@exercise(
+    "which stage fits", todo="fill `answer` with the first stage (in the order ddp, zero1, zero2, zero3) that fits"
+)
 def check_stage_that_fits(answer: Any) -> str:
     answer = dict_answer(answer, FIT_SCENARIOS, name="answer")
     for name, (params, n, memory, acts) in FIT_SCENARIOS.items():
