@@ -446,6 +446,7 @@ A mesh with two dimensions combines parallelisms. On 4 processes arranged as a 2
 import torch
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+from torch.distributed.tensor.debug import CommDebugMode
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
 from zero import LR, batch, loss_fn, make_model, shard_model
@@ -477,10 +478,13 @@ def two_d(rank, n, steps=3, width=64):
         loss_fn(reference, x, y).backward()
         ref_opt.step()
         opt.zero_grad()
-        loss_fn(model, x[dp::dp_size], y[dp::dp_size]).backward()  # dp ranks split it; tp ranks share it
+        with CommDebugMode() as comm:                           # the collectives of the forward pass
+            loss = loss_fn(model, x[dp::dp_size], y[dp::dp_size])  # dp ranks split it; tp ranks share it
+        loss.backward()
         opt.step()
     w = model[0].weight
     return {"mesh": mesh.mesh.tolist(), "placements": [type(p).__name__ for p in w.placements],
+            "forward": {str(k).split(".")[-1]: v for k, v in comm.get_comm_counts().items()},
             "global": tuple(w.shape), "local": tuple(w.to_local().shape),
             "max_diff": max((p.full_tensor() - q).abs().max().item() for p, q in zip(model.parameters(), reference.parameters()))}
 
@@ -687,7 +691,7 @@ assert f["reshard"][True]["gathered_units"] == 0 and f["reshard"][False]["gather
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-Per step, with the default, each of the 4 units is all-gathered twice (forward, backward) and reduce-scattered once: **1.5 times DDP's traffic** (three collectives of `(N-1)/N · S` against an all-reduce's two). With `reshard_after_forward=False` it is one all-gather per unit, the traffic of DDP, but all 4 units keep their full parameters from forward to backward (4 bytes × every parameter, here 1,052,672 bytes on each rank). With more units and a deeper model, `True` keeps at most about one unit's parameters gathered at a time.
+(`_allgather_base_` and `_reduce_scatter_base_` are the operators behind `all_gather_single` and `reduce_scatter_single`.) Per step, with the default, each of the 4 units is all-gathered twice (forward, backward) and reduce-scattered once: **1.5 times DDP's traffic** (three collectives of `(N-1)/N · S` against an all-reduce's two). With `reshard_after_forward=False` it is one all-gather per unit, the traffic of DDP, but all 4 units keep their full parameters from forward to backward (4 bytes × every parameter, here 1,052,672 bytes on each rank). With more units and a deeper model, `True` keeps at most about one unit's parameters gathered at a time.
 
 The difference from one process (below 1e-4, not bit-exact) is that of summing the same numbers in another order; Adam's division by `√v` magnifies it slightly for near-zero gradients.
 
@@ -726,13 +730,15 @@ assert d["sum placement"] == "(Partial(sum),)" and d["sum"] == 2 * full.sum().it
 # %% slideshow={"slide_type": "fragment"}
 t = four[0]["two_d"]
 print(f"mesh (dp rows, tp columns): {t['mesh']}; first weight {t['global']} placed {t['placements']}, local piece {t['local']}")
+print(f"collectives of one forward pass: {t['forward']}")
 assert t["local"] == (t["global"][0] // 4, t["global"][1])    # sharded by tp, then again by dp
+assert t["forward"] == {"_allgather_base_": 2, "all_reduce": 1}
 assert all(four[r]["two_d"]["max_diff"] < 1e-5 for r in range(4))
 print("4 processes, data parallel x tensor parallel, after 3 Adam steps: allclose to one process (atol 1e-5): True")
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-On the 2 × 2 mesh the first weight (64 × 64) is split into 4 row blocks of 16: by its output features across `tp` (`ColwiseParallel`), and each of those again across `dp` by FSDP2. `_StridedShard` is how DTensor records that the `dp` split happened *inside* the `tp` split. And the four processes trained exactly the model one process trains.
+On the 2 × 2 mesh the first weight (64 × 64) is split into 4 row blocks of 16: by its output features across `tp` (`ColwiseParallel`), and each of those again across `dp` by FSDP2. `_StridedShard` is how DTensor records that the `dp` split happened *inside* the `tp` split. A forward pass communicates twice on the `dp` dimension (FSDP2 all-gathers each `Linear`'s shards) and once on `tp`: the single all-reduce that sums the row-parallel layer's partial outputs (notebook 10). And the four processes trained exactly the model one process trains.
 """
 
 # %% [markdown] slideshow={"slide_type": "slide"}
@@ -788,7 +794,7 @@ for dropped in ("optim", "rng"):                              # resume at N=1 wi
 """
 ## 7. When to shard, and when to split the model
 
-When the **model state** (parameters, gradients, optimizer state) does not fit on one device, shard it across the data-parallel ranks first: ZeRO-1 or 2 if dividing the optimizer state (and gradients) is enough, ZeRO-3/FSDP when the parameters too must be divided. It keeps the data-parallel program: every rank runs the whole model on its own data, the code barely changes (`fully_shard` and a state-dict API), and the traffic is DDP's (stages 1–2) or 1.5 times it (stage 3), overlapped with compute by prefetching the next unit's all-gather.
+When the **model state** (parameters, gradients, optimizer state) does not fit on one device, shard it across the data-parallel ranks first: ZeRO-1 or 2 if dividing the optimizer state (and gradients) is enough, ZeRO-3/FSDP when the parameters too must be divided. It keeps the data-parallel program: every rank runs the whole model on its own data, the code barely changes (`fully_shard` and a state-dict API), and the traffic is DDP's (stages 1–2) or 1.5 times it (stage 3). On GPUs FSDP hides much of it behind compute by all-gathering the next unit while the current one runs (communication on its own CUDA stream); on these CPU processes there is nothing to overlap with, so that part is not measured here.
 
 Pipeline and tensor parallelism (notebook 10) come in when sharding is not enough or not efficient: when the **activations** of even one micro-batch do not fit (sharding does not divide them; tensor parallelism does, inside each layer), when a single layer's gathered parameters are too big for one device, or at a scale where all-gathering every parameter over the slower links between nodes costs more than the compute it overlaps with. Large runs then combine them on a multi-dimensional `DeviceMesh`, as in section 6.4: FSDP across the data-parallel dimension, tensor parallelism within a node, pipeline stages across nodes.
 """
