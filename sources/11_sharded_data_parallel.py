@@ -443,7 +443,11 @@ A mesh with two dimensions combines parallelisms. On 4 processes arranged as a 2
 # %% slideshow={"slide_type": "-"}
 # %%writefile _runs/dtensor_demo.py
 """DTensor placements on a 1-D mesh; data parallel x tensor parallel on a 2-D mesh, against one process."""
+import gc
+import sys
+
 import torch
+import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 from torch.distributed.tensor.debug import CommDebugMode
@@ -453,6 +457,15 @@ from zero import LR, batch, loss_fn, make_model, shard_model
 
 
 def placements(rank, n):
+    world = dist.group.WORLD                                    # the default process group
+    before = sys.getrefcount(world)
+    result = _placements(rank, n)                               # its mesh and DTensors are gone when it returns
+    gc.collect()
+    result["extra references to the group"] = sys.getrefcount(world) - before
+    return result
+
+
+def _placements(rank, n):
     mesh = init_device_mesh("cpu", (n,))
     full = torch.arange(8.0).reshape(4, 2)                      # the same tensor on every rank
     sharded = distribute_tensor(full, mesh, [Shard(0)])
@@ -596,9 +609,9 @@ import zero
 
 def at_two(rank, n, ckpt_dir, full_path):
     return {
+        "dtensor": dtensor_demo.placements(rank, n),            # first: it checks what DTensor leaves behind
         "memory": {kind: zero.measure_stage(rank, n, kind) for kind in ("ddp", "zero1", "zero1_builtin", "zero2", "fsdp2")},
         "fsdp2": fsdp2_demo.fsdp2_report(rank, n),
-        "dtensor": dtensor_demo.placements(rank, n),
         "uninterrupted": resume.train(rank, n, stop=8, save_dir=ckpt_dir, save_at=4, full_path=full_path),
     }
 
@@ -644,7 +657,7 @@ assert two[0]["memory"]["fsdp2"]["peak"] < two[0]["memory"]["ddp"]["peak"]
 """
 The tensors each rank holds are exactly the model's count, part by part: ZeRO-1 (both versions) halves the optimizer state, ZeRO-2 also the gradients, FSDP2 everything, to half of DDP's 16 bytes per parameter. The peaks include the activations and temporaries of a step (ZeRO-2's full gradient exists for a moment in every step here), so with this small model sharding lowers them less than it lowers what is kept.
 
-Why count tensors rather than read the allocator's "still allocated" total? On gloo, a collective's work object keeps references to its tensors, and to any temporary it made, until gloo's worker thread is done with it, and the last reference is often dropped **on that thread**. The profiler behind `measure_peak` records allocations and frees of the threads it profiles, so such a free goes unseen, and the running total ends higher than what is really allocated, by a different amount from run to run. (`HandZero` frees ZeRO-2's full gradient buffer with `untyped_storage().resize_(0)` on the main thread for this reason; `benchmarks/sharding_memory.py` prints both numbers.) On a GPU, `torch.cuda.memory_allocated` has no such blind spot.
+Why count tensors rather than read the allocator's "still allocated" total? On gloo, a collective's work object keeps references to its tensors, and to any temporary it made, until gloo's worker thread is done with it, and the last reference is often dropped **on that thread**. The profiler behind `measure_peak` records allocations and frees of the threads it profiles, so such a free goes unseen, and the running total ends higher than what is really allocated, by a different amount from run to run. (`benchmarks/sharding_memory.py` prints both numbers for N = 1, 2 and 4: the retained total matches the held bytes for DDP and `ZeroRedundancyOptimizer`, and exceeds them by whole buffers, differently from rank to rank, where gloo's reduce-scatter is involved.) On a GPU, `torch.cuda.memory_allocated` has no such blind spot.
 """
 
 # %% [markdown] slideshow={"slide_type": "slide"}
@@ -691,9 +704,9 @@ assert f["reshard"][True]["gathered_units"] == 0 and f["reshard"][False]["gather
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-(`_allgather_base_` and `_reduce_scatter_base_` are the operators behind `all_gather_single` and `reduce_scatter_single`.) Per step, with the default, each of the 4 units is all-gathered twice (forward, backward) and reduce-scattered once: **1.5 times DDP's traffic** (three collectives of `(N-1)/N · S` against an all-reduce's two). With `reshard_after_forward=False` it is one all-gather per unit, the traffic of DDP, but all 4 units keep their full parameters from forward to backward (4 bytes × every parameter, here 1,052,672 bytes on each rank). With more units and a deeper model, `True` keeps at most about one unit's parameters gathered at a time.
+(`_allgather_base_` and `_reduce_scatter_base_` are the operators behind `all_gather_single` and `reduce_scatter_single`.) Per step, with the default, each of the 4 units is all-gathered twice (forward, backward) and reduce-scattered once: **1.5 times DDP's traffic** (three collectives of `(N-1)/N · S` against an all-reduce's two). With `reshard_after_forward=False` it is one all-gather per unit, the traffic of DDP, but all 4 units keep their full parameters from forward to backward (4 bytes × every parameter, here 1,052,672 bytes on each rank). With `True`, no unit stays gathered between forward and backward (0 of 4 above): a unit's full parameters exist only around the moment it runs.
 
-The difference from one process (below 1e-4, not bit-exact) is that of summing the same numbers in another order; Adam's division by `√v` magnifies it slightly for near-zero gradients.
+The difference from one process (below 1e-4, not bit-exact) is that of summing the same numbers in another order; Adam's division by `√v` can magnify such differences where gradients are near zero.
 
 bf16 compute, and the gradient scalers:
 """
@@ -726,6 +739,9 @@ full = torch.arange(8.0).reshape(4, 2)
 assert two[0]["dtensor"]["shard local"] == full[:2].tolist() and two[1]["dtensor"]["shard local"] == full[2:].tolist()
 assert all(two[r]["dtensor"]["full_tensor"] == two[r]["dtensor"]["redistributed"] == full.tolist() for r in (0, 1))
 assert d["sum placement"] == "(Partial(sum),)" and d["sum"] == 2 * full.sum().item()
+refs = [two[r]["dtensor"]["extra references to the group"] for r in (0, 1)]
+print(f"references to the default process group left behind by one DTensor computation, per rank: {refs}")
+assert refs == [1, 1]
 
 # %% slideshow={"slide_type": "fragment"}
 t = four[0]["two_d"]
@@ -739,6 +755,8 @@ print("4 processes, data parallel x tensor parallel, after 3 Adam steps: allclos
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
 On the 2 × 2 mesh the first weight (64 × 64) is split into 4 row blocks of 16: by its output features across `tp` (`ColwiseParallel`), and each of those again across `dp` by FSDP2. `_StridedShard` is how DTensor records that the `dp` split happened *inside* the `tp` split. A forward pass communicates twice on the `dp` dimension (FSDP2 all-gathers each `Linear`'s shards) and once on `tp`: the single all-reduce that sums the row-parallel layer's partial outputs (notebook 10). And the four processes trained exactly the model one process trains.
+
+One wart, found while writing this notebook and checked in the cell before the 2-D mesh: after a DTensor computation, PyTorch 2.13 keeps one reference to the default process group somewhere in its C++ side (not in any Python object `gc` can find; it survives deleting the mesh and the tensors). `destroy_process_group()` then cannot free the group, and `course_lib.launch`'s workers print a warning that its gloo threads may outlive the script. They did not cause a crash in any run here: both jobs above ended with exit code 0 on every rank, which `spawn` checks (the warning is not shown because the jobs run with `echo="none"`).
 """
 
 # %% [markdown] slideshow={"slide_type": "slide"}
