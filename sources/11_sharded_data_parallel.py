@@ -835,11 +835,11 @@ Pipeline and tensor parallelism (notebook 10) come in when sharding is not enoug
 
 1. Write `rank_bytes(num_params, world_size, stage)`: the bytes of model state one rank holds with mixed-precision Adam (2 + 2 + 12 bytes per parameter), for `stage` in `"ddp"`, `"zero1"`, `"zero2"`, `"zero3"`; a shard is `ceil(num_params / world_size)` elements.
 2. For each case in `FIT_SCENARIOS` (parameters, world size, device memory, activations per rank; mixed-precision Adam), give the **first** of `ddp`, `zero1`, `zero2`, `zero3` whose model state plus activations fits (each stage communicates or reorganises more than the one before).
-3. How many times DDP's bytes does one rank send per step with ZeRO-3 and `reshard_after_forward=True`? Set `ratio`.
+3. Write `bytes_sent(num_params, world_size, stage)`: the bytes one rank sends per training step with bf16 parameters and gradients (2 bytes each) and ring algorithms, for the four stages (ZeRO-3 with `reshard_after_forward=True`).
 """
 
 # %% slideshow={"slide_type": "-"}
-from course_lib.exercises.sharding import FIT_SCENARIOS, check_rank_bytes, check_stage_that_fits, check_zero3_traffic
+from course_lib.exercises.sharding import FIT_SCENARIOS, check_bytes_sent, check_rank_bytes, check_stage_that_fits
 
 
 def rank_bytes(num_params, world_size, stage):
@@ -854,9 +854,13 @@ for name in FIT_SCENARIOS:
 answer = {name: ... for name in FIT_SCENARIOS}  # "ddp", "zero1", "zero2" or "zero3"
 print(check_stage_that_fits(answer))
 
+
 # %% slideshow={"slide_type": "-"}
-ratio = ...  # your answer
-print(check_zero3_traffic(ratio))
+def bytes_sent(num_params, world_size, stage):
+    raise NotImplementedError  # your code here
+
+
+print(check_bytes_sent(bytes_sent))
 
 # %% [markdown] slideshow={"slide_type": "slide"}
 """

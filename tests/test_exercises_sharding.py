@@ -1,7 +1,9 @@
 from __future__ import annotations
 
+import torch
+
 from checks import assert_check
-from course_lib.exercises.sharding import FIT_SCENARIOS, check_rank_bytes, check_stage_that_fits, check_zero3_traffic
+from course_lib.exercises.sharding import FIT_SCENARIOS, check_bytes_sent, check_rank_bytes, check_stage_that_fits
 
 
 def _blank(*args: object) -> object:
@@ -48,10 +50,22 @@ def test_stage_that_fits() -> None:
     )
 
 
-def test_zero3_traffic() -> None:
+def _sent(params: int, n: int, stage: str) -> float:
+    return (3 if stage == "zero3" else 2) * (n - 1) / n * 2 * params
+
+
+def test_bytes_sent() -> None:
     assert_check(
-        check_zero3_traffic,
-        right=[1.5, 3 / 2],
-        not_done=[..., None],
-        wrong=[(1.0, "gathers twice"), (2, "two of them"), (3, "count each collective"), ("1.5", "number")],
+        check_bytes_sent,
+        right=[_sent, lambda p, n, s: torch.tensor(_sent(p, n, s), dtype=torch.float64)],
+        not_done=[_blank, ...],
+        wrong=[
+            (lambda p, n, s: _sent(p, n, "ddp"), "all-gathers the parameters twice"),
+            (lambda p, n, s: _sent(p, n, "zero3"), "only ZeRO-3 gathers"),
+            (lambda p, n, s: 2 * _sent(p, n, s), "2 bytes each"),
+            (lambda p, n, s: _sent(p, n, s) * n / max(n - 1, 1) if n > 1 else 0.0, "(N-1)/N"),
+            (lambda p, n, s: _sent(p, n, s) if n > 1 else 5.0, "nobody to send to"),
+            (lambda p, n, s: 7, "count each collective"),
+            (lambda p, n, s: "1", "return a number"),
+        ],
     )

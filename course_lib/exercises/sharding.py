@@ -8,7 +8,7 @@ from typing import Any
 from ..sharding import STAGES, model_state_bytes, rank_memory
 from .core import Wrong, as_number, call_learner, dict_answer, exercise
 
-__all__ = ["check_rank_bytes", "check_stage_that_fits", "check_zero3_traffic", "FIT_SCENARIOS"]
+__all__ = ["check_bytes_sent", "check_rank_bytes", "check_stage_that_fits", "FIT_SCENARIOS"]
 
 GB = 10**9
 
@@ -76,13 +76,37 @@ def check_stage_that_fits(answer: Any) -> str:
     return "the first stage that fits, for each case (activations are not sharded: they stay per rank)"
 
 
-@exercise("ZeRO-3 traffic", todo="set `ratio` to the bytes one rank sends per step with ZeRO-3, over DDP's")
-def check_zero3_traffic(ratio: Any) -> str:
-    got = as_number(ratio, "ratio")
-    if math.isclose(got, 1.5, rel_tol=1e-3):
-        return "1.5: an all-gather of the parameters in forward, another in backward, a reduce-scatter of the gradients"
-    if math.isclose(got, 1.0, rel_tol=1e-3):
-        raise Wrong("1.0 is ZeRO-1 and ZeRO-2 (reduce-scatter + all-gather = all-reduce); ZeRO-3 gathers twice")
-    if math.isclose(got, 2.0, rel_tol=1e-3):
-        raise Wrong("each collective moves (N-1)/N of the tensor; an all-reduce is two of them, not one")
-    raise Wrong(f"{got:g}: count each collective as (N-1)/N of the bytes: all-reduce = 2 of those")
+def _sent(params: int, n: int, stage: str) -> float:
+    """Bytes one rank sends per step, ring algorithms, 2-byte (bf16) parameters and gradients."""
+    collectives = 3 if stage == "zero3" else 2  # zero3: all-gather twice (forward, backward) + reduce-scatter
+    return collectives * (n - 1) / n * 2 * params
+
+
+@exercise(
+    "bytes sent per step",
+    todo="write bytes_sent(num_params, world_size, stage): what one rank sends per step (bf16, ring algorithms)",
+)
+def check_bytes_sent(bytes_sent: Any) -> str:
+    cases = [(1_000_000, 4, "ddp"), (1_000_000, 4, "zero1"), (1_000_000, 4, "zero2"), (1_000_000, 4, "zero3")]
+    cases += [(7_000_000_000, 8, "ddp"), (7_000_000_000, 8, "zero3"), (1_000_000, 1, "zero3"), (6_000, 3, "zero2")]
+    for params, n, stage in cases:
+        call = f"bytes_sent({params}, {n}, {stage!r})"
+        got = as_number(call_learner(bytes_sent, params, n, stage), call)
+        want = _sent(params, n, stage)
+        if math.isclose(got, want, rel_tol=1e-6, abs_tol=1e-9):
+            continue
+        if n == 1:
+            raise Wrong(f"{call} returned {got:g}: with one rank there is nobody to send to")
+        if stage == "zero3" and math.isclose(got, _sent(params, n, "ddp"), rel_tol=1e-6):
+            raise Wrong(f"{call}: that is DDP's traffic; ZeRO-3 all-gathers the parameters twice per step")
+        if stage != "zero3" and math.isclose(got, _sent(params, n, "zero3"), rel_tol=1e-6):
+            raise Wrong(
+                f"{call}: only ZeRO-3 gathers the parameters twice; DDP all-reduces the gradients, and stages 1 "
+                "and 2 reduce-scatter them and all-gather the parameters once"
+            )
+        if math.isclose(got, 2 * want, rel_tol=1e-6):
+            raise Wrong(f"{call} is twice too much: parameters and gradients are 2 bytes each in bf16, not 4")
+        if math.isclose(got, want * n / (n - 1), rel_tol=1e-6):
+            raise Wrong(f"{call}: a ring collective sends (N-1)/N of the tensor, not all of it")
+        raise Wrong(f"{call} returned {got:,.0f}: count each collective as (N-1)/N of a 2-byte-per-parameter tensor")
+    return "DDP, ZeRO-1 and ZeRO-2 send the same 2(N-1)/N of the gradients' bytes; ZeRO-3 half as much again"
