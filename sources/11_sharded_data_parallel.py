@@ -437,7 +437,7 @@ FSDP2's parameters are `DTensor`s: a tensor whose data lives on the processes of
 
 `distribute_tensor` places a tensor, `to_local()` is this rank's piece, `full_tensor()` gathers the whole, and `redistribute` changes placements with the matching collective (`Shard → Replicate` is an all-gather, `Partial → Replicate` an all-reduce, `Partial → Shard` a reduce-scatter).
 
-A mesh with two dimensions combines parallelisms. On 4 processes arranged as a 2 × 2 mesh named `("dp", "tp")`, `parallelize_module` splits each layer's weights across the `tp` ranks (notebook 10's tensor parallelism: `ColwiseParallel` splits the first `Linear` by outputs, `RowwiseParallel` the second by inputs, so the only communication is one all-reduce of the output), and `fully_shard(..., mesh=mesh["dp"])` shards what remains across the `dp` ranks, which see different data. Each weight is then sharded twice, once per mesh dimension.
+A mesh with two dimensions combines parallelisms. On 4 processes arranged as a 2×2 mesh named `("dp", "tp")`, `parallelize_module` splits each layer's weights across the `tp` ranks (notebook 10's tensor parallelism: `ColwiseParallel` splits the first `Linear` by outputs, `RowwiseParallel` the second by inputs, so the only communication is one all-reduce of the output), and `fully_shard(..., mesh=mesh["dp"])` shards what remains across the `dp` ranks, which see different data. Each weight is then sharded twice, once per mesh dimension.
 """
 
 # %% slideshow={"slide_type": "-"}
@@ -698,6 +698,8 @@ for reshard, r in f["reshard"].items():
     print(f"reshard_after_forward={reshard!s:<5}: one step = {r['counts']}; units still gathered after forward: "
           f"{r['gathered_units']} of 4 ({r['gathered_bytes']:,} bytes of full parameters)")
 units = 4
+for reshard, r in f["reshard"].items():  # each collective moves (N-1)/N of a unit's bytes; DDP's all-reduce: 2 of those
+    print(f"reshard_after_forward={reshard!s:<5}: bytes sent over DDP's: {sum(r['counts'].values()) / (2 * units):.1f}x")
 assert f["reshard"][True]["counts"] == {"_allgather_base_": 2 * units, "_reduce_scatter_base_": units}
 assert f["reshard"][False]["counts"] == {"_allgather_base_": units, "_reduce_scatter_base_": units}
 assert f["reshard"][True]["gathered_units"] == 0 and f["reshard"][False]["gathered_bytes"] == 4 * numel
@@ -754,7 +756,7 @@ print("4 processes, data parallel x tensor parallel, after 3 Adam steps: allclos
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-On the 2 × 2 mesh the first weight (64 × 64) is split into 4 row blocks of 16: by its output features across `tp` (`ColwiseParallel`), and each of those again across `dp` by FSDP2. `_StridedShard` is how DTensor records that the `dp` split happened *inside* the `tp` split. A forward pass communicates twice on the `dp` dimension (FSDP2 all-gathers each `Linear`'s shards) and once on `tp`: the single all-reduce that sums the row-parallel layer's partial outputs (notebook 10). And the four processes trained exactly the model one process trains.
+On the 2×2 mesh the first weight (64×64) is split into 4 row blocks of 16: by its output features across `tp` (`ColwiseParallel`), and each of those again across `dp` by FSDP2. `_StridedShard` is how DTensor records that the `dp` split happened *inside* the `tp` split. A forward pass communicates twice on the `dp` dimension (FSDP2 all-gathers each `Linear`'s shards) and once on `tp`: the single all-reduce that sums the row-parallel layer's partial outputs (notebook 10). And the four processes trained exactly the model one process trains.
 
 One wart, found while writing this notebook and checked in the cell before the 2-D mesh: after a DTensor computation, PyTorch 2.13 keeps one reference to the default process group somewhere in its C++ side (not in any Python object `gc` can find; it survives deleting the mesh and the tensors). `destroy_process_group()` then cannot free the group, and `course_lib.launch`'s workers print a warning that its gloo threads may outlive the script. They did not cause a crash in any run here: both jobs above ended with exit code 0 on every rank, which `spawn` checks (the warning is not shown because the jobs run with `echo="none"`).
 """
