@@ -1,0 +1,203 @@
+"""The memory model of sharded data parallelism: bytes per rank for DDP and ZeRO stages 1, 2 and 3.
+
+Rajbhandari et al. (2020, "ZeRO", arXiv:1910.02054) count what data-parallel training keeps per
+parameter: the parameters (``P`` bytes each), their gradients (``G``) and the optimizer's state
+(``K``). Mixed-precision Adam keeps fp16/bf16 parameters and gradients (``P = G = 2``) and, in fp32,
+a master copy of the weights plus Adam's ``m`` and ``v`` (``K = 12``): 16 bytes per parameter. Plain
+fp32 Adam keeps ``P = G = 4`` and ``K = 8`` (``m`` and ``v``): 16 bytes too. Each rank of
+plain data parallelism (DDP) holds all of it; ZeRO shards it over the ``N`` data-parallel ranks:
+
+============  ==========================  ========================
+stage         what is sharded             bytes per rank
+============  ==========================  ========================
+DDP           nothing                     ``(P + G + K) Ψ``
+ZeRO-1        optimizer state             ``(P + G) Ψ + K Ψ / N``
+ZeRO-2        + gradients                 ``P Ψ + (G + K) Ψ / N``
+ZeRO-3/FSDP   + parameters                ``(P + G + K) Ψ / N``
+============  ==========================  ========================
+
+A shard is ``ceil(Ψ / N)`` elements (the flat buffer is padded so every rank owns the same length),
+which is what :func:`model_state_bytes` counts. Activations are not sharded by any stage: each rank
+keeps those of its own micro-batch, estimated separately by :func:`activation_bytes`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from .validation import check_bool, check_int
+
+__all__ = [
+    "PRECISIONS",
+    "STAGES",
+    "ModelState",
+    "Precision",
+    "activation_bytes",
+    "bytes_per_parameter",
+    "model_state_bytes",
+    "rank_memory",
+    "zero_table",
+]
+
+
+@dataclass(frozen=True)
+class Precision:
+    """Bytes per parameter of each part of the model state: parameters, gradients, optimizer state."""
+
+    parameter: int
+    gradient: int
+    optimizer: int
+
+    @property
+    def total(self) -> int:
+        return self.parameter + self.gradient + self.optimizer
+
+
+PRECISIONS: dict[str, Precision] = {
+    "mixed_adam": Precision(2, 2, 12),  # bf16/fp16 params and grads; fp32 master, m, v
+    "fp32_adam": Precision(4, 4, 8),  # fp32 params and grads; m, v
+    "fp32_sgd_momentum": Precision(4, 4, 4),  # one momentum buffer
+    "fp32_sgd": Precision(4, 4, 0),  # no state
+}
+STAGES: tuple[str, ...] = ("ddp", "zero1", "zero2", "zero3")
+_SHARDED = {"ddp": (False, False, False), "zero1": (False, False, True), "zero2": (False, True, True)}
+_SHARDED["zero3"] = (True, True, True)
+
+
+@dataclass(frozen=True)
+class ModelState:
+    """Bytes one rank holds between steps: parameters, gradients, optimizer state."""
+
+    parameters: int
+    gradients: int
+    optimizer: int
+
+    @property
+    def total(self) -> int:
+        return self.parameters + self.gradients + self.optimizer
+
+
+def _check_stage(stage: object) -> str:
+    if not isinstance(stage, str):
+        raise TypeError(f"stage must be a string, one of {', '.join(STAGES)}; got {type(stage).__name__}")
+    if stage not in STAGES:
+        raise ValueError(f"stage must be one of {', '.join(STAGES)}, got {stage!r}")
+    return stage
+
+
+def _check_precision(precision: object) -> Precision:
+    if isinstance(precision, Precision):
+        return precision
+    if not isinstance(precision, str):
+        raise TypeError(
+            f"precision must be a Precision or one of {', '.join(PRECISIONS)}; got {type(precision).__name__}"
+        )
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+    return PRECISIONS[precision]
+
+
+def model_state_bytes(
+    num_params: int, world_size: int, stage: str, precision: str | Precision = "mixed_adam"
+) -> ModelState:
+    """Bytes of parameters, gradients and optimizer state that ONE rank holds.
+
+    >>> model_state_bytes(1_000_000, 4, "ddp").total        # 16 bytes per parameter, everywhere
+    16000000
+    >>> model_state_bytes(1_000_000, 4, "zero1")           # Adam's 12 bytes split over 4 ranks
+    ModelState(parameters=2000000, gradients=2000000, optimizer=3000000)
+    >>> model_state_bytes(10, 4, "zero3", "fp32_adam")     # shards of ceil(10 / 4) = 3 elements
+    ModelState(parameters=12, gradients=12, optimizer=24)
+    """
+    num_params = check_int("num_params", num_params, minimum=0)
+    world_size = check_int("world_size", world_size, minimum=1)
+    stage = _check_stage(stage)
+    prec = _check_precision(precision)
+    shard = math.ceil(num_params / world_size)
+    p_sharded, g_sharded, k_sharded = _SHARDED[stage]
+    return ModelState(
+        parameters=prec.parameter * (shard if p_sharded else num_params),
+        gradients=prec.gradient * (shard if g_sharded else num_params),
+        optimizer=prec.optimizer * (shard if k_sharded else num_params),
+    )
+
+
+def bytes_per_parameter(world_size: int, stage: str, precision: str | Precision = "mixed_adam") -> float:
+    """Bytes per parameter on one rank, in the limit of many parameters (no padding).
+
+    >>> [bytes_per_parameter(8, s) for s in STAGES]
+    [16.0, 5.5, 3.75, 2.0]
+    """
+    world_size = check_int("world_size", world_size, minimum=1)
+    prec = _check_precision(precision)
+    p_sharded, g_sharded, k_sharded = _SHARDED[_check_stage(stage)]
+    n = float(world_size)
+    return (
+        prec.parameter / (n if p_sharded else 1.0)
+        + prec.gradient / (n if g_sharded else 1.0)
+        + prec.optimizer / (n if k_sharded else 1.0)
+    )
+
+
+def activation_bytes(micro_batch: int, bytes_per_sample_per_layer: int, layers: int, *, checkpointing: bool) -> int:
+    """Activation bytes one rank keeps for backward: ``b · a · L``, or with checkpointing every
+    ``k = ceil(sqrt(L))`` layers ``b · a · (ceil(L / k) + k)`` (the segment inputs, plus one segment
+    recomputed: notebook 04's sqrt(L) result). Sharding does not reduce it; a smaller micro-batch does.
+
+    >>> activation_bytes(8, 1024, 16, checkpointing=False), activation_bytes(8, 1024, 16, checkpointing=True)
+    (131072, 65536)
+    """
+    micro_batch = check_int("micro_batch", micro_batch, minimum=0)
+    per = check_int("bytes_per_sample_per_layer", bytes_per_sample_per_layer, minimum=0)
+    layers = check_int("layers", layers, minimum=1)
+    if not check_bool("checkpointing", checkpointing):
+        return micro_batch * per * layers
+    k = math.ceil(math.sqrt(layers))
+    return micro_batch * per * (math.ceil(layers / k) + k)
+
+
+def rank_memory(
+    num_params: int,
+    world_size: int,
+    stage: str,
+    precision: str | Precision = "mixed_adam",
+    *,
+    micro_batch: int = 0,
+    bytes_per_sample_per_layer: int = 0,
+    layers: int = 1,
+    checkpointing: bool = False,
+) -> dict[str, int]:
+    """Model state and activations of one rank, and their sum (what the calculator shows).
+
+    >>> rank_memory(1000, 2, "zero2", "fp32_adam", micro_batch=4, bytes_per_sample_per_layer=100, layers=4)
+    {'parameters': 4000, 'gradients': 2000, 'optimizer': 4000, 'activations': 1600, 'total': 11600}
+    """
+    state = model_state_bytes(num_params, world_size, stage, precision)
+    acts = activation_bytes(micro_batch, bytes_per_sample_per_layer, layers, checkpointing=checkpointing)
+    return {
+        "parameters": state.parameters,
+        "gradients": state.gradients,
+        "optimizer": state.optimizer,
+        "activations": acts,
+        "total": state.total + acts,
+    }
+
+
+def zero_table(world_sizes: tuple[int, ...] = (1, 2, 4, 8, 64), precision: str | Precision = "mixed_adam") -> str:
+    """Bytes per parameter on one rank, one row per stage, one column per world size.
+
+    >>> print(zero_table((1, 8)))
+    bytes/param    N=1    N=8
+    ddp             16     16
+    zero1           16    5.5
+    zero2           16   3.75
+    zero3           16      2
+    """
+    if not isinstance(world_sizes, (tuple, list)) or not world_sizes:
+        raise TypeError("world_sizes must be a non-empty tuple of ints")
+    sizes = [check_int("world size", n, minimum=1) for n in world_sizes]
+    lines = ["bytes/param" + "".join(f"{'N=' + str(n):>7}" for n in sizes)]
+    for stage in STAGES:
+        lines.append(f"{stage:<11}" + "".join(f"{bytes_per_parameter(n, stage, precision):>7.4g}" for n in sizes))
+    return "\n".join(lines)
