@@ -38,10 +38,10 @@ print(f"torch {torch.__version__.split('+')[0]}, gloo available: {dist.is_gloo_a
 """
 ## 1. Between steps: DDP broadcasts rank 0's buffers at every forward
 
-Notebook 08 showed the broadcast at construction: every rank starts from rank 0's parameters **and buffers**. It does not stop there. By default, at the start of **every** forward in training mode DDP broadcasts rank 0's buffers (BatchNorm's `running_mean`, `running_var`, `num_batches_tracked`) to every other rank. The flag is `broadcast_buffers=True`; PyTorch 2.13 deprecates it in favour of `forward_sync_buffers` (default `True`). Two consequences:
+Notebook 08 showed the broadcast at construction: every rank starts from rank 0's parameters **and buffers**. It does not stop there. By default, at the start of **every** forward of a training loop DDP broadcasts rank 0's buffers (BatchNorm's `running_mean`, `running_var`, `num_batches_tracked`) to every other rank. The flag is `broadcast_buffers=True`; PyTorch 2.13 deprecates it in favour of `forward_sync_buffers` (default `True`). Two consequences:
 
 - the running statistics that end up in the model are **rank 0's**: whatever rank 1 accumulated from its own batches is overwritten at its next forward, and what it keeps is rank 0's statistics plus one update from its last batch;
-- the broadcast is a **collective**: a forward through the DDP model on rank 0 alone (a rank-0-only validation loop) waits for a rank 1 that never comes.
+- the broadcast is a **collective**: a forward through the DDP model on rank 0 alone (a rank-0-only validation loop) waits for a rank 1 that never comes. `model.eval()` does not prevent it: DDP broadcasts at the start of any forward that follows a forward run with gradients enabled (under `torch.no_grad()` it skips the broadcast only from the second such forward on).
 
 The job below gives the two ranks different data (rank 1's inputs are shifted by 3), runs two training steps, and records the BatchNorm statistics. A second group with a 1.5 s timeout bounds the hang.
 """
@@ -435,7 +435,7 @@ Exactly one gradient-sized copy saved (866,344 bytes here; 4 bytes per parameter
 
 The same hook lists each bucket's size at each step. Three rules explain every number (the bucket assignment is `dist._compute_bucket_assignment_by_size`, and the rebuild is in DDP's C++ reducer):
 
-1. **Step 1 uses a single bucket** holding every gradient: DDP does not yet know the order in which backward produces the gradients, and a wrong guess could make a bucket wait.
+1. **Step 1 uses a single bucket** holding every gradient (unless `find_unused_parameters=True`): DDP does not yet know the order in which backward produces the gradients, and a wrong guess could make a bucket wait.
 2. **After step 1 the buckets are rebuilt** in the order the gradients actually arrived (the last layer first), and kept from then on.
 3. Gradients go into a bucket **whole**, and a bucket is closed as soon as its size **reaches** the cap; so a bucket can exceed the cap by up to one tensor. With the default `bucket_cap_mb=25`, the **first** bucket's cap is `dist._DEFAULT_FIRST_BUCKET_BYTES` = 1 MiB, so that the last layers' gradients, ready first, go out early instead of waiting in a 25 MiB bucket.
 """
@@ -755,11 +755,11 @@ assert same and same_opt
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-Read the output: in attempt 0 rank 1 died at step 9; the agent saw the failure, stopped rank 0 (which was waiting in an all-reduce), and started both again as attempt 1; both resumed at step 8, redid step 9, and finished. The weights **and** the optimizer's momentum are those of the uninterrupted run, bit for bit; drop the optimizer state or the RNG states from the checkpoint and they are not (exercise 3 asks which parts of the state each line restores).
+Read the output: in attempt 0 rank 1 died at step 9; the agent saw the failure, stopped rank 0 (which was waiting in an all-reduce), and started both again as attempt 1; both resumed at step 8, redid step 9, and finished. The weights **and** the optimizer's momentum are those of the uninterrupted run, bit for bit (exercise 3 asks which entries of the checkpoint that takes, and why).
 
 Three things the script needed beyond the checkpoint:
 - **Atomic saves**: write to a temporary file, then `os.replace` (a rename), so a crash during `torch.save` leaves the previous checkpoint intact.
-- **A fresh store prefix per attempt.** The agent keeps its key-value store (the rendezvous store) across restarts, and in PyTorch 2.13 gloo's connection addresses from the dead attempt are still in it: while writing this notebook, about 1 restart in 2 failed with *"Gloo connectFullMesh failed ... Connection refused"*, the new rank 0 connecting to the port of the dead rank 1. Prefixing the store with `TORCHELASTIC_RESTART_COUNT`, as the script does, removed the failures.
+- **A fresh store prefix per attempt.** The agent keeps its key-value store (the rendezvous store) across restarts, and in PyTorch 2.13 gloo's connection addresses from the dead attempt are still in it: while writing this notebook, 11 of 23 restarts of a two-line test script failed with *"Gloo connectFullMesh failed ... Connection refused"*, a new worker connecting to the port a worker of the dead attempt had published (with the static and the c10d rendezvous alike). Prefixing the store with `TORCHELASTIC_RESTART_COUNT`, as the script does, removed the failures in every run since.
 - **Everyone restarts.** The healthy rank 0 was restarted too: a collective group cannot take in one new process in the middle of a step.
 
 **Rendezvous, and elastic sizes.** *Rendezvous* is how the agents of a job find each other and agree on the world: how many nodes, which node rank each gets, where the store is. With `--rdzv-backend=c10d --rdzv-endpoint=HOST:PORT` (notebook 08 §5) the rendezvous is dynamic: `--nnodes=MIN:MAX` (say `2:4`) starts as soon as MIN nodes have joined, and a node that joins or leaves later triggers a new rendezvous and a restart of all workers with the new world size (your script must then re-shard its data, which `DistributedSampler` does from the new world size). `torchrun` also sets `OMP_NUM_THREADS=1` in each worker when you have not set it and run more than one process per node, so that N processes do not each start a thread per core:
