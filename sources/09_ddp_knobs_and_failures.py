@@ -269,7 +269,7 @@ print(f"\nforward of a {f0['nodes']}-layer model, fastest of 20: default ~{no_wa
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-On this machine the walk adds a fraction of a millisecond per step to a 150-layer forward (DDP also prints a warning when the flag is on and it finds nothing unused) (the timing moves with the load on the two cores, hence the `~`; the graph here is tiny, a transformer's has thousands of nodes). The flag is a real cost only where the rest of the step is short, but it is easy to leave on by habit. Prefer fixing the model where you can (a part that is never trained can be frozen with `requires_grad_(False)` **before** wrapping: DDP only tracks parameters that require a gradient), then `static_graph=True` when the unused set is the same every step, and the flag when it changes from step to step.
+On this machine the walk adds a fraction of a millisecond per step to a 150-layer forward (the timing moves with the load on the two cores, hence the `~`; the graph here is tiny, a transformer's has thousands of nodes). The flag is a real cost only where the rest of the step is short, but it is easy to leave on by habit. Prefer fixing the model where you can (a part that is never trained can be frozen with `requires_grad_(False)` **before** wrapping: DDP only tracks parameters that require a gradient), then `static_graph=True` when the unused set is the same every step, and the flag when it changes from step to step.
 
 ### 2.3 DDP with activation checkpointing
 
@@ -600,7 +600,7 @@ assert [h["uneven"]["with"] for h in hangs] == [(3, True), (5, True)]
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-Without `join()`, rank 0 finished its 3 batches and went on; rank 1's fourth backward waited for an all-reduce partner until the group's timeout. With it, both finish, and the parameters are still identical: rank 0 took part in rank 1's last two all-reduces with zero gradients (and by default keeps broadcasting buffers, section 1, from the rank that is still training). `join()` has a cost: each step, every rank first learns with one extra all-reduce whether any rank has joined. Where the data can be evened out (`DistributedSampler`'s padding, `drop_last=True`), that is cheaper.
+Without `join()`, rank 0 finished its 3 batches and went on; rank 1's fourth backward waited for an all-reduce partner until the group's timeout. With it, both finish, and the parameters are still identical: rank 0 took part in rank 1's last two all-reduces with zero gradients (and by default keeps broadcasting buffers, section 1, from the rank that is still training). `join()` has a cost: each step, every rank first learns with one extra all-reduce whether any rank has joined (the `Join` documentation). Where the data can be evened out (`DistributedSampler`'s padding, `drop_last=True`), that is cheaper.
 
 And the tools:
 """
@@ -629,7 +629,7 @@ What a checkpoint must hold so that the resumed run ends exactly where an uninte
 - where the data stands: the epoch (for `sampler.set_epoch`) and the position within it;
 - the random number generators of **every** rank (each rank draws its own dropout masks), not just rank 0's.
 
-Shared filesystems are not a given on a cluster (the review behind this notebook found that 08's script assumed one). This script prepares its data per node (`LOCAL_RANK == 0` writes a node-local copy, the others on the node wait) and lets rank 0 alone read the checkpoint and send it to every rank with `dist.broadcast_object_list`, so no rank but rank 0 needs the file.
+Shared filesystems are not a given on a cluster, and 08's script assumed one: rank 0 wrote the data and the checkpoint, and every rank read them. This script prepares its data per node (`LOCAL_RANK == 0` writes a node-local copy, the others on the node wait) and lets rank 0 alone read the checkpoint and send it to every rank with `dist.broadcast_object_list`, so no rank but rank 0 needs the file.
 
 To make the failure real, rank 1 kills itself with `os._exit(1)` at step 9 of attempt 0, after the checkpoint of step 8. The script trains twice in one job: an uninterrupted reference into one folder, then the run that crashes into another; on the restart both resume, the reference from its final checkpoint (nothing left to do).
 """
