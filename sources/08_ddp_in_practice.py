@@ -109,6 +109,8 @@ def train(rank, world_size, epochs=2, batch_size=32, lr=0.1, out="_runs/ddp"):
 
     sampler = DistributedSampler(dataset, shuffle=True, seed=0)  # rank and world size come from the group
     loader = DataLoader(dataset, batch_size=batch_size, sampler=sampler)
+    plain = DataLoader(dataset, batch_size=batch_size)  # seed 002's loader: no sampler (counted, not loaded)
+    log(f"without a DistributedSampler this rank would train on {sum(map(len, plain.batch_sampler))} samples per epoch")
     model = DDP(make_model().to(device), device_ids=[device.index] if use_cuda else None)
     opt = torch.optim.SGD(model.parameters(), lr=lr)
 
@@ -188,15 +190,16 @@ print(f"wall time ~{single_node.wall_time:.1f} s")
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-Read the output against the script. Both ranks saw **719** of the 1,438 images per epoch (disjoint halves), their epoch-1 indices differ from epoch 0's because of `set_epoch`, the loss and accuracy printed by rank 0 are over all **1,438** samples because `all_reduce` summed the two ranks' counts, and both ranks hold identical parameters at the end.
+Read the output against the script. Without a `DistributedSampler` (seed 002's loader) each rank would train on all **1,438** images, every epoch: N ranks, N copies of the same epoch. With it both ranks saw **719** of the 1,438 images per epoch (disjoint halves), their epoch-1 indices differ from epoch 0's because of `set_epoch`, the loss and accuracy printed by rank 0 are over all **1,438** samples because `all_reduce` summed the two ranks' counts, and both ranks hold identical parameters at the end.
 """
 
 # %% slideshow={"slide_type": "-"}
 for rank in (0, 1):
+    assert "without a DistributedSampler this rank would train on 1438 samples" in single_node.output(rank)
     assert "719 samples" in single_node.output(rank)
     assert "parameters identical on all 2 ranks: True" in single_node.output(rank)
 assert "over 1438 samples" in single_node.output(0)
-print("checked: disjoint halves of 719, metrics over 1438, identical parameters")
+print("checked: 1438 per rank without the sampler, disjoint halves of 719 with it, metrics over 1438, identical parameters")
 
 # %% [markdown] slideshow={"slide_type": "slide"}
 """
@@ -363,7 +366,7 @@ torchrun --nnodes=2 --node_rank=0 --nproc_per_node=4 \    torchrun --nnodes=2 --
   --master_addr=10.0.0.1 --master_port=29500 train.py      --master_addr=10.0.0.1 --master_port=29500 train.py
 ```
 
-or, without fixed node ranks, the elastic rendezvous: one identical command on every node, `--rdzv-backend=c10d --rdzv-endpoint=HOST:PORT` with a job id of your choice instead of `--node_rank` and the master address (the cell after next prints it). Under SLURM, one `torchrun` per node started by `srun`:
+or, without fixed node ranks, the elastic rendezvous. *Rendezvous* is the step in which the `torchrun` agents of a job find each other through one address, agree on how many nodes take part and hand out the node ranks; with the c10d backend it is one identical command on every node, `--rdzv-backend=c10d --rdzv-endpoint=HOST:PORT` with a job id of your choice instead of `--node_rank` and the master address (the cell after next prints it). Under SLURM, one `torchrun` per node started by `srun`:
 
 ```bash
 #!/bin/bash
@@ -374,6 +377,8 @@ head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
 srun torchrun --nnodes="$SLURM_NNODES" --nproc_per_node=4 \
      --rdzv-backend=c10d --rdzv-endpoint="$head:29500" --rdzv-id="$SLURM_JOB_ID" train.py
 ```
+
+The elastic rendezvous is also what lets a job restart after a failure (`--max-restarts`) or run on a varying number of nodes (`--nnodes=MIN:MAX`); notebook 09 §5 kills a rank and restarts a job for real. The SLURM script is reference material: SLURM starts one `torchrun` per node (`srun`), and the first node's host name serves as the rendezvous endpoint.
 
 Seed 003's two-node commands say `--nnodes=1` on both nodes (each would then form its own one-node job, and node 1's `--node_rank=1` is out of range) and glue `--node_rank=0--master_port` together; the cell below checks that our generator gets both right.
 """
@@ -474,6 +479,21 @@ dropped = {r: list(DistributedSampler(ds, num_replicas=3, rank=r, shuffle=False,
 print("with drop_last=True:   ", dropped)
 assert sum(len(v) for v in dropped.values()) == 9
 
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+Which seed decides the order? The sampler shuffles with its own generator, seeded with `seed + epoch` (its `seed=` argument, 0 by default, and the epoch from `set_epoch`). The global seed that `seed_everything` sets, and that every rank shares, plays no part in it:
+"""
+
+# %% slideshow={"slide_type": "-"}
+orders = {}
+for global_seed in (0, 1234):
+    seed_everything(global_seed)
+    orders[global_seed] = list(DistributedSampler(ds, num_replicas=2, rank=0, shuffle=True, seed=0))
+other_seed = list(DistributedSampler(ds, num_replicas=2, rank=0, shuffle=True, seed=7))
+print("global seed 0:", orders[0], "| global seed 1234:", orders[1234], "| sampler seed=7:", other_seed)
+assert orders[0] == orders[1234] != other_seed
+_ = seed_everything(0)  # back to the notebook's seed
+
 # %% [markdown] slideshow={"slide_type": "slide"}
 """
 ## 8. Proof: 2-process DDP = 1 process on the full batch
@@ -514,8 +534,9 @@ assert not all(torch.allclose(make_model().state_dict()[k], a[k], atol=1e-3) for
 """
 ## 9. Inside DDP: broadcast, buckets, overlap, `no_sync`
 
-- **Construction** broadcasts rank 0's parameters and buffers to every rank, so the replicas start equal even when each rank initialised differently (the seeds' "same seed or wrong gradients" is too strong: the seed still matters for the sampler and dropout, not for the initial weights).
-- **Backward**: DDP registers a hook on every parameter. Gradients are grouped into **buckets** of about `bucket_cap_mb` (default 25 MB), filled in reverse layer order; as soon as a bucket is full its all-reduce starts, **overlapping** communication with the rest of the backward pass. Fewer, bigger buckets mean fewer messages; smaller buckets start communicating earlier.
+- **Construction** broadcasts rank 0's parameters and buffers to every rank, so the replicas start equal even when each rank initialised differently (the seeds' "same seed or wrong gradients" is too strong: the global seed still matters for dropout and augmentation, not for the initial weights, and not for the sampler's order, which only its `seed=` argument and `set_epoch` decide, §7).
+- **Every forward** (in training) broadcasts rank 0's **buffers** again, BatchNorm's running statistics for instance, so DDP is not silent between steps: notebook 09 §1 shows what that does to the statistics, and why a forward through the DDP model on rank 0 alone hangs.
+- **Backward**: DDP registers a hook on every parameter. Gradients are grouped into **buckets** of about `bucket_cap_mb` (default 25 MiB), filled in reverse layer order (whole tensors, so a bucket closes once it *reaches* the cap, possibly well over it: notebook 09 §3.2 predicts the counts below exactly); as soon as a bucket is full its all-reduce starts, **overlapping** communication with the rest of the backward pass. Fewer, bigger buckets mean fewer messages; smaller buckets start communicating earlier.
 - **`no_sync()`**: inside it, backward only accumulates local gradients; the next backward outside it all-reduces the sum. For k-step accumulation that is one all-reduce instead of k.
 
 The worker below checks each point in a real 2-process job and times the step on rank 0.
@@ -642,7 +663,7 @@ print("initial weights differ across ranks before DDP(model):", r0["differ_befor
 print("equal after DDP(model) broadcast rank 0's:            ", r0["equal_after"])
 print("gradient after backward = mean of local gradients:    ", r0["grad_is_mean"])
 print("no_sync accumulation = syncing every micro-batch:     ", r0["no_sync_same_grad"])
-print(f"\nmodel: {r0['params_mb']:.2f} MB of float32 parameters; step = forward+backward+SGD on 256 samples, median of 10, rank 0")
+print(f"\nmodel: {r0['params_mb']:.2f} MiB of float32 parameters; step = forward+backward+SGD on 256 samples, median of 10, rank 0")
 print(f"{'bucket_cap_mb':>14} {'buckets (all-reduces per step)':>31}    step ms")
 for cap, (n, ms) in r0["buckets"].items():
     print(f"{cap:>14} {n:>31}    ~{ms:.2f}")  # the timing last, so its width cannot shift a column
@@ -791,12 +812,12 @@ if requires_gpu("DataParallel over 2 GPUs", count=2):
 |---|---|---|
 | processes | 1, a thread per GPU (GIL-bound) | 1 per GPU (or CPU worker) |
 | machines | one | one or many (`torchrun --nnodes`) |
-| per step | scatter input, replicate model, gather output | nothing: replicas stay in sync |
-| gradient sync | reduced onto GPU 0 (its memory and link are the bottleneck) | ring all-reduce in buckets, overlapped with backward |
+| per step | scatter input, replicate model, gather output | broadcast rank 0's buffers at each forward (`forward_sync_buffers`, notebook 09 §1); parameters stay in sync |
+| gradient sync | reduced onto GPU 0 (its memory and link are the bottleneck) | the backend's `all_reduce` (ring or tree: the backend chooses, notebook 07), in buckets, overlapped with backward |
 | optimizer | runs once, on GPU 0 | runs on every rank, on identical gradients |
 | data | one DataLoader, batch split in forward | a `DistributedSampler` shard per rank |
-| BatchNorm | statistics per GPU replica | per rank, or `SyncBatchNorm` (GPU) |
-| mixed precision | `torch.autocast` inside `forward` | `torch.autocast` (Apex `amp` of seed 001 is retired) |
+| BatchNorm | batch statistics per GPU; running statistics kept from GPU 0's replica only (the others are discarded after each forward: `DataParallel` documentation) | batch statistics per rank; running statistics rank 0's, broadcast at each forward (09 §1); or `SyncBatchNorm` (GPU) for global batch statistics |
+| mixed precision | `torch.autocast` around the call works: `parallel_apply` carries it into each thread (07 §1) | `torch.autocast` (Apex `amp` of seed 001 is retired) |
 | launch | `python train.py` | `torchrun` / `mp.spawn` |
 | status | "not recommended" in the PyTorch docs | the recommended way |
 """
@@ -811,15 +832,15 @@ if requires_gpu("DataParallel over 2 GPUs", count=2):
 | world size = `torch.cuda.device_count()` | 0 on a CPU machine: `mp.spawn(nprocs=0)` trains nothing | §3 |
 | `MASTER_PORT = '29500'`, `tcp://127.0.0.1:23456` | a busy port fails; pick a free one | §6 |
 | "when `init_process_group` completes the process is destroyed" | it returns; the group lives until `destroy_process_group()` | §6 |
-| a notebook-style `mp.spawn(main_worker)` before `main_worker` is defined | `NameError`; the entry point needs a file and a `__main__` guard | §3 |
+| a notebook-style `mp.spawn(main_worker)` with `main_worker` defined in the notebook | the child fails: `AttributeError: Can't get attribute 'worker' on <module '__main__'>`; the entry point needs a file and a `__main__` guard | §3 |
 | `mp.set_start_method('spawn')` before `mp.spawn` | redundant: `mp.spawn` always spawns (and warns if asked to fork) | §3 |
 | `rank = gpu` with `world_size = num_gpus * nodes` | wrong on node 1: rank = node_rank × nproc_per_node + local_rank | exercise 1 |
 | same seed everywhere "or the gradients are wrong" | DDP broadcasts rank 0's weights; call `set_epoch` for a new order each epoch | §7, §9 |
 | a DDP `DataLoader` without a `DistributedSampler` (seed 002) | every rank trains on the whole dataset | §2 |
 | `--nnodes=1` on both nodes, `--node_rank=0--master_port=1234` | `--nnodes=2`, with a space | §5 |
 | reduce the loss only `if local_rank == 0` | a hang: every rank calls every collective | §10.1 |
-| checkpoint saved only `if not os.path.exists(dir)` (indentation) | saves once, never again: `os.makedirs(exist_ok=True)` then save | §1 |
-| Apex `amp.initialize` | Apex is not needed: `torch.autocast` + `torch.amp.GradScaler` | §11 |
+| checkpoint saved only `if not os.path.exists(dir)` (indentation) | saves once, never again: `os.makedirs(exist_ok=True)` then save | §1 (the fix; the seed's version is not run) |
+| Apex `amp.initialize` | Apex is not needed: `torch.autocast` + `torch.amp.GradScaler` | notebook 05 (asserted here) |
 """
 
 # %% [markdown] slideshow={"slide_type": "slide"}
@@ -829,7 +850,7 @@ if requires_gpu("DataParallel over 2 GPUs", count=2):
 - Launch with `torchrun` (one command per node, `--nnodes`, `--node_rank`, a master address and port); `mp.spawn` needs an importable worker in a file with a `__main__` guard; `python -m torch.distributed.launch` still exists in 2.13 but is deprecated and passes `--local-rank` (use `LOCAL_RANK`).
 - In the script: backend by device, `init_process_group()` (env:// from the launcher, or tcp://), `DistributedSampler` + `set_epoch`, rank-0 I/O behind a barrier, rank-0 checkpoint loaded everywhere with `weights_only=True`, collectives called by every rank.
 - DDP is exact: 2 processes on half-batches end allclose to one process on the full batch, and bit-identical across ranks and across launchers.
-- Inside: broadcast at construction, bucketed all-reduce overlapped with backward, `no_sync()` to skip all-reduces during accumulation.
+- Inside: broadcast at construction, rank 0's buffers broadcast at every forward, bucketed all-reduce overlapped with backward, `no_sync()` to skip all-reduces during accumulation. Notebook 09 opens DDP's other settings, its failures, and restarts.
 - A clean exit: import `torch.distributed.nn` before `init_process_group`, let the DDP model die with `train()`, then `barrier()` and `destroy_process_group()`; otherwise gloo's threads can outlive the script and abort it with `terminate called without an active exception`.
 """
 

@@ -63,6 +63,19 @@ SCRIPTS = {
         dist.barrier()
         dist.destroy_process_group()
     """,
+    "fails_once.py": """
+        import os, torch.distributed as dist
+        attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+        # a fresh prefix per attempt: the agent's store still holds the dead attempt's gloo addresses
+        store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False)
+        dist.init_process_group("gloo", store=dist.PrefixStore(f"attempt{attempt}", store),
+                                rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]))
+        print(f"rank {dist.get_rank()}: attempt {attempt}", flush=True)
+        if attempt == 0 and dist.get_rank() == 1:
+            os._exit(3)  # dies without a word, as a killed process would
+        dist.barrier()
+        dist.destroy_process_group()
+    """,
     "hangs.py": """
         import time, torch, torch.distributed as dist
         dist.init_process_group("gloo")
@@ -151,6 +164,12 @@ def test_torchrun_command_is_what_one_types() -> None:
         torchrun_command("train.py", module="deepspeed")
     with pytest.raises(TypeError, match="args"):
         torchrun_command("train.py", args="--epochs 3")  # type: ignore[arg-type]
+    restarts = torchrun_command("train.py", launcher_args=["--max-restarts=1"], args=["--epochs", 3])
+    assert restarts[-4:] == ["--max-restarts=1", "train.py", "--epochs", "3"]
+    with pytest.raises(TypeError, match="launcher_args"):
+        torchrun_command("train.py", launcher_args="--max-restarts=1")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="launcher_args must start with an option"):
+        torchrun_command("train.py", launcher_args=["train.py"])
 
 
 def test_invalid_arguments_are_refused_before_anything_starts(jobs: Path) -> None:
@@ -193,6 +212,18 @@ def test_two_torchrun_agents_make_a_two_node_job(jobs: Path) -> None:
     assert len(result.commands) == 2
     assert any("--node_rank=0" in c for c in result.commands) and any("--node_rank=1" in c for c in result.commands)
     assert result.output(0) == "rank 0: sum=3.0" and result.output(1) == "rank 1: sum=3.0"
+    _assert_nothing_left()
+
+
+def test_launcher_args_reach_torchrun_and_max_restarts_restarts_every_worker(jobs: Path) -> None:
+    with pytest.raises(LaunchError):  # no restart allowed: rank 1's death fails the job
+        run_torchrun("fails_once.py", cwd=jobs, timeout=60, echo="none")
+    result = run_torchrun("fails_once.py", cwd=jobs, launcher_args=["--max-restarts=1"], timeout=60, echo="none")
+    assert "--max-restarts=1" in result.commands[0]
+    # both workers ran twice: the agent restarted the healthy rank 0 as well
+    for rank in (0, 1):
+        said = [line for line in result.output(rank).splitlines() if line.startswith("rank ")]
+        assert said == [f"rank {rank}: attempt 0", f"rank {rank}: attempt 1"]  # (rank 0 also lost its peer)
     _assert_nothing_left()
 
 

@@ -29,9 +29,9 @@ def _check_echo(echo: Any) -> str:
     return str(echo)
 
 
-def _check_args(args: Any) -> list[str]:
+def _check_args(args: Any, name: str = "args") -> list[str]:
     if isinstance(args, (str, bytes)) or not isinstance(args, Sequence):
-        raise TypeError("args must be a list or tuple of command-line arguments, not a single string")
+        raise TypeError(f"{name} must be a list or tuple of command-line arguments, not a single string")
     return [str(a) for a in args]
 
 

@@ -36,13 +36,15 @@ def torchrun_command(
     rdzv: str = "static",
     module: str = "torchrun",
     tee: bool = True,
+    launcher_args: Sequence[Any] = (),
 ) -> list[str]:
     """The command line that runs ``script`` under ``torchrun`` (or the legacy launcher).
 
     ``rdzv="static"`` uses ``--master_addr/--master_port`` and fixed ``--node_rank``s (what
     the seeds and most cluster scripts do); ``rdzv="c10d"`` uses the elastic rendezvous
     (``--rdzv-backend=c10d --rdzv-endpoint=addr:port``). ``tee=True`` adds ``--tee 3``, which
-    prefixes each line with the local rank so the launcher can label it.
+    prefixes each line with the local rank so the launcher can label it. ``launcher_args`` are
+    more options for the launcher itself, placed before the script (``["--max-restarts=1"]``).
     """
     _check_positive_int("nproc_per_node", nproc_per_node)
     _check_positive_int("nnodes", nnodes)
@@ -59,7 +61,10 @@ def torchrun_command(
         cmd += ["--rdzv-backend=c10d", f"--rdzv-endpoint={master_addr}:{master_port}", "--rdzv-id=course"]
     if tee:
         cmd += ["--tee", "3"]
-    return cmd + [str(script), *_check_args(args)]
+    extra = _check_args(launcher_args, "launcher_args")
+    if extra and not extra[0].startswith("-"):
+        raise ValueError(f"launcher_args must start with an option (such as '--max-restarts=1'), got {extra!r}")
+    return cmd + extra + [str(script), *_check_args(args)]
 
 
 def _is_launcher(cmd: Sequence[str]) -> bool:

@@ -29,6 +29,7 @@ def run_torchrun(
     master_port: int | None = None,
     rdzv: str = "static",
     module: str = "torchrun",
+    launcher_args: Sequence[Any] = (),
     timeout: float = 60.0,
     env: Mapping[str, str] | None = None,
     cwd: str | os.PathLike[str] | None = None,
@@ -39,7 +40,8 @@ def run_torchrun(
     ``nnodes > 1`` with ``node_rank=None`` starts all ``nnodes`` agents here, one per node rank,
     with the same master address and port, exactly as one would on ``nnodes`` machines.
     ``master_port=None`` picks a free port; a port given that is already in use is reported
-    at once (``reason="port in use"``).
+    at once (``reason="port in use"``). ``launcher_args`` go to ``torchrun`` itself, before the
+    script: ``launcher_args=["--max-restarts=1"]`` lets the agent restart the workers once.
     """
     workdir = _check_cwd(cwd)
     path = Path(script)
@@ -60,6 +62,7 @@ def run_torchrun(
             master_port=master_port,
             rdzv=rdzv,
             module=module,
+            launcher_args=launcher_args,
         )
         for r in node_ranks
     ]

@@ -1,0 +1,859 @@
+# %% [markdown] slideshow={"slide_type": "slide"}
+"""
+# 09 · DDP's knobs, hangs and restarts
+
+Notebook 08 launched DDP and proved it exact. This one opens the settings and the failures people meet next: what DDP does **between** steps (it is not silent), the parameters a step does not use, what the gradient buckets cost in memory and how they are formed, compressing the all-reduce, ranks that run out of batches, tools that find a hang, and a job that **restarts after a crash** and must end exactly where an uninterrupted one does. Every claim is shown by real gloo processes on this CPU; each hang is bounded to a second or two.
+
+By the end you will be able to:
+- say what DDP does at every forward (it broadcasts rank 0's buffers), what that does to BatchNorm statistics, and why evaluating on rank 0 alone through the DDP model hangs;
+- read the "Expected to have finished reduction in the prior iteration" error and choose between `find_unused_parameters=True` and `static_graph=True`; combine DDP with activation checkpointing;
+- count the memory `gradient_as_bucket_view=True` saves, predict DDP's bucket sizes (the 1 MiB first bucket, the rebuild after step 1), and halve the bytes sent with a compression hook;
+- train on uneven inputs with `join()`, and find a hang with `monitored_barrier`, `TORCH_DISTRIBUTED_DEBUG` and timeouts;
+- write a training script that `torchrun --max-restarts` can restart: the whole training state saved and restored, checked bit for bit against an uninterrupted run.
+
+This notebook assumes: notebook 08 (a DDP script, `torchrun`, `DistributedSampler`, the teardown), notebook 07 (the collectives), and notebook 04 (activation checkpointing). No GPU: every job is two CPU processes on gloo.
+"""
+
+# %% slideshow={"slide_type": "-"}
+import inspect
+import os
+import sys
+import warnings
+
+import torch
+import torch.distributed as dist
+import torch.distributed.run
+import torch.nn as nn
+
+from course_lib.errors import expect_error
+from course_lib.launch import LaunchError, free_port, run_torchrun, spawn
+from course_lib.seeding import seed_everything
+
+seed_everything(0)
+os.makedirs("_runs", exist_ok=True)  # scratch folder for the scripts this notebook writes (git ignores it)
+sys.path.insert(0, os.path.abspath("_runs"))
+print(f"torch {torch.__version__.split('+')[0]}, gloo available: {dist.is_gloo_available()}")
+
+# %% [markdown] slideshow={"slide_type": "slide"}
+"""
+## 1. Between steps: DDP broadcasts rank 0's buffers at every forward
+
+Notebook 08 showed the broadcast at construction: every rank starts from rank 0's parameters **and buffers**. It does not stop there. By default, at the start of **every** forward of a training loop DDP broadcasts rank 0's buffers (BatchNorm's `running_mean`, `running_var`, `num_batches_tracked`) to every other rank. The flag is `broadcast_buffers=True`; PyTorch 2.13 deprecates it in favour of `forward_sync_buffers` (default `True`). Two consequences:
+
+- the running statistics that end up in the model are **rank 0's**: whatever rank 1 accumulated from its own batches is overwritten at its next forward, and what it keeps is rank 0's statistics plus one update from its last batch;
+- the broadcast is a **collective**: a forward through the DDP model on rank 0 alone (a rank-0-only validation loop) waits for a rank 1 that never comes. `model.eval()` does not prevent it: DDP broadcasts at the start of any forward that follows a forward run with gradients enabled (under `torch.no_grad()` it skips the broadcast only from the second such forward on).
+
+The job below gives the two ranks different data (rank 1's inputs are shifted by 3), runs two training steps, and records the BatchNorm statistics. A second group with a 1.5 s timeout bounds the hang.
+"""
+
+# %% slideshow={"slide_type": "-"}
+# %%writefile _runs/ddp_buffers.py
+import time
+import warnings
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+def net():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4, momentum=0.1))
+
+
+def buffers(rank, world_size):
+    report = {}
+    torch.manual_seed(10 + rank)
+    x = torch.randn(16, 4) + 3.0 * rank  # each rank's data has its own statistics
+    for sync in (True, False):
+        model = net()
+        ddp = DDP(model, forward_sync_buffers=sync)
+        ddp(x).sum().backward()  # step 1
+        before = model[1].running_mean.clone()  # each rank updated its own copy
+        with torch.no_grad():
+            batch_mean = model[0](x).mean(0)  # the batch statistic step 2 will use (weights unchanged: no step)
+        ddp(x).sum().backward()  # step 2: (broadcast rank 0's buffers,) then update with this rank's batch
+        after = model[1].running_mean.clone()
+        everyone = [torch.empty_like(before) for _ in range(world_size)]
+        dist.all_gather(everyone, before)
+        report[sync] = {
+            "before": before[:2].tolist(),
+            "after": after[:2].tolist(),
+            "from_rank0": torch.allclose(after, 0.9 * everyone[0] + 0.1 * batch_mean, atol=1e-6),
+            "from_own": torch.allclose(after, 0.9 * before + 0.1 * batch_mean, atol=1e-6),
+        }
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        DDP(net(), broadcast_buffers=True)
+    report["warning"] = str(caught[0].message)
+
+    # rank 0 evaluates alone through the DDP model; a group with a short timeout bounds the hang
+    short = dist.new_group(timeout=timedelta(seconds=1.5))
+    model = net()
+    ddp = DDP(model, process_group=short)
+    ddp(x).sum().backward()
+    if rank == 0:
+        ddp.eval()
+        start = time.perf_counter()
+        try:
+            with torch.no_grad():
+                ddp(x)
+        except RuntimeError as e:
+            report["eval_error"] = str(e).splitlines()[0].split("] ")[-1]
+        report["eval_wait"] = time.perf_counter() - start
+        with torch.no_grad():
+            report["module_ok"] = ddp.module(x).shape == (16, 4)  # the safe way: no collective
+    dist.barrier()  # on the default group: rank 1 was here all along
+    return report
+
+
+# %% slideshow={"slide_type": "-"}
+from ddp_buffers import buffers
+
+reports = spawn(buffers, nprocs=2, timeout=60)
+print(f"{'':>22} {'rank 0':>18} {'rank 1':>18}   (running_mean[:2])")
+for sync in (True, False):
+    print(f"forward_sync_buffers={sync}")
+    for when in ("before", "after"):
+        cells = "".join(f"{str([round(v, 4) for v in r[sync][when]]):>19}" for r in reports)
+        print(f"{'after step ' + ('1' if when == 'before' else '2'):>22}{cells}")
+r0, r1 = reports
+assert r1[True]["from_rank0"] and not r1[True]["from_own"]  # rank 1 = rank 0's statistics + its own last batch
+assert r1[False]["from_own"] and not r1[False]["from_rank0"]  # without the sync, its own statistics
+assert r0[True]["from_own"]  # rank 0 is the source: it keeps its own
+print("\nrank 1 after step 2, default: rank 0's statistics updated with rank 1's batch:", r1[True]["from_rank0"])
+print("rank 1 after step 2, forward_sync_buffers=False: its own statistics updated:   ", r1[False]["from_own"])
+print("\nDDP(..., broadcast_buffers=True) warns:", r0["warning"].split(" IMPORTANT")[0])
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+Rank 0's statistics come from rank 0's data only: with the default, what ends up in the saved model is what **one** rank's shard saw, smoothed over steps. That is usually fine when every rank's data comes from the same distribution (the point of a shuffled `DistributedSampler`). Where the batch statistics must cover the global batch, `SyncBatchNorm` all-reduces them during the forward (GPU modules only: notebook 08 §6 shows DDP refusing it on CPU); where each rank must keep its own buffers, `forward_sync_buffers=False` (note the warning: unlike the old `broadcast_buffers=False`, it still broadcasts once at construction).
+
+Now the hang. Rank 0 calls the DDP model in evaluation mode, under `no_grad`, while rank 1 does something else:
+"""
+
+# %% slideshow={"slide_type": "-"}
+print("rank 0's forward through DDP, alone:", r0["eval_error"], f"(after ~{r0['eval_wait']:.1f} s)")
+print("rank 0's forward through ddp.module, alone: no collective, output as expected:", r0["module_ok"])
+assert "Timed out" in r0["eval_error"] and r0["eval_wait"] >= 1.0 and r0["module_ok"]
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+With the default 30-minute timeout (section 4) that forward would sit for half an hour. The fixes: evaluate through **`ddp.module`** (the wrapped model: no collective at all) on the rank that evaluates, or evaluate through the DDP model on **every** rank (each on its shard of the validation set, metrics summed with `all_reduce` as in 08). A rank-0-only `torch.save(ddp.module.state_dict())` is safe: saving is not a forward.
+"""
+
+# %% [markdown] slideshow={"slide_type": "slide"}
+"""
+## 2. Parameters a step does not use
+
+### 2.1 The error
+
+DDP's reducer waits, in each backward, for a gradient of **every** parameter before a bucket is all-reduced (notebook 08 §9). A parameter that took no part in the loss (an unused branch, a head trained only on some steps, a frozen part left with `requires_grad=True`) never gets one: its bucket never fills, the backward finishes with a reduction still pending, and the **next** forward refuses to start. The model below has two heads and uses only `a`. The job runs with `TORCH_DISTRIBUTED_DEBUG=INFO`, which makes the message name the parameters (section 4.2 has more on it); the launcher re-raises the child's error here:
+"""
+
+# %% slideshow={"slide_type": "-"}
+# %%writefile _runs/ddp_unused.py
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.checkpoint import checkpoint
+
+
+class TwoHeads(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body, self.a, self.b = nn.Linear(8, 8), nn.Linear(8, 2), nn.Linear(8, 2)
+
+    def forward(self, x):
+        return self.a(torch.relu(self.body(x)))  # self.b takes no part in the loss
+
+
+def two_steps(ddp, x):
+    for _ in range(2):
+        ddp.zero_grad()
+        ddp(x).sum().backward()
+
+
+def no_flag(rank, world_size):
+    torch.manual_seed(0)
+    two_steps(DDP(TwoHeads()), torch.randn(4, 8))  # fails at the second forward
+
+
+def fixes(rank, world_size, deep_layers=150, repeats=20):
+    report = {}
+    x = torch.randn(4, 8)
+    for name, kwargs in (("find_unused_parameters=True", {"find_unused_parameters": True}),
+                         ("static_graph=True", {"static_graph": True})):
+        torch.manual_seed(0)
+        ddp = DDP(TwoHeads(), **kwargs)
+        two_steps(ddp, x)
+        report[name] = ddp.module.b.weight.grad is None and ddp.module.a.weight.grad is not None
+
+    # the cost of find_unused_parameters: a walk over the autograd graph after every forward.
+    # A deep model with every parameter used; two DDP copies timed in alternation (same noise for both)
+    models = {}
+    for flag in (False, True):
+        torch.manual_seed(0)
+        models[flag] = DDP(nn.Sequential(*[nn.Linear(8, 8) for _ in range(deep_layers)]), find_unused_parameters=flag)
+    xb = torch.randn(4, 8)
+    times = {False: [], True: []}
+    for i in range(repeats + 3):
+        for flag, ddp in models.items():
+            dist.barrier()
+            start = time.perf_counter()
+            out = ddp(xb)  # the walk happens here, at the end of the forward
+            times[flag].append(time.perf_counter() - start)
+            out.sum().backward()
+    report["forward_ms"] = {flag: 1000 * min(t[3:]) for flag, t in times.items()}  # the minimum: load only adds
+    report["nodes"] = deep_layers
+
+    # DDP with activation checkpointing: a checkpointed block, and a parameter the step does not use
+    class Checkpointed(nn.Module):
+        def __init__(self, reentrant):
+            super().__init__()
+            self.block, self.head, self.unused, self.reentrant = nn.Linear(8, 8), nn.Linear(8, 2), nn.Linear(8, 8), reentrant
+
+        def forward(self, x):
+            return self.head(checkpoint(self.block, x, use_reentrant=self.reentrant))
+
+    xg = torch.randn(4, 8, requires_grad=True)
+    report["checkpoint"] = {}
+    for reentrant in (False, True):
+        for name, kwargs in (("find_unused_parameters=True", {"find_unused_parameters": True}),
+                             ("static_graph=True", {"static_graph": True})):
+            torch.manual_seed(0)
+            try:
+                for _ in range(3):
+                    two_steps(DDP(Checkpointed(reentrant), **kwargs), xg)
+                report["checkpoint"][(reentrant, name)] = "works"
+            except RuntimeError as e:
+                report["checkpoint"][(reentrant, name)] = str(e).splitlines()[0][:48] + "..."
+    return report
+
+
+# %% slideshow={"slide_type": "-"}
+import re
+
+with expect_error(LaunchError, match="Expected to have finished reduction in the prior iteration", quiet=True) as unused:
+    spawn("_runs/ddp_unused.py:no_flag", nprocs=2, timeout=60, echo="none", env={"TORCH_DISTRIBUTED_DEBUG": "INFO"})
+message = unused.error.traceback
+print("LaunchError, the rank's RuntimeError:", re.search(r"Expected to have finished reduction[^.]*\.", message).group(0))
+named = [re.sub(r"rank \d", "rank N", line.strip()) for line in message.splitlines() if "did not receive grad" in line]
+print("\n".join(named))
+assert any(line.endswith("b.bias, b.weight") for line in named)
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+### 2.2 Two fixes, and what each costs
+
+- **`find_unused_parameters=True`**: after every forward DDP walks the autograd graph from the outputs, marks the parameters it cannot reach as ready at once (with a zero contribution), and the buckets complete. The walk costs time every iteration, proportional to the size of the graph.
+- **`static_graph=True`**: you promise that the set of used parameters and the order of the graph never change. DDP records the first iteration and replays that knowledge; no walk after that. It also allows things the default forbids (below).
+
+Both fixes let the same model train; `b`'s gradient stays `None` (no update, rather than a zero gradient): momentum or weight decay does not move it.
+"""
+
+# %% slideshow={"slide_type": "-"}
+fixed = spawn("_runs/ddp_unused.py:fixes", nprocs=2, timeout=90, echo="none")
+f0 = fixed[0]
+for name in ("find_unused_parameters=True", "static_graph=True"):
+    print(f"{name:<28} trains, unused head's grad stays None: {f0[name]}")
+    assert all(r[name] for r in fixed)
+no_walk, walk = f0["forward_ms"][False], f0["forward_ms"][True]
+print(f"\nforward of a {f0['nodes']}-layer model, fastest of 20: default ~{no_walk:.2f} ms, "
+      f"find_unused_parameters=True ~{walk:.2f} ms (the graph walk: ~{walk - no_walk:.2f} ms per step)")
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+On this machine the walk adds a fraction of a millisecond per step to a 150-layer forward (the timing moves with the load on the two cores, hence the `~`; the graph here is tiny, a transformer's has thousands of nodes). The flag is a real cost only where the rest of the step is short, but it is easy to leave on by habit. Prefer fixing the model where you can (a part that is never trained can be frozen with `requires_grad_(False)` **before** wrapping: DDP only tracks parameters that require a gradient), then `static_graph=True` when the unused set is the same every step, and the flag when it changes from step to step.
+
+### 2.3 DDP with activation checkpointing
+
+Checkpointing (notebook 04) recomputes a block during backward. The **reentrant** implementation (`use_reentrant=True`) runs that recomputation as a separate backward inside the backward, and DDP's reducer, which counts one gradient per parameter per step, can see a parameter twice. The combination that fails: reentrant checkpointing with `find_unused_parameters=True` (the model below also has a parameter it does not use):
+"""
+
+# %% slideshow={"slide_type": "-"}
+print(f"{'checkpoint':<22} {'find_unused_parameters=True':<56} static_graph=True")
+for reentrant in (False, True):
+    row = [f0["checkpoint"][(reentrant, name)] for name in ("find_unused_parameters=True", "static_graph=True")]
+    print(f"{'use_reentrant=' + str(reentrant):<22} {row[0]:<56} {row[1]}")
+assert f0["checkpoint"][(True, "find_unused_parameters=True")].startswith("Expected to mark a variable ready only once")
+assert [f0["checkpoint"][k] for k in [(False, "find_unused_parameters=True"), (False, "static_graph=True"),
+                                       (True, "static_graph=True")]] == ["works"] * 3
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+So: **non-reentrant checkpointing (`use_reentrant=False`, the recommended form) works with DDP** in either setting; reentrant checkpointing needs `static_graph=True` when there are unused parameters, when the same checkpointed module runs twice in one forward, or when the graph has reentrant backwards of its own (the cases the `static_graph` documentation lists).
+"""
+
+# %% [markdown] slideshow={"slide_type": "slide"}
+"""
+## 3. Gradient memory and buckets
+
+### 3.1 `gradient_as_bucket_view`: one copy of the gradients fewer
+
+DDP does not all-reduce `param.grad` tensors one by one. It keeps flat **buckets**, each a contiguous buffer holding the gradients of several parameters; after the backward fills `param.grad`, the reducer **copies** each gradient into its bucket, all-reduces the bucket, and copies the averaged values back. That is a second copy of all the gradients, as large as the gradients themselves, for as long as the model lives: a line the memory inventory of notebook 04 did not have.
+
+With **`gradient_as_bucket_view=True`** each `param.grad` becomes a **view into its bucket**: the same memory, no copy. The job below checks it by pointer: whether each gradient's storage is a bucket's storage (the buckets' addresses come from a communication hook, a function DDP calls with each bucket, used here only to look), and how many bytes the gradients and buckets occupy together after three steps.
+"""
+
+# %% slideshow={"slide_type": "-"}
+# %%writefile _runs/ddp_buckets.py
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import (allreduce_hook, bf16_compress_hook,
+                                                                        fp16_compress_hook)
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+def mlp(width=256, depth=4):  # notebook 08's model: 0.83 MiB of float32 parameters at width 256
+    layers, d = [], 64
+    for _ in range(depth):
+        layers += [nn.Linear(d, width), nn.ReLU()]
+        d = width
+    return nn.Sequential(*layers, nn.Linear(d, 10))
+
+
+def looking_hook(seen, bucket):
+    """A communication hook that notes each bucket's size and storage, then does the default all-reduce."""
+    buf = bucket.buffer()
+    seen.append((buf.numel() * buf.element_size(), buf.untyped_storage().data_ptr()))
+    return allreduce_hook(None, bucket)
+
+
+def memory(rank, world_size):
+    report = {}
+    x, y = torch.randn(32, 64), torch.randint(0, 10, (32,))
+    for view in (False, True):
+        torch.manual_seed(0)
+        ddp = DDP(mlp(), bucket_cap_mb=0.5, gradient_as_bucket_view=view)
+        seen = []
+        ddp.register_comm_hook(seen, looking_hook)
+        for _ in range(3):
+            seen.clear()
+            ddp.zero_grad()
+            F.cross_entropy(ddp(x), y).backward()
+        grads = [p.grad for p in ddp.parameters()]
+        storages = {g.untyped_storage().data_ptr(): g.untyped_storage().nbytes() for g in grads}
+        storages.update({ptr: nbytes for nbytes, ptr in seen})  # a bucket's storage holds exactly its buffer
+        report[view] = {
+            "grad_bytes": sum(g.numel() * g.element_size() for g in grads),
+            "held_bytes": sum(storages.values()),
+            "in_bucket": sum(g.untyped_storage().data_ptr() in {ptr for _, ptr in seen} for g in grads),
+            "n_grads": len(grads),
+        }
+    return report
+
+
+def buckets(rank, world_size):
+    report = {}
+    x, y = torch.randn(32, 64), torch.randint(0, 10, (32,))
+    for width, cap in ((256, 0.05), (256, 0.5), (256, None), (512, None)):
+        torch.manual_seed(0)
+        model = mlp(width)
+        ddp = DDP(model) if cap is None else DDP(model, bucket_cap_mb=cap)
+        seen = []
+        ddp.register_comm_hook(seen, looking_hook)
+        steps = []
+        for _ in range(3):
+            seen.clear()
+            F.cross_entropy(ddp(x), y).backward()
+            steps.append([nbytes for nbytes, _ in seen])
+        report[(width, cap)] = {"steps": steps, "param_bytes": [p.numel() * 4 for p in model.parameters()]}
+    return report
+
+
+def bf16_hook(process_group, bucket):
+    """Compress to bfloat16, all-reduce, decompress: what the built-in bf16_compress_hook does."""
+    buf = bucket.buffer()
+    compressed = buf.to(torch.bfloat16).div_(dist.get_world_size())
+
+    def decompress(fut):
+        buf.copy_(fut.value()[0])
+        return buf
+
+    return dist.all_reduce(compressed, async_op=True).get_future().then(decompress)
+
+
+def hooks(rank, world_size):
+    report = {}
+    try:
+        DDP(mlp()).register_comm_hook(None, bf16_compress_hook)
+    except TypeError as e:
+        report["bf16_builtin"] = str(e)
+    sent, real = [], dist.all_reduce
+
+    def counting_all_reduce(tensor, *args, **kwargs):  # counts what reaches the backend
+        sent.append(tensor.numel() * tensor.element_size())
+        return real(tensor, *args, **kwargs)
+
+    torch.manual_seed(100 + rank)
+    x, y = torch.randn(32, 64), torch.randint(0, 10, (32,))
+    grads = {}
+    for name, hook in (("float32 (default)", allreduce_hook), ("fp16_compress_hook", fp16_compress_hook),
+                       ("bf16 (our hook)", bf16_hook)):
+        torch.manual_seed(0)
+        ddp = DDP(mlp())
+        ddp.register_comm_hook(None, hook)
+        sent.clear()
+        dist.all_reduce = counting_all_reduce
+        try:
+            F.cross_entropy(ddp(x), y).backward()
+        finally:
+            dist.all_reduce = real
+        grads[name] = torch.cat([p.grad.flatten() for p in ddp.parameters()])
+        exact = grads["float32 (default)"]
+        report[name] = (sum(sent), ((grads[name] - exact).norm() / exact.norm()).item())
+    return report
+
+
+def all_parts(rank, world_size):
+    return {"memory": memory(rank, world_size), "buckets": buckets(rank, world_size), "hooks": hooks(rank, world_size)}
+
+
+# %% slideshow={"slide_type": "-"}
+bucket_reports = spawn("_runs/ddp_buckets.py:all_parts", nprocs=2, timeout=90)
+mem = bucket_reports[0]["memory"]
+for view in (False, True):
+    m = mem[view]
+    print(f"gradient_as_bucket_view={view!s:<5}: {m['in_bucket']:>2} of {m['n_grads']} grads live in a bucket; "
+          f"gradients + buckets hold {m['held_bytes']:,} bytes = {m['held_bytes'] / m['grad_bytes']:.0f} x the gradients' {m['grad_bytes']:,}")
+assert mem[False]["held_bytes"] == 2 * mem[False]["grad_bytes"] and mem[False]["in_bucket"] == 0
+assert mem[True]["held_bytes"] == mem[True]["grad_bytes"] and mem[True]["in_bucket"] == mem[True]["n_grads"]
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+Exactly one gradient-sized copy saved (866,344 bytes here; 4 bytes per parameter in float32, 2 GB for a half-billion-parameter model). Two caveats from the documentation: the gradients become views only from the first all-reduce on (measure after step 1), and with `zero_grad(set_to_none=True)` (the default) autograd allocates a fresh gradient each step that the reducer copies into the bucket and then replaces by the view, so the saving is in what stays allocated between steps, not in the transient peak of the backward. Do not call `param.grad.detach_()` or replace `param.grad` by another tensor: that breaks the view.
+
+### 3.2 How buckets are formed
+
+The same hook lists each bucket's size at each step. Three rules explain every number (the bucket assignment is `dist._compute_bucket_assignment_by_size`, and the rebuild is in DDP's C++ reducer):
+
+1. **Step 1 uses a single bucket** holding every gradient (unless `find_unused_parameters=True`): DDP does not yet know the order in which backward produces the gradients, and a wrong guess could make a bucket wait.
+2. **After step 1 the buckets are rebuilt** in the order the gradients actually arrived (the last layer first), and kept from then on.
+3. Gradients go into a bucket **whole**, and a bucket is closed as soon as its size **reaches** the cap; so a bucket can exceed the cap by up to one tensor. With the default `bucket_cap_mb=25`, the **first** bucket's cap is `dist._DEFAULT_FIRST_BUCKET_BYTES` = 1 MiB, so that the last layers' gradients, ready first, go out early instead of waiting in a 25 MiB bucket.
+"""
+
+# %% slideshow={"slide_type": "-"}
+bk = bucket_reports[0]["buckets"]
+print("first-bucket cap with the default bucket_cap_mb:", dist._DEFAULT_FIRST_BUCKET_BYTES, "bytes")
+for (width, cap), rep in bk.items():
+    total = sum(rep["param_bytes"])
+    print(f"width {width}, {total / 2**20:.2f} MiB of parameters, bucket_cap_mb={cap if cap else '25 (default)'}:")
+    for step, sizes in enumerate(rep["steps"], 1):
+        print(f"   step {step}: {len(sizes)} bucket(s), bytes {sizes}")
+assert all(len(rep["steps"][0]) == 1 for rep in bk.values())  # rule 1
+assert all(rep["steps"][1] == rep["steps"][2] for rep in bk.values())  # rule 2: rebuilt once, then kept
+big, largest = bk[(512, None)]["steps"][1], max(bk[(512, None)]["param_bytes"])
+assert len(big) == 2 and big[0] >= dist._DEFAULT_FIRST_BUCKET_BYTES > big[0] - largest  # rule 3: 1 MiB, by < 1 tensor
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+Now notebook 08's puzzle: a 0.83 MiB model with `bucket_cap_mb=0.05` gave **4** buckets, not 0.83 / 0.05 ≈ 17. Rule 3: the cap is int(0.05 × 2²⁰) = 52,428 bytes, but each of the four weight matrices is bigger than that on its own (65,536 bytes for the first, 262,144 for each 256 × 256), so each closes a bucket by itself, and the small tensors (biases, the 10 × 256 output layer) ride along with the next big one. With 0.5 MiB = 524,288 bytes, the output layer and two 256 × 256 layers with their biases (10,280 + 2 × 263,168 = 536,616 bytes) reach the cap, and the rest (329,728 bytes) is the second bucket: 2 buckets. The function below replays rule 3 on the gradients in the order they arrive (reverse layer order) and gets both counts:
+"""
+
+
+# %% slideshow={"slide_type": "-"}
+def replay_buckets(sizes_in_arrival_order, cap_bytes):
+    """Rule 3: whole tensors; close a bucket once it reaches the cap."""
+    out, current = [], 0
+    for nbytes in sizes_in_arrival_order:
+        current += nbytes
+        if current >= cap_bytes:
+            out.append(current)
+            current = 0
+    return out + ([current] if current else [])
+
+
+arrival = list(reversed(bk[(256, 0.05)]["param_bytes"]))
+for cap in (0.05, 0.5):
+    replayed = replay_buckets(arrival, int(cap * 2**20))
+    print(f"bucket_cap_mb={cap}: replayed {replayed}, DDP {bk[(256, cap)]['steps'][1]}")
+    assert replayed == bk[(256, cap)]["steps"][1]
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+### 3.3 Communication hooks: compressing the all-reduce
+
+A **communication hook** replaces what DDP does with each bucket (the default: all-reduce it and divide by the world size). The built-in `fp16_compress_hook` casts the bucket to float16 before the all-reduce and back after: **half the bytes on the wire**, at the price of rounding every averaged gradient to 11 significant bits (notebook 05). `bf16_compress_hook` does the same with bfloat16 (8 bits of mantissa, float32's range) but refuses to register without CUDA and NCCL; on this CPU the job registers a six-line hook of its own that does what the built-in does. The job counts the bytes that reach `dist.all_reduce` and compares the gradients with the exact float32 ones:
+"""
+
+# %% slideshow={"slide_type": "-"}
+hk = bucket_reports[0]["hooks"]
+print("bf16_compress_hook on this CPU ->", hk["bf16_builtin"])
+exact_bytes = hk["float32 (default)"][0]
+print(f"\n{'hook':<20} {'bytes all-reduced':>18} {'x float32':>10}   gradient error (relative, 2-norm)")
+for name in ("float32 (default)", "fp16_compress_hook", "bf16 (our hook)"):
+    nbytes, err = hk[name]
+    print(f"{name:<20} {nbytes:>18,} {nbytes / exact_bytes:>10.2f}   {'0 (exact)' if err == 0 else f'< 1e-2 (~{err:.1e})'}")
+assert hk["fp16_compress_hook"][0] * 2 == exact_bytes == hk["bf16 (our hook)"][0] * 2
+assert hk["float32 (default)"][1] == 0 and 0 < hk["fp16_compress_hook"][1] < hk["bf16 (our hook)"][1] < 1e-2
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+Half the bytes, gradients within a fraction of a percent; bf16's error is about ten times fp16's (3 fewer mantissa bits: 2³ = 8 times the rounding step), but fp16 can overflow or underflow where bf16, with float32's range, cannot. Compression pays where the network, not the compute, limits the step (many nodes over Ethernet); within one NVLink node it rarely does. Other built-in hooks: PowerSGD (low-rank compression, `ddp_comm_hooks.powerSGD_hook`) and hooks that only change which process group reduces.
+"""
+
+# %% [markdown] slideshow={"slide_type": "slide"}
+"""
+## 4. Ranks out of step: uneven inputs, and finding a hang
+
+### 4.1 `join()` for uneven inputs
+
+`DistributedSampler` gives every rank the same number of samples (notebook 08 §7), but a sampler of your own, a dataset split by files, or `drop_last=False` with variable-length batching can leave one rank with fewer batches. When rank 0 is done, rank 1's next backward all-reduces with nobody: it hangs. The context manager **`ddp.join()`** lets a finished rank shadow the others' collectives (it contributes zeros to their all-reduces and divides by the number of ranks still training) until every rank is done.
+
+### 4.2 Finding a hang
+
+- **Timeouts.** Every collective waits at most the process group's `timeout` (`init_process_group(..., timeout=timedelta(...))`, also per group in `new_group`). The default for gloo is **30 minutes** (NCCL's, on a CUDA build, is 10 minutes: `torch.distributed.constants.default_pg_nccl_timeout`): a hang looks like a frozen job for half an hour, then an error. This notebook uses groups with a timeout of a second or two to keep each hang short.
+- **`dist.monitored_barrier(timeout=...)`** (gloo only): rank 0 waits for each other rank in turn and, if one does not arrive, **names it**. Put it where a hang is suspected.
+- **`TORCH_DISTRIBUTED_DEBUG`**: `INFO` makes DDP name unused parameters (section 2.1); `DETAIL` also wraps every collective of a process group in a check that all ranks call the **same** collective on tensors of the same shape, and reports the mismatch instead of hanging or corrupting. It costs an extra collective per collective: for debugging only. (In our runs of this PyTorch build, constructing a DDP model on a default group created under `DETAIL` crashed the process with a segmentation fault, in DDP's logger; the job below turns `DETAIL` on for one extra group only, with `dist.set_debug_level`.)
+- On GPUs, NCCL has its own tools: `NCCL_DEBUG=INFO`, and PyTorch's flight recorder (`TORCH_NCCL_TRACE_BUFFER_SIZE`), which dumps the last collectives of each rank when a timeout fires. They cannot run here.
+"""
+
+# %% slideshow={"slide_type": "-"}
+# %%writefile _runs/ddp_hangs.py
+import time
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+def uneven(rank, world_size):
+    report = {}
+    torch.manual_seed(100 + rank)
+    batches = [(torch.randn(8, 16), torch.randint(0, 4, (8,))) for _ in range(3 if rank == 0 else 5)]
+    short = dist.new_group(timeout=timedelta(seconds=1.5))
+    torch.manual_seed(0)
+    ddp = DDP(nn.Linear(16, 4), process_group=short)
+    done = 0
+    try:
+        for x, y in batches:
+            F.cross_entropy(ddp(x), y).backward()
+            done += 1
+        report["without"] = f"all {done} batches"
+    except RuntimeError as e:
+        report["without"] = f"{done} batches, then: {str(e).splitlines()[0].split('] ')[-1]}"
+    dist.barrier()
+
+    torch.manual_seed(0)
+    ddp = DDP(nn.Linear(16, 4))
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    done = 0
+    with ddp.join():  # a finished rank shadows the others' all-reduces
+        for x, y in batches:
+            opt.zero_grad()
+            F.cross_entropy(ddp(x), y).backward()
+            opt.step()
+            done += 1
+    flat = torch.cat([p.detach().flatten() for p in ddp.parameters()])
+    everyone = [torch.empty_like(flat) for _ in range(world_size)]
+    dist.all_gather(everyone, flat)
+    report["with"] = (done, all(torch.equal(t, everyone[0]) for t in everyone))
+    return report
+
+
+def tools(rank, world_size):
+    report = {"default_timeout": str(dist.constants.default_pg_timeout)}
+    lonely = dist.new_group()
+    if rank == 0:  # rank 1 never comes to this barrier
+        start = time.perf_counter()
+        try:
+            dist.monitored_barrier(group=lonely, timeout=timedelta(seconds=1))
+        except RuntimeError as e:
+            report["monitored"] = str(e).strip().splitlines()[0]
+        report["monitored_wait"] = time.perf_counter() - start
+
+    dist.set_debug_level(dist.DebugLevel.DETAIL)  # groups created from now on check every collective
+    checked = dist.new_group()
+    dist.set_debug_level(dist.DebugLevel.OFF)
+    try:  # rank 0 all-reduces 4 numbers, rank 1 five: without the check, a hang or garbage
+        dist.all_reduce(torch.ones(4 + rank), group=checked)
+    except RuntimeError as e:
+        report["mismatch"] = str(e)
+    dist.barrier()
+    return report
+
+
+def both(rank, world_size):
+    return {"uneven": uneven(rank, world_size), "tools": tools(rank, world_size)}
+
+
+# %% slideshow={"slide_type": "-"}
+hangs = spawn("_runs/ddp_hangs.py:both", nprocs=2, timeout=90, echo="none")
+for rank, rep in enumerate(hangs):
+    print(f"rank {rank}: without join(): {rep['uneven']['without']}")
+for rank, rep in enumerate(hangs):
+    done, same = rep["uneven"]["with"]
+    print(f"rank {rank}: with join(): trained on all {done} of its batches; parameters equal on both ranks: {same}")
+assert hangs[0]["uneven"]["without"] == "all 3 batches" and "Timed out" in hangs[1]["uneven"]["without"]
+assert [h["uneven"]["with"] for h in hangs] == [(3, True), (5, True)]
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+Without `join()`, rank 0 finished its 3 batches and went on; rank 1's fourth backward waited for an all-reduce partner until the group's timeout. With it, both finish, and the parameters are still identical: rank 0 took part in rank 1's last two all-reduces with zero gradients (and by default keeps broadcasting buffers, section 1, from the rank that is still training). `join()` has a cost: each step, every rank first learns with one extra all-reduce whether any rank has joined (the `Join` documentation). Where the data can be evened out (`DistributedSampler`'s padding, `drop_last=True`), that is cheaper.
+
+And the tools:
+"""
+
+# %% slideshow={"slide_type": "-"}
+t0 = hangs[0]["tools"]
+print("default gloo timeout:", t0["default_timeout"])
+print(f"monitored_barrier on rank 0 (after ~{t0['monitored_wait']:.1f} s):", t0["monitored"])
+mismatch = t0["mismatch"]
+print("\nTORCH_DISTRIBUTED_DEBUG=DETAIL on a mismatched all_reduce:\n ", mismatch.split(". Rank 0 is running")[0] + ".")
+print("  what differs:", mismatch.split("differ in the following aspects:")[-1].strip())
+shapes = [m.group(0) for m in __import__("re").finditer(r"OpType=\w+, TensorShape=\[\d+\]", mismatch)]
+print("  rank 0 called:", shapes[0], "| rank 1 called:", shapes[1])
+assert t0["default_timeout"] == "0:30:00" and "Rank 1 failed to pass monitoredBarrier" in t0["monitored"]
+assert "Detected mismatch between collectives" in mismatch and "Tensor shapes: 4vs 5" in mismatch
+assert "Detected mismatch between collectives" in hangs[1]["tools"]["mismatch"]  # both ranks are told
+
+# %% [markdown] slideshow={"slide_type": "slide"}
+"""
+## 5. Restarts: `torchrun --max-restarts`, and a script that resumes
+
+On many nodes something fails sooner or later: a node is preempted, a process is killed for memory, a network link drops. `torchrun --max-restarts=N` lets the agent react: when **any** worker fails, the agent stops **all** its workers and starts the whole group again (up to N times), with the same command line and `TORCHELASTIC_RESTART_COUNT` set to the attempt number. Nothing carries over in memory, so a restarted script must **resume from its last checkpoint**, or it silently starts training from scratch.
+
+What a checkpoint must hold so that the resumed run ends exactly where an uninterrupted one would:
+- the model's `state_dict` **and the optimizer's** (momentum buffers, Adam's moments), and the step counter;
+- where the data stands: the epoch (for `sampler.set_epoch`) and the position within it;
+- the random number generators of **every** rank (each rank draws its own dropout masks), not just rank 0's.
+
+Shared filesystems are not a given on a cluster, and 08's script assumed one: rank 0 wrote the data and the checkpoint, and every rank read them. This script prepares its data per node (`LOCAL_RANK == 0` writes a node-local copy, the others on the node wait) and lets rank 0 alone read the checkpoint and send it to every rank with `dist.broadcast_object_list`, so no rank but rank 0 needs the file.
+
+To make the failure real, rank 1 kills itself with `os._exit(1)` at step 9 of attempt 0, after the checkpoint of step 8. The script trains twice in one job: an uninterrupted reference into one folder, then the run that crashes into another; on the restart both resume, the reference from its final checkpoint (nothing left to do).
+"""
+
+# %% slideshow={"slide_type": "-"}
+# %%writefile _runs/elastic_train.py
+"""DDP training that torchrun --max-restarts can restart: the whole state is checkpointed and restored."""
+import argparse
+import gc
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+import torch.distributed.nn  # noqa: F401  (before init_process_group: notebook 08, section 10.2)
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DistributedSampler
+
+from course_lib.data import digits_datasets
+
+BATCH, EPOCHS, SAVE_EVERY = 64, 2, 4
+
+
+def log(*parts):
+    sys.stdout.write(f"[rank{dist.get_rank()}]: {' '.join(map(str, parts))}\n")
+    sys.stdout.flush()
+
+
+def train(out, crash_at=None):
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))
+    node_dir = f"{out}/node{os.environ.get('GROUP_RANK', 0)}"  # node-local: no shared filesystem assumed
+    if int(os.environ["LOCAL_RANK"]) == 0 and not os.path.exists(f"{node_dir}/train.pt"):
+        os.makedirs(node_dir, exist_ok=True)
+        train_set, _ = digits_datasets()
+        torch.save({"x": train_set.tensors[0], "y": train_set.tensors[1]}, f"{node_dir}/train.pt")
+    dist.barrier()
+    data = torch.load(f"{node_dir}/train.pt", weights_only=True)
+
+    torch.manual_seed(0)
+    model = DDP(nn.Sequential(nn.Flatten(), nn.Linear(64, 64), nn.ReLU(), nn.Dropout(0.2), nn.Linear(64, 10)))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    sampler = DistributedSampler(range(len(data["y"])), shuffle=True, seed=0)
+    steps_per_epoch = -(-len(sampler) // BATCH)
+    torch.manual_seed(1000 + rank)  # dropout masks differ per rank
+
+    step = 0
+    state = [None]
+    if rank == 0 and os.path.exists(f"{out}/checkpoint.pt"):
+        state = [torch.load(f"{out}/checkpoint.pt", weights_only=True)]
+    dist.broadcast_object_list(state, src=0)  # rank 0 read the file; every rank gets the state
+    if state[0] is not None:
+        model.module.load_state_dict(state[0]["model"])
+        opt.load_state_dict(state[0]["optimizer"])
+        step = state[0]["step"]
+        torch.set_rng_state(state[0]["rng"][rank])  # this rank's own generator
+        log(f"attempt {attempt}: resumed at step {step} of {EPOCHS * steps_per_epoch}")
+
+    while step < EPOCHS * steps_per_epoch:
+        epoch, position = divmod(step, steps_per_epoch)
+        sampler.set_epoch(epoch)
+        order = list(sampler)
+        idx = order[position * BATCH:(position + 1) * BATCH]
+        opt.zero_grad()
+        F.cross_entropy(model(data["x"][idx]), data["y"][idx]).backward()
+        opt.step()
+        step += 1
+        if crash_at is not None and attempt == 0 and rank == 1 and step == crash_at:
+            log(f"attempt {attempt}: dying at step {step}")
+            os._exit(1)  # no cleanup, no exception: as a killed process dies
+        if step % SAVE_EVERY == 0 or step == EPOCHS * steps_per_epoch:
+            rngs = [None] * world_size
+            dist.all_gather_object(rngs, torch.get_rng_state())
+            if rank == 0:
+                state = {"model": model.module.state_dict(), "optimizer": opt.state_dict(), "step": step, "rng": rngs}
+                torch.save(state, f"{out}/checkpoint.tmp")
+                os.replace(f"{out}/checkpoint.tmp", f"{out}/checkpoint.pt")  # never a half-written checkpoint
+            dist.barrier()
+    if rank == 0:
+        log(f"attempt {attempt}: finished {step} steps in {out}")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", default="_runs/elastic")
+    parser.add_argument("--crash-at", type=int, default=None)
+    args = parser.parse_args()
+    # The agent keeps its store across restarts, and gloo's addresses from the failed attempt are still
+    # in it: a fresh prefix per attempt keeps the new workers from connecting to the dead ones.
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False)
+    dist.init_process_group("gloo", store=dist.PrefixStore(f"attempt{attempt}", store),
+                            rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]))
+    try:
+        train(f"{args.out}/uninterrupted")
+        train(f"{args.out}/restarted", crash_at=args.crash_at)
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+    gc.collect()
+
+# %% slideshow={"slide_type": "-"}
+import shutil
+
+shutil.rmtree("_runs/elastic", ignore_errors=True)
+elastic = run_torchrun("_runs/elastic_train.py", nproc_per_node=2, launcher_args=["--max-restarts=1"],
+                       args=["--out", "_runs/elastic", "--crash-at", "9"], timeout=120, echo="none")
+for rank in (0, 1):  # the lines about attempts (the rest: rank 0's connection error at the crash, the agent's log)
+    print("\n".join(f"[rank {rank}] {line}" for line in elastic.output(rank).splitlines() if line.startswith("attempt")))
+assert "attempt 0: dying at step 9" in elastic.output(1)  # rank 1 died ...
+assert all("attempt 1: resumed at step 8 of 24" in elastic.output(r) for r in (0, 1))  # ... everyone was restarted
+a = torch.load("_runs/elastic/uninterrupted/checkpoint.pt", weights_only=True)
+b = torch.load("_runs/elastic/restarted/checkpoint.pt", weights_only=True)
+assert a["step"] == b["step"] == 24
+same = all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
+same_opt = all(torch.equal(a["optimizer"]["state"][i]["momentum_buffer"], b["optimizer"]["state"][i]["momentum_buffer"])
+               for i in a["optimizer"]["state"])
+print(f"\ncrashed at step 9, restarted, resumed from step 8: weights equal to the uninterrupted run, bit for bit: {same}; "
+      f"momentum buffers too: {same_opt}; wall time ~{elastic.wall_time:.0f} s")
+assert same and same_opt
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+Read the output: in attempt 0 rank 1 died at step 9; the agent saw the failure, stopped rank 0 (which was waiting in an all-reduce), and started both again as attempt 1; both resumed at step 8, redid step 9, and finished. The weights **and** the optimizer's momentum are those of the uninterrupted run, bit for bit (exercise 3 asks which entries of the checkpoint that takes, and why).
+
+Three things the script needed beyond the checkpoint:
+- **Atomic saves**: write to a temporary file, then `os.replace` (a rename), so a crash during `torch.save` leaves the previous checkpoint intact.
+- **A fresh store prefix per attempt.** The agent keeps its key-value store (the rendezvous store) across restarts, and in PyTorch 2.13 gloo's connection addresses from the dead attempt are still in it: while writing this notebook, 11 of 23 restarts of a two-line test script failed with *"Gloo connectFullMesh failed ... Connection refused"*, a new worker connecting to the port a worker of the dead attempt had published (with the static and the c10d rendezvous alike). Prefixing the store with `TORCHELASTIC_RESTART_COUNT`, as the script does, removed the failures in every run since.
+- **Everyone restarts.** The healthy rank 0 was restarted too: a collective group cannot take in one new process in the middle of a step.
+
+**Rendezvous, and elastic sizes.** *Rendezvous* is how the agents of a job find each other and agree on the world: how many nodes, which node rank each gets, where the store is. With `--rdzv-backend=c10d --rdzv-endpoint=HOST:PORT` (notebook 08 §5) the rendezvous is dynamic: `--nnodes=MIN:MAX` (say `2:4`) starts as soon as MIN nodes have joined, and a node that joins or leaves later triggers a new rendezvous and a restart of all workers with the new world size (your script must then re-shard its data, which `DistributedSampler` does from the new world size). `torchrun` also sets `OMP_NUM_THREADS=1` in each worker when you have not set it and run more than one process per node, so that N processes do not each start a thread per core:
+"""
+
+# %% slideshow={"slide_type": "-"}
+print("--nnodes=2:4 ->", torch.distributed.run.parse_min_max_nnodes("2:4"), "(min, max)")
+source = inspect.getsource(torch.distributed.run.config_from_args)
+omp = [line.strip() for line in source.splitlines() if "OMP_NUM_THREADS" in line and ("if" in line or "environ[" in line)]
+print("torchrun's config_from_args:\n  " + "\n  ".join(omp))
+assert omp[0] == 'if "OMP_NUM_THREADS" not in os.environ and nproc_per_node > 1:'
+
+# %% [markdown] slideshow={"slide_type": "slide"}
+"""
+## 6. The device-generic forms (PyTorch 2.13)
+
+The scripts of 08 choose the backend by hand (`"nccl" if torch.cuda.is_available() else "gloo"`). Current PyTorch has device-generic forms:
+
+- **`torch.accelerator`** asks about whatever accelerator this build has (CUDA, ROCm, XPU, MPS...) without naming it: `is_available()`, `current_accelerator()`, `device_count()`.
+- **`init_process_group()` without a backend** registers one backend per device type from `dist.Backend.default_device_backend_map` (`cpu:gloo,cuda:nccl` on a CUDA build): CPU tensors go through gloo, CUDA tensors through NCCL, in one group.
+- **`device_id=torch.device("cuda", local_rank)`** binds the process to its GPU and lets NCCL connect at once ("eager init") instead of at the first collective. It needs an accelerator: on this CPU it is refused, as the cell shows; on a GPU machine it is the recommended form (`torch.distributed` documentation, `init_process_group`).
+"""
+
+# %% slideshow={"slide_type": "-"}
+print("torch.accelerator: available", torch.accelerator.is_available(), "| current", torch.accelerator.current_accelerator(),
+      "| devices", torch.accelerator.device_count())
+print("default backend per device type:", dist.Backend.default_device_backend_map)
+dist.init_process_group(init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)  # no backend given
+try:
+    print("init_process_group() without a backend, on this CPU-only build ->", dist.get_backend_config())
+    assert "cpu:gloo" in dist.get_backend_config()
+finally:
+    dist.destroy_process_group()
+with expect_error(ValueError, match="device_id parameter must be an accelerator"):
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1,
+                            device_id=torch.device("cpu"))
+assert not dist.is_initialized()
+
+# %% [markdown] slideshow={"slide_type": "slide"}
+"""
+## Summary
+
+- DDP is not silent between steps: at every training forward it broadcasts rank 0's buffers (`forward_sync_buffers`, formerly `broadcast_buffers`, default on). BatchNorm statistics end up rank 0's; a forward through the DDP model on one rank hangs: evaluate through `ddp.module`, or on every rank.
+- A parameter outside the loss breaks the next step ("Expected to have finished reduction..."): `TORCH_DISTRIBUTED_DEBUG=INFO` names it; `find_unused_parameters=True` walks the graph each step, `static_graph=True` learns it once. Non-reentrant checkpointing works with DDP; reentrant needs `static_graph=True` in the cases shown.
+- Buckets: one in step 1, rebuilt in arrival order after it; whole tensors, closed on reaching the cap; the first capped at 1 MiB by default. `gradient_as_bucket_view=True` saves one gradient-sized copy (exactly, here 866,344 bytes). fp16/bf16 compression hooks halve the bytes sent, gradients within a fraction of a percent.
+- Uneven inputs: `join()`. Hangs: short timeouts while debugging (gloo's default is 30 min), `monitored_barrier` names the missing rank, `DETAIL` names a mismatched collective.
+- `torchrun --max-restarts` restarts every worker: checkpoint model, optimizer, step, data position and every rank's RNG, atomically; rank 0 reads, `broadcast_object_list` shares; the resumed run equals the uninterrupted one bit for bit.
+"""
+
+# %% [markdown] slideshow={"slide_type": "slide"}
+"""
+## Exercises
+
+1. Write `bucket_sizes(param_bytes_in_arrival_order, cap_bytes, first_cap_bytes)`: the bucket sizes DDP forms after its rebuild (rule 3 of section 3.2, with a first bucket capped at `first_cap_bytes`). The check compares with PyTorch's own `dist._compute_bucket_assignment_by_size`.
+2. For each situation, name the DDP setting that answers it: one of `"find_unused_parameters"`, `"static_graph"`, `"gradient_as_bucket_view"`, `"join"`, `"forward_sync_buffers=False"`, `"comm_hook"`.
+3. Write `resume_position(step, steps_per_epoch)` returning `(epoch, batch index within the epoch)` for the first batch a resumed run must train, and list which entries of a checkpoint are needed so that a resumed run with dropout and SGD momentum is identical to an uninterrupted one.
+"""
+
+# %% slideshow={"slide_type": "-"}
+from course_lib.exercises.ddp_knobs import check_bucket_sizes, check_knob_choices, check_resume
+
+
+def bucket_sizes(param_bytes_in_arrival_order, cap_bytes, first_cap_bytes):
+    raise NotImplementedError  # your code here
+
+
+print(check_bucket_sizes(bucket_sizes))
+
+# %% slideshow={"slide_type": "-"}
+knobs = {
+    "a model with an auxiliary head used only every other step": ...,
+    "the same unused head on every step, and the flag's graph walk is too slow": ...,
+    "rank 0 has 10 batches and rank 1 has 12": ...,
+    "the gradients' second copy does not fit in memory": ...,
+    "slow Ethernet between nodes, and gradients tolerate rounding to 16 bits": ...,
+    "each rank must keep its own BatchNorm statistics": ...,
+}
+print(check_knob_choices(knobs))
+
+
+# %% slideshow={"slide_type": "-"}
+def resume_position(step, steps_per_epoch):
+    raise NotImplementedError  # your code here
+
+
+needed = ...  # a set of names among "model", "optimizer", "step", "rng of rank 0", "rng of every rank", "loss"
+print(check_resume(resume_position, needed))
+
+# %% [markdown] slideshow={"slide_type": "slide"}
+"""
+## References
+
+- S. Li et al., *PyTorch Distributed: Experiences on Accelerating Data Parallel Training*, VLDB 2020 (buckets, the rebuild, overlap, unused parameters), [arXiv:2006.15704](https://arxiv.org/abs/2006.15704).
+- PyTorch docs: [DistributedDataParallel](https://pytorch.org/docs/stable/generated/torch.nn.parallel.DistributedDataParallel.html) (`forward_sync_buffers`, `find_unused_parameters`, `static_graph`, `gradient_as_bucket_view`), [Distributed Data Parallel design notes](https://pytorch.org/docs/stable/notes/ddp.html), [DDP communication hooks](https://pytorch.org/docs/stable/ddp_comm_hooks.html), [Join: uneven inputs](https://pytorch.org/tutorials/advanced/generic_join.html), [torch.distributed](https://pytorch.org/docs/stable/distributed.html) (`monitored_barrier`, `TORCH_DISTRIBUTED_DEBUG`, timeouts, `init_process_group`'s `device_id`), [torch.accelerator](https://pytorch.org/docs/stable/accelerator.html).
+- torchrun and elastic: [torchrun](https://pytorch.org/docs/stable/elastic/run.html) (`--max-restarts`, `--nnodes=MIN:MAX`, rendezvous), [Fault-tolerant training with torchrun](https://pytorch.org/tutorials/beginner/ddp_series_fault_tolerance.html), [Rendezvous](https://pytorch.org/docs/stable/elastic/rendezvous.html).
+- Y. Lin et al., *Deep Gradient Compression*, ICLR 2018, [arXiv:1712.01887](https://arxiv.org/abs/1712.01887); T. Vogels et al., *PowerSGD*, NeurIPS 2019, [arXiv:1905.13727](https://arxiv.org/abs/1905.13727) (gradient compression beyond a cast).
+"""
