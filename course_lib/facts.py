@@ -26,11 +26,12 @@ FACTS: dict[str, dict[str, str]] = {
         "processes": "1, a thread per GPU (GIL-bound, notebook 07)",
         "machines": "one",
         "per step": "scatter the input, replicate the model, gather the outputs",
-        "gradient sync": "reduced onto GPU 0 after backward (its memory is the bottleneck); no overlap",
+        "gradient sync": "reduced onto GPU 0 (its memory and link are the bottleneck), after backward",
         "optimizer": "runs once, on GPU 0",
         "data": "one DataLoader; the batch is split in `forward`",
-        "batchnorm": "statistics per replica, discarded: only GPU 0's module keeps its buffers",
-        "mixed precision": "`torch.autocast` around the call: `parallel_apply` carries it into each thread "
+        "batchnorm": "batch statistics per GPU; running statistics kept from GPU 0's replica only (the others are "
+        "discarded after each forward: `DataParallel` documentation)",
+        "mixed precision": "`torch.autocast` around the call works: `parallel_apply` carries it into each thread "
         "(notebook 07)",
         "launch": "`python train.py`",
         "status": "not recommended in the PyTorch docs",
@@ -39,15 +40,16 @@ FACTS: dict[str, dict[str, str]] = {
         "name": "`DistributedDataParallel`",
         "processes": "1 per device (GPU or CPU worker)",
         "machines": "one or many (`torchrun --nnodes`)",
-        "per step": "rank 0's buffers broadcast at each forward (`forward_sync_buffers`, notebook 09); "
-        "no parameters sent",
+        "per step": "rank 0's buffers broadcast at each forward (`forward_sync_buffers`, notebook 09); parameters stay "
+        "in sync",
         "gradient sync": "the backend's `all_reduce` (ring or tree: the backend chooses, notebook 07), in buckets, "
         "overlapped with backward",
         "optimizer": "runs on every rank, on identical gradients",
         "data": "a `DistributedSampler` shard per rank",
-        "batchnorm": "per rank, then rank 0's running statistics broadcast (notebook 09); `SyncBatchNorm` for "
-        "batch statistics across ranks (GPU)",
-        "mixed precision": "`torch.autocast` + `torch.amp.GradScaler`, as in one process (Apex `amp` is retired)",
+        "batchnorm": "batch statistics per rank; running statistics rank 0's, broadcast at each forward "
+        "(notebook 09); or `SyncBatchNorm` (GPU) for global batch statistics",
+        "mixed precision": "`torch.autocast` and `torch.amp.GradScaler`, as in one process "
+        "(Apex `amp` of seed 001 is retired)",
         "launch": "`torchrun` / `mp.spawn`",
         "status": "the recommended way",
         "split": "the batch; each device holds the whole model, its gradients and optimizer state",

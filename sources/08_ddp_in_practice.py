@@ -808,18 +808,20 @@ if requires_gpu("DataParallel over 2 GPUs", count=2):
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
+<!-- BEGIN generated: facts-dp-vs-ddp -->
 | | `nn.DataParallel` | `DistributedDataParallel` |
 |---|---|---|
-| processes | 1, a thread per GPU (GIL-bound) | 1 per GPU (or CPU worker) |
+| processes | 1, a thread per GPU (GIL-bound, notebook 07) | 1 per device (GPU or CPU worker) |
 | machines | one | one or many (`torchrun --nnodes`) |
-| per step | scatter input, replicate model, gather output | broadcast rank 0's buffers at each forward (`forward_sync_buffers`, notebook 09 §1); parameters stay in sync |
-| gradient sync | reduced onto GPU 0 (its memory and link are the bottleneck) | the backend's `all_reduce` (ring or tree: the backend chooses, notebook 07), in buckets, overlapped with backward |
+| per step | scatter the input, replicate the model, gather the outputs | rank 0's buffers broadcast at each forward (`forward_sync_buffers`, notebook 09); parameters stay in sync |
+| gradient sync | reduced onto GPU 0 (its memory and link are the bottleneck), after backward | the backend's `all_reduce` (ring or tree: the backend chooses, notebook 07), in buckets, overlapped with backward |
 | optimizer | runs once, on GPU 0 | runs on every rank, on identical gradients |
-| data | one DataLoader, batch split in forward | a `DistributedSampler` shard per rank |
-| BatchNorm | batch statistics per GPU; running statistics kept from GPU 0's replica only (the others are discarded after each forward: `DataParallel` documentation) | batch statistics per rank; running statistics rank 0's, broadcast at each forward (09 §1); or `SyncBatchNorm` (GPU) for global batch statistics |
-| mixed precision | `torch.autocast` around the call works: `parallel_apply` carries it into each thread (07 §1) | `torch.autocast` (Apex `amp` of seed 001 is retired) |
+| data | one DataLoader; the batch is split in `forward` | a `DistributedSampler` shard per rank |
+| BatchNorm | batch statistics per GPU; running statistics kept from GPU 0's replica only (the others are discarded after each forward: `DataParallel` documentation) | batch statistics per rank; running statistics rank 0's, broadcast at each forward (notebook 09); or `SyncBatchNorm` (GPU) for global batch statistics |
+| mixed precision | `torch.autocast` around the call works: `parallel_apply` carries it into each thread (notebook 07) | `torch.autocast` and `torch.amp.GradScaler`, as in one process (Apex `amp` of seed 001 is retired) |
 | launch | `python train.py` | `torchrun` / `mp.spawn` |
-| status | "not recommended" in the PyTorch docs | the recommended way |
+| status | not recommended in the PyTorch docs | the recommended way |
+<!-- END generated -->
 """
 
 # %% [markdown] slideshow={"slide_type": "slide"}

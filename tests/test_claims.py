@@ -20,9 +20,9 @@ import pytest
 from course_lib.manifest import notebook_paths
 
 NOTEBOOKS = notebook_paths()
-# a percentage or a ratio; not a shape (3×32×32, 256×8) and not part of a word, a version or a power (2^-10)
+# a percentage or a ratio; not a shape (3×32×32, 256×8), a product (0.05 × 2²⁰), part of a word, a version or a power
 _CLAIM = re.compile(
-    r"(?<![\w.^/×-])(\d+(?:\.\d+)?)\s?(%|x(?![\w×])|×(?![\d]))|(?<![\w`×])[x×]~?(\d+(?:\.\d+)?)(?![\d×])"
+    r"(?<![\w.^/×-])(\d+(?:\.\d+)?)\s?(%|x(?![\w×])|×(?!\s?[\d(]))|(?<![\w`×])[x×]~?(\d+(?:\.\d+)?)(?![\d×])"
 )
 _SOURCE = re.compile(
     r"\]\(https?:|et al\.|\bnotebooks? \d\d|\bseed \d\d\d|specification|datasheet|benchmarks/|`make test-portable`"

@@ -44,7 +44,7 @@ def test_a_fact_is_stated_once_and_shared_by_the_tables_that_show_it() -> None:
 def test_the_notebooks_carry_the_generated_tables() -> None:
     blocks = manifest.generated_blocks()
     carried = {name for path, names in blocks.items() if path.parent.name == "sources" for name in names}
-    assert {"facts-parallelism", "facts-remedies"} <= carried
+    assert {"facts-dp-vs-ddp", "facts-parallelism", "facts-remedies"} <= carried
     for path, names in blocks.items():
         if path.parent.name == "sources":
             for name in names:
