@@ -11,7 +11,7 @@ By the end you will be able to:
 - use `DeviceMesh` and `DTensor` (`Shard`, `Replicate`, `redistribute`, `full_tensor`), including a 2-D mesh of data × tensor parallelism;
 - save a sharded training run with `torch.distributed.checkpoint` and resume it on a different number of processes, exactly.
 
-This notebook assumes: notebook 04 (where training memory goes), 05 (master weights in mixed precision), 07 (reduce-scatter + all-gather = all-reduce) and 08 (DDP, launching, checkpoints). No GPU: every distributed run here is CPU processes talking over gloo, launched with `course_lib.launch`.
+This notebook assumes: notebook 04 (where training memory goes), 05 (master weights in mixed precision), 07 (reduce-scatter + all-gather = all-reduce), 08 (DDP, launching, checkpoints) and 10 (tensor parallelism, for the 2-D mesh). No GPU: every distributed run here is CPU processes talking over gloo, launched with `course_lib.launch`.
 """
 
 # %% slideshow={"slide_type": "-"}
