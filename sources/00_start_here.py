@@ -7,7 +7,7 @@
 By the end of this notebook you will be able to:
 - check that your environment has what the course needs;
 - read the course's conventions: checked claims, demonstrated errors, GPU cells, exercises and slides;
-- find your way through the eleven notebooks.
+- find your way through the thirteen notebooks.
 
 This notebook assumes: you can run Python in Jupyter and have seen `torch.tensor` before. Nothing else.
 """
