@@ -141,12 +141,13 @@ def bytes_per_parameter(world_size: int, stage: str, precision: str | Precision 
 
 
 def activation_bytes(micro_batch: int, bytes_per_sample_per_layer: int, layers: int, *, checkpointing: bool) -> int:
-    """Activation bytes one rank keeps for backward: ``b · a · L``, or with checkpointing every
-    ``k = ceil(sqrt(L))`` layers ``b · a · (ceil(L / k) + k)`` (the segment inputs, plus one segment
-    recomputed: notebook 04's sqrt(L) result). Sharding does not reduce it; a smaller micro-batch does.
+    """Activation bytes one rank keeps for backward: ``b · a · L``, or with checkpointing in
+    ``k = ceil(sqrt(L))`` segments notebook 04's count ``b · a · (k - 1 + ceil(L / k))`` (the inputs of
+    the ``k - 1`` checkpointed segments, plus one segment's activations, the last one's in forward or a
+    recomputed one's in backward). Sharding does not reduce it; a smaller micro-batch does.
 
     >>> activation_bytes(8, 1024, 16, checkpointing=False), activation_bytes(8, 1024, 16, checkpointing=True)
-    (131072, 65536)
+    (131072, 57344)
     """
     micro_batch = check_int("micro_batch", micro_batch, minimum=0)
     per = check_int("bytes_per_sample_per_layer", bytes_per_sample_per_layer, minimum=0)
@@ -154,7 +155,7 @@ def activation_bytes(micro_batch: int, bytes_per_sample_per_layer: int, layers: 
     if not check_bool("checkpointing", checkpointing):
         return micro_batch * per * layers
     k = math.ceil(math.sqrt(layers))
-    return micro_batch * per * (math.ceil(layers / k) + k)
+    return micro_batch * per * (k - 1 + math.ceil(layers / k))
 
 
 def rank_memory(

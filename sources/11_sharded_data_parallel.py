@@ -102,7 +102,7 @@ print(describe(7.0, 8, "mixed_adam", "zero3", True, 1))
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-For a 7B model on 8 devices, DDP needs 112 GB of model state per rank and ZeRO-3 14 GB; the activations of one sequence of 2048 tokens (8.6 GB without checkpointing, 3.2 GB with it, in this rough estimate) stay the same whatever the stage. The rest of this notebook checks the count on real processes: each stage is implemented, run on 2 gloo processes, and what each rank holds is measured.
+For a 7B model on 8 devices, DDP needs 112 GB of model state per rank and ZeRO-3 14 GB; the activations of one sequence of 2048 tokens (8.6 GB without checkpointing, 3.0 GB with it, in this rough estimate) stay the same whatever the stage. The rest of this notebook checks the count on real processes: each stage is implemented, run on 2 gloo processes, and what each rank holds is measured.
 """
 
 # %% [markdown] slideshow={"slide_type": "slide"}
