@@ -32,8 +32,7 @@ _RATIO = re.compile(r"(?<![\d.])(\d+(?:\.\d+)?)\s?[x×]|[x×]~?(\d+(?:\.\d+)?)")
 _SENTENCE = re.compile(r"\n|(?<=[.!?]) (?=[A-Z*`(])")
 
 
-def _shown(path: Path) -> str:
-    nb = nbformat.read(path, as_version=4)
+def _shown(nb: nbformat.NotebookNode) -> str:
     texts = []
     for cell in nb.cells:
         if cell.cell_type == "code":
@@ -49,8 +48,8 @@ def _shown(path: Path) -> str:
 
 def unshown_claims(path: Path) -> list[str]:
     """The sentences of a notebook's text with a percentage or ratio that nothing in the notebook shows."""
-    shown = _shown(path)
     nb = nbformat.read(path, as_version=4)
+    shown = _shown(nb)
     found = []
     for i, cell in enumerate(nb.cells):
         if cell.cell_type != "markdown":
