@@ -12,7 +12,7 @@ PYTEST_NBVAL := --nbval --nbval-current-env --nbval-sanitize-with tests/sanitize
 CHROMIUM ?= /usr/bin/chromium
 NPM_STAMP := node_modules/.package-lock.json
 
-.PHONY: help venv lab test lint test-lib test-notebooks test-portable test-browser execute sync slides html lock benchmarks clean
+.PHONY: help venv lab test lint test-lib test-notebooks test-portable test-gpu-visible test-load test-browser execute sync slides html lock benchmarks clean
 
 help:
 	@echo "make lab        - create $(VENV), install the pinned environment, open JupyterLab in notebooks/"
@@ -23,6 +23,8 @@ help:
 	@echo "make slides     - a reveal.js deck per notebook in _site/slides/, offline (needs npm for the pinned assets)"
 	@echo "make html       - the whole course as offline static HTML in _site/ (index.html), decks included"
 	@echo "make test-portable - nbval over every notebook under simulated CPUs (portable kernels, AVX2)"
+	@echo "make test-gpu-visible - nbval over every notebook with a CPU-only torch made to report 2 CUDA GPUs"
+	@echo "make test-load  - nbval over every notebook while a CPU hog keeps every core busy"
 	@echo "make test-browser - the real-browser tests (JupyterLab, decks, site) with $(CHROMIUM)"
 	@echo "make benchmarks - run every script in benchmarks/ and print its RESULT line"
 	@echo "make lock       - regenerate requirements.lock from a fresh install of pyproject.toml"
@@ -82,6 +84,23 @@ test-portable: $(STAMP)
 	  env $$cpu $(BIN)/python scripts/cpu_capability.py || exit 1; \
 	  env $$cpu $(BIN)/python -m pytest -p no:cacheprovider $(PYTEST_NBVAL) $(NB) || exit 1; \
 	done
+
+# A machine with GPUs must print what the committed notebooks show: CPU jobs stay on the CPU, and
+# only guarded GPU cells may differ. tests/gpu_visible/sitecustomize.py makes this CPU-only torch report
+# $(SIMULATED_GPUS) CUDA devices to every process (kernel and launched ranks, honouring
+# CUDA_VISIBLE_DEVICES); guarded cells skip as usual, because course_lib.device knows they are simulated.
+SIMULATED_GPUS ?= 2
+GPU_VISIBLE_ENV := PYTHONPATH=$(CURDIR)/tests/gpu_visible$(if $(PYTHONPATH),:$(PYTHONPATH)) COURSE_SIMULATED_GPUS=$(SIMULATED_GPUS)
+
+test-gpu-visible: $(STAMP)
+	@echo "== nbval with $(SIMULATED_GPUS) simulated CUDA GPUs visible"
+	env $(GPU_VISIBLE_ENV) $(BIN)/python -c "import torch; assert torch.cuda.device_count() == $(SIMULATED_GPUS)"
+	env $(GPU_VISIBLE_ENV) $(BIN)/python -m pytest -p no:cacheprovider $(PYTEST_NBVAL) $(NB)
+
+# No output may depend on how busy the machine is: nbval while scripts/cpu_hog.py keeps every core busy.
+test-load: $(STAMP)
+	@echo "== nbval on a loaded machine"
+	$(BIN)/python scripts/cpu_hog.py -- $(BIN)/python -m pytest -p no:cacheprovider $(PYTEST_NBVAL) $(NB)
 
 # The real-browser tests (tests/browser): JupyterLab runs every notebook, the decks and the site
 # are stepped through offline. Playwright drives $(CHROMIUM); it never downloads a browser.

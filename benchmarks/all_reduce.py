@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/all_reduce.py [--sizes 1024 65536 ...] [--world-sizes 2 4] [--repeats 10]
 
-For each world size (processes on this machine, started with ``course_lib.launch.spawn``) and
+For each world size (processes on this machine, started with ``course_lib.launch.run_ranks``) and
 each tensor size (float32): the median time of one all-reduce (the slowest rank's time, each
 repetition), the bytes each rank sent in the hand-written ring (counted in the code), the ring's
 formula ``2 (N-1)/N * S``, and whether the results equal ``dist.all_reduce``'s (``allclose`` on
@@ -45,7 +45,7 @@ import torch.distributed as dist
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from course_lib.collectives import ring_all_reduce  # noqa: E402  (the ring notebook 07 writes by hand)
 from course_lib.comm_model import fit_alpha_beta, predict_all_reduce  # noqa: E402
-from course_lib.launch import spawn  # noqa: E402
+from course_lib.launch import run_ranks  # noqa: E402
 from course_lib.saved_tensors import format_bytes  # noqa: E402
 
 DEFAULT_SIZES = (1024, 16384, 262144, 1048576)  # float32 elements: 4 KiB .. 4 MiB
@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     print("-" * len(header))
     all_equal, byte_ratios, time_ratios, model_ratios = True, [], [], []
     for n in args.world_sizes:
-        per_rank = spawn(
+        per_rank = run_ranks(
             f"{Path(__file__).resolve()}:worker",
             nprocs=n,
             args=(args.sizes, args.repeats),

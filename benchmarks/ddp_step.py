@@ -5,7 +5,7 @@
 The global batch is fixed (512 samples of the 64-feature digits shape) so that every row does
 the same training work: one process takes the whole batch, two DDP processes take half each.
 Single-process rows run without DDP with 1 and with 2 intra-op threads; DDP rows use one thread
-per process (what torchrun sets). Each row is a fresh job started by course_lib.launch.spawn;
+per process (what torchrun sets). Each row is a fresh job started by course_lib.launch.run_ranks;
 the step (zero_grad, forward, backward with its all-reduce, SGD) is timed on rank 0 after a
 barrier, over --steps after 5 warm-up steps; the table shows the median and the best step (the
 best is the least disturbed by other work on the machine; the RESULT ratios use it). A DDP communication hook counts the buckets
@@ -45,7 +45,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from course_lib.launch import spawn  # noqa: E402
+from course_lib.launch import run_ranks  # noqa: E402
 
 
 def mlp(width: int = 512, depth: int = 4) -> nn.Module:
@@ -104,12 +104,12 @@ def main(argv: list[str] | None = None) -> int:
     target = f"{os.path.abspath(__file__)}:worker"
     rows = []
     for threads in (1, 2):
-        r = spawn(
+        r = run_ranks(
             target, 1, (threads, None, args.global_batch, args.steps), init_method="none", echo="none", timeout=300
         )[0]
         rows.append((f"1 process, no DDP, {threads} thread{'s' if threads > 1 else ''}", "-", r))
     for bucket in (0.05, 2.5, 25.0):
-        r = spawn(target, 2, (1, bucket, args.global_batch, args.steps), echo="none", timeout=300)[0]
+        r = run_ranks(target, 2, (1, bucket, args.global_batch, args.steps), echo="none", timeout=300)[0]
         rows.append(("2 processes, DDP, 1 thread each", f"{bucket:g}", r))
     print(
         f"model: {rows[0][2]['params_mb']:.2f} MB of float32 parameters; global batch {args.global_batch}; "

@@ -31,7 +31,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 
-from course_lib.launch import spawn  # noqa: E402
+from course_lib.launch import run_ranks  # noqa: E402
 from course_lib.sharding import model_state_bytes  # noqa: E402
 
 KINDS = {"ddp": "ddp", "zero1": "zero1", "zero1_builtin": "zero1", "zero2": "zero2", "fsdp2": "zero3"}
@@ -72,7 +72,7 @@ def main() -> None:
         Path(tmp, "bench_worker.py").write_text(WORKER)
         sys.path.insert(0, tmp)
         for n in sizes:
-            results = spawn(
+            results = run_ranks(
                 f"{tmp}/bench_worker.py:measure_all", nprocs=n, args=(list(KINDS),), timeout=300, echo="none"
             )
             for rank, per_kind in enumerate(results):

@@ -112,7 +112,7 @@ class _cuda_on_cpu:
 '''
 
 # Cells that start other processes: skipped in a dry run (nbval runs them), unless they are GPU cells.
-LAUNCHES = re.compile(r"\b(?:spawn|run_torchrun|run_script|start_processes)\(")
+LAUNCHES = re.compile(r"\b(?:spawn|run_ranks|run_torchrun|run_script|start_processes)\(")
 
 
 @dataclass(frozen=True)

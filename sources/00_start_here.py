@@ -28,12 +28,12 @@ report = environment_report()
 print("\n".join(report.lines()))
 
 # %% slideshow={"slide_type": "fragment"}
-from packaging.version import Version
+from course_lib.device import MIN_TORCH, require_torch
 
-assert Version(torch.__version__.split("+")[0]) >= Version("2.6"), "the course needs PyTorch >= 2.6"
+require_torch()  # raises, saying what to install, on an older PyTorch
 assert report.distributed and report.gloo, "the distributed notebooks need torch.distributed with gloo"
 assert report.cpu_cores >= 1
-print("Environment OK: PyTorch >= 2.6 with torch.distributed and the gloo backend.")
+print(f"Environment OK: PyTorch >= {MIN_TORCH} with torch.distributed and the gloo backend.")
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
@@ -113,6 +113,22 @@ from course_lib.device import requires_gpu
 if requires_gpu("a matrix multiply on the GPU"):
     a = torch.randn(1024, 1024, device="cuda")
     print("GPU matmul OK:", (a @ a).shape)
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+### On a machine with a GPU
+
+Everything else stays on the CPU there too, and prints what you read in the committed notebooks. That is a rule of the course, not luck:
+
+- **CPU jobs stay on the CPU.** The distributed notebooks start processes with `course_lib.launch`, which hides every GPU from them (`CUDA_VISIBLE_DEVICES=""`) unless a cell asks for one, and their scripts take the device as an argument (`--device cpu` by default) instead of choosing CUDA because one is visible. (CI checks this: it runs every notebook with a CPU-only PyTorch made to report two GPUs, and every cell outside the guarded ones must print exactly the same.)
+- **The GPU path is one switch.** Start JupyterLab with the environment variable `COURSE_DEVICE=cuda` (`COURSE_DEVICE=cuda make lab`) and the training scripts of notebooks 08, 09, 11 and 12 run on your GPUs with NCCL instead: one process per GPU, each bound to its GPU by `LOCAL_RANK`. Their printed numbers then differ from the committed ones (other kernels, other timings); their checks still hold.
+- **Determinism is an opt-in.** `seed_everything(0)` only seeds the random generators (Python's, NumPy's, PyTorch's on the CPU and every GPU): on the CPU that is all the course needs to print the same numbers twice. `seed_everything(0, deterministic=True)` also asks for deterministic kernels (`torch.use_deterministic_algorithms`, cuDNN without autotuning, `CUBLAS_WORKSPACE_CONFIG`): use it on a GPU when you need bit-equal reruns, and know that every timing after it measures the deterministic, often slower, kernels.
+"""
+
+# %% slideshow={"slide_type": "fragment"}
+from course_lib.device import course_device
+
+print("the course's training scripts run on:", course_device())
 
 # %% [markdown] slideshow={"slide_type": "slide"}
 """

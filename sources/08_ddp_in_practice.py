@@ -11,7 +11,7 @@ By the end you will be able to:
 - explain what DDP does inside (parameter broadcast, gradient buckets, overlap) and measure `bucket_cap_mb` and `no_sync`.
 - recognise a hang in a collective and a crash at exit (`terminate called without an active exception`), and write the teardown that prevents the crash.
 
-This notebook assumes: notebook 06 (gradient accumulation) and 07 (all-reduce and the collectives), and a training loop you could write yourself. No GPU: every distributed run here is CPU processes with the gloo backend; GPU-only cells say what they skipped.
+This notebook assumes: notebook 06 (gradient accumulation) and 07 (all-reduce and the collectives), and a training loop you could write yourself. No GPU: every distributed run here is CPU processes with the gloo backend, also on a machine with GPUs; GPU-only cells say what they skipped. On a GPU machine, `COURSE_DEVICE=cuda` (notebook 00) runs the training script on GPUs with NCCL instead, one process per GPU.
 """
 
 # %% slideshow={"slide_type": "-"}
@@ -28,8 +28,8 @@ import torch.nn as nn
 from torch.utils.data import DistributedSampler
 
 from course_lib.errors import expect_error
-from course_lib.device import requires_gpu
-from course_lib.launch import (LaunchError, child_stderr, free_port, port_in_use, run_script, run_torchrun, spawn,
+from course_lib.device import course_device, course_ranks, requires_gpu
+from course_lib.launch import (LaunchError, child_stderr, free_port, port_in_use, run_ranks, run_script, run_torchrun,
                                torchrun_command)
 from course_lib.seeding import seed_everything
 
@@ -44,7 +44,9 @@ def shown(cmd, port=None):
 seed_everything(0)
 os.makedirs("_runs", exist_ok=True)  # scratch folder for the scripts this notebook writes (git ignores it)
 sys.path.insert(0, os.path.abspath("_runs"))
-print(f"torch {torch.__version__.split('+')[0]}, gloo available: {dist.is_gloo_available()}, CUDA GPUs: {torch.cuda.device_count()}")
+DEVICE = course_device()  # "cpu", unless COURSE_DEVICE=cuda asks for the GPU path (notebook 00)
+RANKS = course_ranks(2)  # 2 processes on the CPU; on the GPU path one per GPU, at most 2
+print(f"torch {torch.__version__.split('+')[0]}, gloo available: {dist.is_gloo_available()}")
 
 # %% [markdown] slideshow={"slide_type": "slide"}
 """
@@ -52,7 +54,7 @@ print(f"torch {torch.__version__.split('+')[0]}, gloo available: {dist.is_gloo_a
 
 One file, written by the next cell so you can read all of it. It is launcher-agnostic: `torchrun` and the legacy launcher set `RANK`, `LOCAL_RANK`, `WORLD_SIZE`, `MASTER_ADDR` and `MASTER_PORT` in each process's environment, and `init_process_group()` with the default `init_method="env://"` reads them; `mp.spawn` calls `train(rank, world_size)` after initialising the group itself (section 3).
 
-What to look for, in order: **backend choice** (nccl for GPUs, gloo for CPUs); **seeding**; **rank-0-only I/O behind `dist.barrier()`** (rank 0 "downloads" the data, the others wait, then all read it); **`DistributedSampler`** and **`set_epoch`**; **metrics summed with `all_reduce`** (every rank must call it); the **checkpoint** written by rank 0 and loaded by everyone with `torch.load(weights_only=True)`; a final check that the parameters are **equal on every rank**. `log()` prefixes each line with `[rankN]:` so the launcher can sort the output by rank.
+What to look for, in order: **device and backend, chosen by an argument** (`--device cpu`, the default, trains on CPU processes over gloo; `--device cuda` binds each process to the GPU numbered by its `LOCAL_RANK` and uses NCCL); **seeding**; **rank-0-only I/O behind `dist.barrier()`** (rank 0 "downloads" the data, the others wait, then all read it); **`DistributedSampler`** and **`set_epoch`**; **metrics summed with `all_reduce`** (every rank must call it); the **checkpoint** written by rank 0 and loaded by everyone with `torch.load(weights_only=True)`; a final check that the parameters are **equal on every rank**. `log()` prefixes each line with `[rankN]:` so the launcher can sort the output by rank.
 """
 
 # %% slideshow={"slide_type": "-"}
@@ -90,9 +92,7 @@ def make_model():
     return nn.Sequential(nn.Flatten(), nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 10))
 
 
-def train(rank, world_size, epochs=2, batch_size=32, lr=0.1, out="_runs/ddp"):
-    use_cuda = torch.cuda.is_available()
-    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank))) if use_cuda else torch.device("cpu")
+def train(rank, world_size, epochs=2, batch_size=32, lr=0.1, out="_runs/ddp", device=torch.device("cpu")):
     # The same seed on every rank: the same initial weights (DDP also broadcasts rank 0's) and the same
     # sampler seed. Randomness that should differ per rank (augmentation) would add the rank to the seed.
     seed_everything(0)
@@ -111,7 +111,7 @@ def train(rank, world_size, epochs=2, batch_size=32, lr=0.1, out="_runs/ddp"):
     loader = DataLoader(dataset, batch_size=batch_size, sampler=sampler)
     plain = DataLoader(dataset, batch_size=batch_size)  # seed 002's loader: no sampler (counted, not loaded)
     log(f"without a DistributedSampler this rank would train on {sum(map(len, plain.batch_sampler))} samples per epoch")
-    model = DDP(make_model().to(device), device_ids=[device.index] if use_cuda else None)
+    model = DDP(make_model().to(device), device_ids=[device.index] if device.type == "cuda" else None)
     opt = torch.optim.SGD(model.parameters(), lr=lr)
 
     for epoch in range(epochs):
@@ -152,12 +152,18 @@ if __name__ == "__main__":  # started by torchrun or python -m torch.distributed
     parser.add_argument("--out", default="_runs/ddp")
     # Only the legacy launcher passes this (as --local-rank since torch 2.0); torchrun does not. Accept both spellings.
     parser.add_argument("--local-rank", "--local_rank", type=int, default=None)
+    # The device is a choice, never "cuda if torch.cuda.is_available()": a CPU job stays a CPU job on a GPU machine.
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     args = parser.parse_args()
     local_rank = int(os.environ["LOCAL_RANK"])  # what both launchers set: use this, not the argument
-    backend = "nccl" if torch.cuda.is_available() else "gloo"
-    if backend == "nccl":
-        torch.cuda.set_device(local_rank)
-    dist.init_process_group(backend)  # init_method="env://": MASTER_ADDR/PORT, RANK, WORLD_SIZE from the environment
+    if args.device == "cuda":  # one GPU per process, chosen by LOCAL_RANK; NCCL between them
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+        dist.init_process_group("nccl", device_id=device)  # device_id: bound now, NCCL connects eagerly
+    else:
+        device = torch.device("cpu")
+        dist.init_process_group("gloo")  # init_method="env://": MASTER_ADDR/PORT, RANK, WORLD_SIZE from the environment
+    backend = dist.get_backend()
     r, n = dist.get_rank(), dist.get_world_size()
     log(f"backend={backend} RANK={r} LOCAL_RANK={local_rank} WORLD_SIZE={n} GROUP_RANK={os.environ.get('GROUP_RANK')}")
     # Teardown, in this order. (1) train() returns: the DDP model, its reducer, the optimizer and the
@@ -168,7 +174,7 @@ if __name__ == "__main__":  # started by torchrun or python -m torch.distributed
     # "terminate called without an active exception".
     world = weakref.ref(dist.group.WORLD)
     try:
-        train(r, n, epochs=args.epochs, out=args.out)
+        train(r, n, epochs=args.epochs, out=args.out, device=device)
         dist.barrier()
     finally:
         dist.destroy_process_group()
@@ -185,7 +191,8 @@ if __name__ == "__main__":  # started by torchrun or python -m torch.distributed
 
 # %% slideshow={"slide_type": "-"}
 print(shown(torchrun_command("_runs/ddp_train.py", nproc_per_node=2, master_port=29500, tee=False)))
-single_node = run_torchrun("_runs/ddp_train.py", nproc_per_node=2, args=["--out", "_runs/ddp"], timeout=120)
+single_node = run_torchrun("_runs/ddp_train.py", nproc_per_node=RANKS, args=["--out", "_runs/ddp", "--device", DEVICE],
+                           timeout=120, device=DEVICE)
 print(f"wall time ~{single_node.wall_time:.1f} s")
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
@@ -194,10 +201,10 @@ Read the output against the script. Without a `DistributedSampler` (seed 002's l
 """
 
 # %% slideshow={"slide_type": "-"}
-for rank in (0, 1):
+for rank in range(RANKS):  # RANKS is 2 here (on a 1-GPU machine's GPU path: 1, and the shard is the whole set)
     assert "without a DistributedSampler this rank would train on 1438 samples" in single_node.output(rank)
-    assert "719 samples" in single_node.output(rank)
-    assert "parameters identical on all 2 ranks: True" in single_node.output(rank)
+    assert f"{1438 // RANKS} samples" in single_node.output(rank)
+    assert f"parameters identical on all {RANKS} ranks: True" in single_node.output(rank)
 assert "over 1438 samples" in single_node.output(0)
 print("checked: 1438 per rank without the sampler, disjoint halves of 719 with it, metrics over 1438, identical parameters")
 
@@ -258,11 +265,10 @@ if requires_gpu("fork after CUDA initialisation fails in the child"):
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-So the spawn entry point lives in a file, guarded by `if __name__ == "__main__":` (each spawned child imports the file; without the guard every child would spawn again). It initialises the group itself, here with `init_method="tcp://host:port"` instead of environment variables, on a free port. The world size is a number we choose: the seeds' `torch.cuda.device_count()` is **0** on this machine, and `mp.spawn(..., nprocs=0)` silently does nothing at all.
+So the spawn entry point lives in a file, guarded by `if __name__ == "__main__":` (each spawned child imports the file; without the guard every child would spawn again). It initialises the group itself, here with `init_method="tcp://host:port"` instead of environment variables, on a free port. The world size is a number we choose: the source posts pass `nprocs=torch.cuda.device_count()`, which is **0** on a machine without GPUs, and `mp.spawn(..., nprocs=0)` silently does nothing at all:
 """
 
 # %% slideshow={"slide_type": "-"}
-print("torch.cuda.device_count() here:", torch.cuda.device_count())
 assert mp.spawn(worker, nprocs=0) is None  # no process, no error, no training
 print("mp.spawn(nprocs=0) returned at once, having trained nothing")
 
@@ -270,6 +276,7 @@ print("mp.spawn(nprocs=0) returned at once, having trained nothing")
 # %%writefile _runs/spawn_train.py
 import sys
 
+import torch
 import torch.distributed as dist
 import torch.distributed.nn  # noqa: F401  (before init_process_group: see the note in ddp_train.py)
 import torch.multiprocessing as mp
@@ -278,23 +285,32 @@ from course_lib.launch import free_port
 from ddp_train import train  # importable: this file's folder is on sys.path
 
 
-def worker(rank, world_size, port, out):
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
+def worker(rank, world_size, port, out, device_type):
+    url = f"tcp://127.0.0.1:{port}"
+    if device_type == "cuda":  # the GPU path: GPU `rank` for process `rank`, NCCL
+        device = torch.device("cuda", rank)
+        torch.cuda.set_device(device)
+        dist.init_process_group("nccl", init_method=url, rank=rank, world_size=world_size, device_id=device)
+    else:
+        device = torch.device("cpu")
+        dist.init_process_group("gloo", init_method=url, rank=rank, world_size=world_size)
     try:
-        train(rank, world_size, epochs=2, out=out)  # the DDP model and the last collectives' tensors die with train()
+        train(rank, world_size, epochs=2, out=out, device=device)  # the DDP model and the last collectives' tensors die with train()
         dist.barrier()  # every rank done communicating
     finally:
         dist.destroy_process_group()  # the last reference: gloo's threads are joined here, not at interpreter exit
 
 
-if __name__ == "__main__":
-    world_size = 2  # a choice, not torch.cuda.device_count() (0 on a CPU machine)
-    mp.spawn(worker, args=(world_size, free_port(), sys.argv[1]), nprocs=world_size, join=True)
+if __name__ == "__main__":  # python spawn_train.py OUT [DEVICE [WORLD_SIZE]]
+    out, device_type = sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else "cpu"
+    world_size = int(sys.argv[3]) if len(sys.argv) > 3 else 2  # a choice, not torch.cuda.device_count()
+    mp.spawn(worker, args=(world_size, free_port(), out, device_type), nprocs=world_size, join=True)
 
 # %% slideshow={"slide_type": "-"}
-spawned = run_script(["python", "_runs/spawn_train.py", "_runs/ddp_spawn"], timeout=120)
-a = torch.load("_runs/ddp/checkpoint.pt", weights_only=True)
-b = torch.load("_runs/ddp_spawn/checkpoint.pt", weights_only=True)
+spawned = run_script(["python", "_runs/spawn_train.py", "_runs/ddp_spawn", DEVICE, str(RANKS)], timeout=120, device=DEVICE)
+# map_location="cpu": on the GPU path the checkpoints hold CUDA tensors; here they are compared on the CPU
+a = torch.load("_runs/ddp/checkpoint.pt", map_location="cpu", weights_only=True)
+b = torch.load("_runs/ddp_spawn/checkpoint.pt", map_location="cpu", weights_only=True)
 assert all(torch.equal(a[k], b[k]) for k in a)
 print(f"mp.spawn + tcp:// gives the same weights as torchrun + env://, bit for bit; wall time ~{spawned.wall_time:.1f} s")
 
@@ -329,11 +345,11 @@ The training script of section 1 accepts both spellings but reads `LOCAL_RANK` f
 """
 
 # %% slideshow={"slide_type": "-"}
-legacy = run_script(torchrun_command("_runs/ddp_train.py", module="launch", master_port=free_port(),
-                                     args=["--out", "_runs/ddp_legacy"]), timeout=120)
+legacy = run_script(torchrun_command("_runs/ddp_train.py", module="launch", master_port=free_port(), nproc_per_node=RANKS,
+                                     args=["--out", "_runs/ddp_legacy", "--device", DEVICE]), timeout=120, device=DEVICE)
 notice = next(line for line in legacy.output("agent").splitlines() if "deprecated" in line)
 print("launcher says:", notice[notice.index("FutureWarning"):].strip())
-c = torch.load("_runs/ddp_legacy/checkpoint.pt", weights_only=True)
+c = torch.load("_runs/ddp_legacy/checkpoint.pt", map_location="cpu", weights_only=True)
 assert all(torch.equal(a[k], c[k]) for k in a)
 print("same weights as torchrun: True")
 
@@ -341,7 +357,7 @@ print("same weights as torchrun: True")
 """
 ## 5. Multi-node, for real: two `torchrun` agents
 
-On two machines you type one command on each, identical except `--node_rank`; they meet at `--master_addr:--master_port` (a port on node 0). Here both "machines" are this one, so the master address is `127.0.0.1`. With `--nnodes=2 --nproc_per_node=1` the world size is 2, so the job must produce exactly the weights of section 2.
+On two machines you type one command on each, identical except `--node_rank`; they meet at `--master_addr:--master_port` (a port on node 0). Here both "machines" are this one, so the master address is `127.0.0.1`. With `--nnodes=2 --nproc_per_node=1` the world size is 2, so the job must produce exactly the weights of section 2. (This one stays on the CPU even on the GPU path: each "node" runs its only process as `LOCAL_RANK=0`, which on two real machines is GPU 0 of each, but on one machine would put both processes on the same GPU, which NCCL refuses.)
 """
 
 # %% slideshow={"slide_type": "-"}
@@ -351,8 +367,13 @@ for node in (0, 1):
                                                   master_port=port, tee=False, args=["--out", "_runs/ddp_2nodes"]), port))
 two_nodes = run_torchrun("_runs/ddp_train.py", nnodes=2, nproc_per_node=1, master_port=port,
                          args=["--out", "_runs/ddp_2nodes"], timeout=120)
-d = torch.load("_runs/ddp_2nodes/checkpoint.pt", weights_only=True)
-assert all(torch.equal(a[k], d[k]) for k in a)
+if (DEVICE, RANKS) == ("cpu", 2):
+    cpu_ref = a  # section 2's run: 2 CPU processes
+else:  # the GPU path trained section 2 on GPUs: the CPU proofs need a 2-process CPU run of their own
+    run_torchrun("_runs/ddp_train.py", nproc_per_node=2, args=["--out", "_runs/ddp_cpu"], timeout=120, echo="none")
+    cpu_ref = torch.load("_runs/ddp_cpu/checkpoint.pt", weights_only=True)
+d = torch.load("_runs/ddp_2nodes/checkpoint.pt", map_location="cpu", weights_only=True)
+assert all(torch.equal(cpu_ref[k], d[k]) for k in cpu_ref)
 assert "GROUP_RANK=1" in two_nodes.output(1)
 print(f"2 nodes x 1 process = 1 node x 2 processes, bit for bit; wall time ~{two_nodes.wall_time:.1f} s")
 
@@ -421,13 +442,13 @@ for key in ("MASTER_ADDR", "MASTER_PORT"):
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-**Backend choice.** `gloo` runs collectives on CPU tensors (and on GPU tensors, slowly); `nccl` runs them GPU-to-GPU and is the choice for CUDA training; `mpi` needs PyTorch built against MPI. Use `"nccl" if torch.cuda.is_available() else "gloo"`, as the script does.
+**Backend choice.** `gloo` runs collectives on CPU tensors (and on GPU tensors, slowly); `nccl` runs them GPU-to-GPU and is the choice for CUDA training (a CUDA build of PyTorch has it); `mpi` needs PyTorch built against MPI. Choose it with the device, and choose the device on purpose (the script's `--device`): `"nccl" if torch.cuda.is_available() else "gloo"` looks convenient, but it turns every CPU job on a GPU machine into a GPU job, with one GPU needed per process. Notebook 11 §6 shows the device-generic forms of current PyTorch (`torch.accelerator`, `device_id=`, `init_process_group()` without a backend).
 
 **SyncBatchNorm.** `nn.SyncBatchNorm.convert_sync_batchnorm(model)` swaps every BatchNorm for one whose batch statistics are all-reduced over the ranks (seed 003's advice). DDP accepts it only for GPU modules; on CPU it refuses at construction:
 """
 
 # %% slideshow={"slide_type": "-"}
-print("backends here: gloo", dist.is_gloo_available(), "| nccl", dist.is_nccl_available(), "| mpi", dist.is_mpi_available())
+print("gloo available:", dist.is_gloo_available())  # nccl: on CUDA builds only, so not printed here
 bn_model = nn.Sequential(nn.Linear(8, 8), nn.BatchNorm1d(8))
 sync_model = nn.SyncBatchNorm.convert_sync_batchnorm(bn_model)
 print("converted:", type(sync_model[1]).__name__)
@@ -523,12 +544,12 @@ for epoch in range(2):
         F.cross_entropy(ref(x_all[idx]), y_all[idx]).backward()
         opt.step()
 
-worst = max((ref.state_dict()[k] - a[k]).abs().max().item() for k in a)
-assert all(torch.allclose(ref.state_dict()[k], a[k], atol=1e-5) for k in a)
+worst = max((ref.state_dict()[k] - cpu_ref[k]).abs().max().item() for k in cpu_ref)
+assert all(torch.allclose(ref.state_dict()[k], cpu_ref[k], atol=1e-5) for k in cpu_ref)
 assert worst < 1e-6
 print(f"DDP (2 processes) vs 1 process on the 64-sample global batch: allclose, largest difference < 1e-6 (~{worst:.0e})")
 seed_everything(0)
-assert not all(torch.allclose(make_model().state_dict()[k], a[k], atol=1e-3) for k in a), "training did move the weights"
+assert not all(torch.allclose(make_model().state_dict()[k], cpu_ref[k], atol=1e-3) for k in cpu_ref), "training did move the weights"
 
 # %% [markdown] slideshow={"slide_type": "slide"}
 """
@@ -656,7 +677,7 @@ def internals(rank, world_size, steps=10):
 # %% slideshow={"slide_type": "-"}
 from ddp_internals import internals
 
-reports = spawn(internals, nprocs=2, timeout=120)
+reports = run_ranks(internals, nprocs=2, timeout=120)
 r0 = reports[0]
 assert all(r[key] for r in reports for key in ("differ_before", "equal_after", "grad_is_mean", "no_sync_same_grad"))
 print("initial weights differ across ranks before DDP(model):", r0["differ_before"])
@@ -709,7 +730,7 @@ def seed_003_logging(rank, world_size):
 
 # %% slideshow={"slide_type": "-"}
 with expect_error(LaunchError, match="did not finish within the timeout of 4 s") as hung:
-    spawn("_runs/seed003_logging.py:seed_003_logging", nprocs=2, timeout=4, echo="none")
+    run_ranks("_runs/seed003_logging.py:seed_003_logging", nprocs=2, timeout=4, echo="none")
 print("reason:", hung.error.reason)
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
@@ -778,28 +799,20 @@ assert "freed the group: True" in probe.output(0) and "freed the group: False" i
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-The fix, in the training script of section 1 and in `course_lib.launch.spawn`'s workers, is two habits:
+The fix, in the training script of section 1 and in `course_lib.launch.run_ranks`'s workers, is two habits:
 
 - **`import torch.distributed.nn` before `init_process_group`**, so its defaults capture no group;
 - **tear down in order**: let `train()` return, so the DDP model, its reducer, the optimizer and the last collectives' tensors die with its frame (keep none in a global); then `dist.barrier()`; then `dist.destroy_process_group()`, which now drops the last reference and joins gloo's threads while Python is fully alive. The script then checks with a weak reference that the group is gone and warns on stderr if something still holds it.
 
-With both, a rank ends its script with one thread instead of four (the main thread, two gloo workers and gloo's network loop), so nothing is left to race with shutdown. `benchmarks/launch_stress.py` launches the script 102 times under `torchrun`, the legacy launcher and `spawn`: with the old teardown 3 of 102 launches crashed this way, with the fixed one none (`RESULT launches=102 crashes=0`). Hiding the crash with `os._exit(0)` after the work (what `course_lib.launch` did before) also works, but skips every `atexit` handler and buffer flush; the import order is the fix.
+With both, a rank ends its script with one thread instead of four (the main thread, two gloo workers and gloo's network loop), so nothing is left to race with shutdown. `benchmarks/launch_stress.py` launches the script 102 times under `torchrun`, the legacy launcher and `run_ranks`: with the old teardown 3 of 102 launches crashed this way, with the fixed one none (`RESULT launches=102 crashes=0`). Hiding the crash with `os._exit(0)` after the work (what `course_lib.launch` did before) also works, but skips every `atexit` handler and buffer flush; the import order is the fix.
 """
 
 # %% [markdown] slideshow={"slide_type": "slide"}
 """
 ## 11. DataParallel versus DistributedDataParallel
 
-`nn.DataParallel` is one process with one thread per GPU: each step it scatters the batch, **replicates the model** from GPU 0 to the others, runs the replicas in threads, gathers the outputs on GPU 0 and reduces the gradients there (notebook 07). Without GPUs it does nothing at all: it calls the wrapped module.
+`nn.DataParallel` is one process with one thread per GPU: each step it scatters the batch, **replicates the model** from GPU 0 to the others, runs the replicas in threads, gathers the outputs on GPU 0 and reduces the gradients there. Without GPUs it does nothing at all: it calls the wrapped module (notebook 07 §1 shows both).
 """
-
-# %% slideshow={"slide_type": "-"}
-seed_everything(0)
-net = make_model()
-dp = nn.DataParallel(net)
-xb = x_all[:8]
-assert dp.device_ids == [] and torch.equal(dp(xb), net(xb))
-print("DataParallel on CPU: device_ids =", dp.device_ids, "-> plain module call, same output")
 
 # %% slideshow={"slide_type": "-"}
 if requires_gpu("DataParallel over 2 GPUs", count=2):

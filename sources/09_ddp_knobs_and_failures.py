@@ -26,7 +26,8 @@ import torch.distributed.run
 import torch.nn as nn
 
 from course_lib.errors import expect_error
-from course_lib.launch import LaunchError, free_port, run_torchrun, spawn
+from course_lib.device import requires_gpu
+from course_lib.launch import LaunchError, free_port, run_ranks, run_script, run_torchrun
 from course_lib.seeding import seed_everything
 
 seed_everything(0)
@@ -112,7 +113,7 @@ def buffers(rank, world_size):
 # %% slideshow={"slide_type": "-"}
 from ddp_buffers import buffers
 
-reports = spawn(buffers, nprocs=2, timeout=60)
+reports = run_ranks(buffers, nprocs=2, timeout=60)
 print(f"{'':>22} {'rank 0':>18} {'rank 1':>18}   (running_mean[:2])")
 for sync in (True, False):
     print(f"forward_sync_buffers={sync}")
@@ -240,7 +241,7 @@ def fixes(rank, world_size, deep_layers=150, repeats=20):
 import re
 
 with expect_error(LaunchError, match="Expected to have finished reduction in the prior iteration", quiet=True) as unused:
-    spawn("_runs/ddp_unused.py:no_flag", nprocs=2, timeout=60, echo="none", env={"TORCH_DISTRIBUTED_DEBUG": "INFO"})
+    run_ranks("_runs/ddp_unused.py:no_flag", nprocs=2, timeout=60, echo="none", env={"TORCH_DISTRIBUTED_DEBUG": "INFO"})
 message = unused.error.traceback
 print("LaunchError, the rank's RuntimeError:", re.search(r"Expected to have finished reduction[^.]*\.", message).group(0))
 named = [re.sub(r"rank \d", "rank N", line.strip()) for line in message.splitlines() if "did not receive grad" in line]
@@ -258,7 +259,7 @@ Both fixes let the same model train; `b`'s gradient stays `None` (no update, rat
 """
 
 # %% slideshow={"slide_type": "-"}
-fixed = spawn("_runs/ddp_unused.py:fixes", nprocs=2, timeout=90, echo="none")
+fixed = run_ranks("_runs/ddp_unused.py:fixes", nprocs=2, timeout=90, echo="none")
 f0 = fixed[0]
 for name in ("find_unused_parameters=True", "static_graph=True"):
     print(f"{name:<28} trains, unused head's grad stays None: {f0[name]}")
@@ -418,7 +419,7 @@ def all_parts(rank, world_size):
 
 
 # %% slideshow={"slide_type": "-"}
-bucket_reports = spawn("_runs/ddp_buckets.py:all_parts", nprocs=2, timeout=90)
+bucket_reports = run_ranks("_runs/ddp_buckets.py:all_parts", nprocs=2, timeout=90)
 mem = bucket_reports[0]["memory"]
 for view in (False, True):
     m = mem[view]
@@ -589,7 +590,7 @@ def both(rank, world_size):
 
 
 # %% slideshow={"slide_type": "-"}
-hangs = spawn("_runs/ddp_hangs.py:both", nprocs=2, timeout=90, echo="none")
+hangs = run_ranks("_runs/ddp_hangs.py:both", nprocs=2, timeout=90, echo="none")
 for rank, rep in enumerate(hangs):
     print(f"rank {rank}: without join(): {rep['uneven']['without']}")
 for rank, rep in enumerate(hangs):
@@ -660,7 +661,18 @@ def log(*parts):
     sys.stdout.flush()
 
 
-def train(out, crash_at=None):
+def rng_states(device):
+    """This rank's generators: the CPU one, and on the GPU path its GPU's (dropout on a GPU draws from that one)."""
+    return {"cpu": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None}
+
+
+def set_rng_states(states, device):
+    torch.set_rng_state(states["cpu"])
+    if device.type == "cuda":
+        torch.cuda.set_rng_state(states["cuda"], device)
+
+
+def train(out, device, crash_at=None):
     rank, world_size = dist.get_rank(), dist.get_world_size()
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))
     node_dir = f"{out}/node{os.environ.get('GROUP_RANK', 0)}"  # node-local: no shared filesystem assumed
@@ -669,10 +681,11 @@ def train(out, crash_at=None):
         train_set, _ = digits_datasets()
         torch.save({"x": train_set.tensors[0], "y": train_set.tensors[1]}, f"{node_dir}/train.pt")
     dist.barrier()
-    data = torch.load(f"{node_dir}/train.pt", weights_only=True)
+    data = {k: v.to(device) for k, v in torch.load(f"{node_dir}/train.pt", weights_only=True).items()}
 
-    torch.manual_seed(0)
-    model = DDP(nn.Sequential(nn.Flatten(), nn.Linear(64, 64), nn.ReLU(), nn.Dropout(0.2), nn.Linear(64, 10)))
+    torch.manual_seed(0)  # seeds the CPU generator and every GPU's
+    net = nn.Sequential(nn.Flatten(), nn.Linear(64, 64), nn.ReLU(), nn.Dropout(0.2), nn.Linear(64, 10)).to(device)
+    model = DDP(net, device_ids=[device.index] if device.type == "cuda" else None)
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     sampler = DistributedSampler(range(len(data["y"])), shuffle=True, seed=0)
     steps_per_epoch = -(-len(sampler) // BATCH)
@@ -681,13 +694,16 @@ def train(out, crash_at=None):
     step = 0
     state = [None]
     if rank == 0 and os.path.exists(f"{out}/checkpoint.pt"):
-        state = [torch.load(f"{out}/checkpoint.pt", weights_only=True)]
+        state = [torch.load(f"{out}/checkpoint.pt", map_location="cpu", weights_only=True)]
     dist.broadcast_object_list(state, src=0)  # rank 0 read the file; every rank gets the state
     if state[0] is not None:
         model.module.load_state_dict(state[0]["model"])
         opt.load_state_dict(state[0]["optimizer"])
         step = state[0]["step"]
-        torch.set_rng_state(state[0]["rng"][rank])  # this rank's own generator
+        if len(state[0]["rng"]) == world_size:
+            set_rng_states(state[0]["rng"][rank], device)  # this rank's own generators
+        else:  # an elastic resize: no saved stream per rank; resumes correctly, but not bit for bit
+            torch.manual_seed(1000 + rank + step)
         log(f"attempt {attempt}: resumed at step {step} of {EPOCHS * steps_per_epoch}")
 
     while step < EPOCHS * steps_per_epoch:
@@ -699,12 +715,12 @@ def train(out, crash_at=None):
         F.cross_entropy(model(data["x"][idx]), data["y"][idx]).backward()
         opt.step()
         step += 1
-        if crash_at is not None and attempt == 0 and rank == 1 and step == crash_at:
+        if crash_at is not None and attempt == 0 and rank == world_size - 1 and step == crash_at:
             log(f"attempt {attempt}: dying at step {step}")
             os._exit(1)  # no cleanup, no exception: as a killed process dies
         if step % SAVE_EVERY == 0 or step == EPOCHS * steps_per_epoch:
             rngs = [None] * world_size
-            dist.all_gather_object(rngs, torch.get_rng_state())
+            dist.all_gather_object(rngs, rng_states(device))
             if rank == 0:
                 state = {"model": model.module.state_dict(), "optimizer": opt.state_dict(), "step": step, "rng": rngs}
                 torch.save(state, f"{out}/checkpoint.tmp")
@@ -718,16 +734,25 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default="_runs/elastic")
     parser.add_argument("--crash-at", type=int, default=None)
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     args = parser.parse_args()
-    # The agent keeps its store across restarts, and gloo's addresses from the failed attempt are still
-    # in it: a fresh prefix per attempt keeps the new workers from connecting to the dead ones.
+    # WORKAROUND for torch 2.13 (see the text): the agent keeps its store across restarts, and gloo's
+    # addresses from the failed attempt are still in it; a fresh prefix per attempt keeps the new
+    # workers from connecting to the dead ones.
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False)
-    dist.init_process_group("gloo", store=dist.PrefixStore(f"attempt{attempt}", store),
-                            rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]))
+    bound = {}
+    if args.device == "cuda":  # the GPU path: one GPU per process, NCCL
+        device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+        torch.cuda.set_device(device)
+        bound = {"device_id": device}
+    else:
+        device = torch.device("cpu")
+    dist.init_process_group("nccl" if args.device == "cuda" else "gloo", store=dist.PrefixStore(f"attempt{attempt}", store),
+                            rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]), **bound)
     try:
-        train(f"{args.out}/uninterrupted")
-        train(f"{args.out}/restarted", crash_at=args.crash_at)
+        train(f"{args.out}/uninterrupted", device)
+        train(f"{args.out}/restarted", device, crash_at=args.crash_at)
         dist.barrier()
     finally:
         dist.destroy_process_group()
@@ -736,16 +761,21 @@ if __name__ == "__main__":
 # %% slideshow={"slide_type": "-"}
 import shutil
 
+from course_lib.device import course_device, course_ranks
+
+DEVICE, RANKS = course_device(), course_ranks(2)  # cpu and 2, unless COURSE_DEVICE=cuda (notebook 00)
+TOTAL = 2 * -(-(-(-1438 // RANKS)) // 64)  # 2 epochs of ceil(shard / 64) steps: 24 with 2 ranks
 shutil.rmtree("_runs/elastic", ignore_errors=True)
-elastic = run_torchrun("_runs/elastic_train.py", nproc_per_node=2, launcher_args=["--max-restarts=1"],
-                       args=["--out", "_runs/elastic", "--crash-at", "9"], timeout=120, echo="none")
-for rank in (0, 1):  # the lines about attempts (the rest: rank 0's connection error at the crash, the agent's log)
+elastic = run_torchrun("_runs/elastic_train.py", nproc_per_node=RANKS, launcher_args=["--max-restarts=1"],
+                       args=["--out", "_runs/elastic", "--crash-at", "9", "--device", DEVICE], timeout=120, echo="none",
+                       device=DEVICE)
+for rank in range(RANKS):  # the lines about attempts (the rest: rank 0's connection error at the crash, the agent's log)
     print("\n".join(f"[rank {rank}] {line}" for line in elastic.output(rank).splitlines() if line.startswith("attempt")))
-assert "attempt 0: dying at step 9" in elastic.output(1)  # rank 1 died ...
-assert all("attempt 1: resumed at step 8 of 24" in elastic.output(r) for r in (0, 1))  # ... everyone was restarted
-a = torch.load("_runs/elastic/uninterrupted/checkpoint.pt", weights_only=True)
-b = torch.load("_runs/elastic/restarted/checkpoint.pt", weights_only=True)
-assert a["step"] == b["step"] == 24
+assert "attempt 0: dying at step 9" in elastic.output(RANKS - 1)  # the last rank died ...
+assert all(f"attempt 1: resumed at step 8 of {TOTAL}" in elastic.output(r) for r in range(RANKS))  # ... all restarted
+a = torch.load("_runs/elastic/uninterrupted/checkpoint.pt", map_location="cpu", weights_only=True)
+b = torch.load("_runs/elastic/restarted/checkpoint.pt", map_location="cpu", weights_only=True)
+assert a["step"] == b["step"] == TOTAL
 same = all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
 same_opt = all(torch.equal(a["optimizer"]["state"][i]["momentum_buffer"], b["optimizer"]["state"][i]["momentum_buffer"])
                for i in a["optimizer"]["state"])
@@ -780,23 +810,44 @@ The scripts of 08 choose the backend by hand (`"nccl" if torch.cuda.is_available
 
 - **`torch.accelerator`** asks about whatever accelerator this build has (CUDA, ROCm, XPU, MPS...) without naming it: `is_available()`, `current_accelerator()`, `device_count()`.
 - **`init_process_group()` without a backend** registers one backend per device type from `dist.Backend.default_device_backend_map` (`cpu:gloo,cuda:nccl` on a CUDA build): CPU tensors go through gloo, CUDA tensors through NCCL, in one group.
-- **`device_id=torch.device("cuda", local_rank)`** binds the process to its GPU and lets NCCL connect at once ("eager init") instead of at the first collective. It needs an accelerator: on this CPU it is refused, as the cell shows; on a GPU machine it is the recommended form (`torch.distributed` documentation, `init_process_group`).
+- **`device_id=torch.device("cuda", local_rank)`** binds the process to its GPU and lets NCCL connect at once ("eager init") instead of at the first collective. It needs an accelerator: on a CPU it is refused, as the cell shows; on a GPU machine it is the recommended form (`torch.distributed` documentation, `init_process_group`).
 """
 
 # %% slideshow={"slide_type": "-"}
+# %%writefile _runs/device_generic.py
+"""What the device-generic calls answer in this process. Launched as a CPU job (GPUs hidden), and on a GPU."""
+import torch
+import torch.distributed as dist
+
+from course_lib.errors import expect_error
+from course_lib.launch import free_port
+
 print("torch.accelerator: available", torch.accelerator.is_available(), "| current", torch.accelerator.current_accelerator(),
       "| devices", torch.accelerator.device_count())
 print("default backend per device type:", dist.Backend.default_device_backend_map)
 dist.init_process_group(init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)  # no backend given
 try:
-    print("init_process_group() without a backend, on this CPU-only build ->", dist.get_backend_config())
+    print("init_process_group() without a backend ->", dist.get_backend_config())
     assert "cpu:gloo" in dist.get_backend_config()
 finally:
     dist.destroy_process_group()
-with expect_error(ValueError, match="device_id parameter must be an accelerator"):
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1,
-                            device_id=torch.device("cpu"))
-assert not dist.is_initialized()
+if not torch.accelerator.is_available():
+    with expect_error(ValueError, match="device_id parameter must be an accelerator"):
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1,
+                                device_id=torch.device("cpu"))
+    assert not dist.is_initialized()
+
+# %% [markdown] slideshow={"slide_type": "-"}
+"""
+The probe runs as a CPU job (`run_script` hides the GPUs from the processes it starts), so it answers "no accelerator" on every machine; the GPU cell after it runs the same probe with the GPUs visible.
+"""
+
+# %% slideshow={"slide_type": "-"}
+print(run_script(["python", "_runs/device_generic.py"], timeout=60, echo="none").output("main"))
+
+# %% slideshow={"slide_type": "-"}
+if requires_gpu("torch.accelerator and init_process_group() without a backend, with a GPU visible"):
+    print(run_script(["python", "_runs/device_generic.py"], timeout=60, echo="none", device="cuda").output("main"))
 
 # %% [markdown] slideshow={"slide_type": "slide"}
 """

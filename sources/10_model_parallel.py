@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from course_lib.data import digits
 from course_lib.device import requires_gpu
 from course_lib.errors import expect_error
-from course_lib.launch import free_port, spawn
+from course_lib.launch import free_port, run_ranks
 from course_lib.pipeline import Task, bubble_fraction, gpipe_schedule, idle_fraction, min_micro_batches, plot_gantt
 from course_lib.seeding import seed_everything
 
@@ -37,7 +37,7 @@ os.makedirs("_runs", exist_ok=True)  # scratch folder for the scripts this noteb
 sys.path.insert(0, os.path.abspath("_runs"))
 train_split, _ = digits()
 x_all, y_all = train_split.flat(), train_split.y  # 1438 digit images as 64-pixel vectors, labels 0..9
-print(f"torch {torch.__version__.split('+')[0]}, gloo: {dist.is_gloo_available()}, CUDA GPUs: {torch.cuda.device_count()}, data {tuple(x_all.shape)}")
+print(f"torch {torch.__version__.split('+')[0]}, gloo: {dist.is_gloo_available()}, data {tuple(x_all.shape)}")
 
 # %% [markdown] slideshow={"slide_type": "slide"}
 """
@@ -239,14 +239,14 @@ def measure_both(rank, world_size, micro_list=(1, 2, 4, 8)):
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-The reference is one process training the whole model on the same batch. `spawn` (from `course_lib.launch`) starts two processes with a gloo group and returns what each rank's function returns.
+The reference is one process training the whole model on the same batch. `run_ranks` (from `course_lib.launch`) starts two processes with a gloo group and returns what each rank's function returns.
 """
 
 # %% slideshow={"slide_type": "-"}
 from mp_stages import make_model, split
 
 x_batch, y_batch = x_all[:256], y_all[:256]
-two = spawn("_runs/mp_stages.py:train", nprocs=2, args=(x_batch, y_batch, 5, (1, 4)), timeout=120)
+two = run_ranks("_runs/mp_stages.py:train", nprocs=2, args=(x_batch, y_batch, 5, (1, 4)), timeout=120)
 
 ref = make_model()
 opt = torch.optim.SGD(ref.parameters(), lr=0.1)
@@ -311,7 +311,7 @@ Now the real thing: the two processes of section 2 run GPipe steps for `m = 1, 2
 """
 
 # %% slideshow={"slide_type": "-"}
-both = spawn("_runs/mp_stages.py:measure_both", nprocs=2, timeout=120)
+both = run_ranks("_runs/mp_stages.py:measure_both", nprocs=2, timeout=120)
 sim = [both[rank]["simulated"] for rank in (0, 1)]
 real = [both[rank]["real"] for rank in (0, 1)]
 
@@ -409,7 +409,7 @@ def api_step(rank, world_size, x, y, n_micro=4):
 
 
 # %% slideshow={"slide_type": "-"}
-api = spawn("_runs/pp_api.py:api_step", nprocs=2, args=(x_batch, y_batch, 4), timeout=120)
+api = run_ranks("_runs/pp_api.py:api_step", nprocs=2, args=(x_batch, y_batch, 4), timeout=120)
 for rank in (0, 1):
     for k, g in api[rank]["grads"].items():
         assert torch.allclose(g, ref_grads[k], atol=1e-6)
@@ -539,7 +539,7 @@ def train(subnet_id, world_size, steps=3):
 
 
 # %% slideshow={"slide_type": "-"}
-seed2 = spawn("_runs/seed002_second.py:train", nprocs=2, timeout=120)
+seed2 = run_ranks("_runs/seed002_second.py:train", nprocs=2, timeout=120)
 for rank in (0, 1):
     print(f"rank {rank}: holds {seed2[rank]['subnets']} of 3 sub-networks, {seed2[rank]['n_params']:,} parameters (the whole model)")
 drift = (seed2[0]["weights"] - seed2[1]["weights"]).abs().max().item()

@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 
 from course_lib.allreduce_sim import ring_bytes_formula
-from course_lib.launch import spawn
+from course_lib.launch import run_ranks
 from course_lib.seeding import seed_everything
 from course_lib.sharding import STAGES, model_state_bytes, rank_memory, zero_table
 
@@ -132,6 +132,7 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.distributed.tensor import DTensor
@@ -245,7 +246,12 @@ def plain_step(model, opt):
 
 
 def shard_model(model, **kwargs):
-    """FSDP2: every Linear is one unit (gathered and freed together), then the root."""
+    """FSDP2: every Linear is one unit (gathered and freed together), then the root.
+
+    The mesh is given, on the CPU: without one, fully_shard builds a mesh on the accelerator it
+    finds (torch._C._get_accelerator()), so on a GPU machine a CPU job would move its inputs to CUDA.
+    """
+    kwargs.setdefault("mesh", init_device_mesh("cpu", (dist.get_world_size(),)))
     for layer in model:
         if isinstance(layer, nn.Linear):
             fully_shard(layer, **kwargs)
@@ -624,8 +630,8 @@ def at_four(rank, n, ckpt_dir):
 import shutil
 
 shutil.rmtree("_runs/dcp_step4", ignore_errors=True)
-two = spawn("_runs/jobs.py:at_two", nprocs=2, args=("_runs/dcp_step4", "_runs/full_step4.pt"), timeout=180, echo="none")
-four = spawn("_runs/jobs.py:at_four", nprocs=4, args=("_runs/dcp_step4",), timeout=180, echo="none")
+two = run_ranks("_runs/jobs.py:at_two", nprocs=2, args=("_runs/dcp_step4", "_runs/full_step4.pt"), timeout=180, echo="none")
+four = run_ranks("_runs/jobs.py:at_four", nprocs=4, args=("_runs/dcp_step4",), timeout=180, echo="none")
 print(f"2 processes, then 4: both jobs finished, every rank with exit code 0; ~{time.perf_counter() - notebook_start:.0f} s so far")
 
 # %% [markdown] slideshow={"slide_type": "slide"}
@@ -758,7 +764,7 @@ print("4 processes, data parallel x tensor parallel, after 3 Adam steps: allclos
 """
 On the 2×2 mesh the first weight (64×64) is split into 4 row blocks of 16: by its output features across `tp` (`ColwiseParallel`), and each of those again across `dp` by FSDP2. `_StridedShard` is how DTensor records that the `dp` split happened *inside* the `tp` split. A forward pass communicates twice on the `dp` dimension (FSDP2 all-gathers each `Linear`'s shards) and once on `tp`: the single all-reduce that sums the row-parallel layer's partial outputs (notebook 10). And the four processes trained exactly the model one process trains.
 
-One wart, found while writing this notebook and checked in the cell before the 2-D mesh: after a DTensor computation, PyTorch 2.13 keeps one reference to the default process group somewhere in its C++ side (not in any Python object `gc` can find; it survives deleting the mesh and the tensors). `destroy_process_group()` then cannot free the group, and `course_lib.launch`'s workers print a warning that its gloo threads may outlive the script. They did not cause a crash in any run here: both jobs above ended with exit code 0 on every rank, which `spawn` checks (the warning is not shown because the jobs run with `echo="none"`).
+One wart, found while writing this notebook and checked in the cell before the 2-D mesh: after a DTensor computation, PyTorch 2.13 keeps one reference to the default process group somewhere in its C++ side (not in any Python object `gc` can find; it survives deleting the mesh and the tensors). `destroy_process_group()` then cannot free the group, and `course_lib.launch`'s workers print a warning that its gloo threads may outlive the script. They did not cause a crash in any run here: both jobs above ended with exit code 0 on every rank, which `run_ranks` checks (the warning is not shown because the jobs run with `echo="none"`).
 """
 
 # %% [markdown] slideshow={"slide_type": "slide"}
@@ -797,7 +803,7 @@ import resume
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
-full = torch.load("_runs/full_step4.pt", weights_only=True)
+full = torch.load("_runs/full_step4.pt", map_location="cpu", weights_only=True)
 model = resume.make_model()
 weights = get_model_state_dict(model)
 dcp.load({"model": weights}, checkpoint_id="_runs/dcp_step4")       # only the model part of the checkpoint

@@ -26,14 +26,13 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-from course_lib.device import best_device
 from course_lib.errors import expect_error
 from course_lib.launch import run_script, run_torchrun
 from course_lib.seeding import seed_everything
 
 seed_everything(0)
 os.makedirs("_runs", exist_ok=True)  # scratch folder for the scripts this notebook writes (git ignores it)
-print(f"torch {torch.__version__.split('+')[0]}, gloo: {dist.is_gloo_available()}, CUDA GPUs: {torch.cuda.device_count()}")
+print(f"torch {torch.__version__.split('+')[0]}, gloo: {dist.is_gloo_available()}")
 
 # %% [markdown] slideshow={"slide_type": "slide"}
 """
@@ -383,9 +382,9 @@ print("checkpoint without use_reentrant warns:", str(caught[0].message).split(".
 checkpoint(block, xc, use_reentrant=False).sum().backward()
 print("checkpoint(..., use_reentrant=False): gradient of the input", tuple(xc.grad.shape))
 
-device = best_device()
-moved = model.to(device)  # instead of .cuda()
-print("model.to(best_device()) ->", next(moved.parameters()).device)
+device = torch.device("cpu")  # a choice; a script takes it as an argument, e.g. --device cuda
+moved = model.to(device)  # instead of .cuda(): the same line runs on any device
+print("model.to(device) ->", next(moved.parameters()).device)
 
 torch.save(model.state_dict(), "_runs/cheat_sheet_model.pt")
 state = torch.load("_runs/cheat_sheet_model.pt", weights_only=True)

@@ -87,7 +87,7 @@ def test_gpu_cells_run_on_cpu(path: Path, tmp_path: Path) -> None:
         print(f"{where}: ran on {cell.mode}")
 
 
-def test_gpu_check_script_reports_each_gpu_cell_and_refuses_without_cuda(tmp_path: Path) -> None:
+def test_gpu_check_script_fails_on_any_error_cell_and_refuses_without_cuda(tmp_path: Path) -> None:
     import subprocess
 
     import gpu_check
@@ -97,13 +97,16 @@ def test_gpu_check_script_reports_each_gpu_cell_and_refuses_without_cuda(tmp_pat
     nb.cells = [
         nbformat.v4.new_code_cell('if requires_gpu("a"):\n    pass'),
         nbformat.v4.new_code_cell('if requires_gpu("b"):\n    pass'),
+        nbformat.v4.new_code_cell("x = 1  # not a GPU cell"),
     ]
     nb.cells[0].outputs = [nbformat.v4.new_output("stream", name="stdout", text="42 TFLOP/s\n")]
     nb.cells[1].outputs = [nbformat.v4.new_output("error", ename="RuntimeError", evalue="boom", traceback=[])]
+    nb.cells[2].outputs = [nbformat.v4.new_output("error", ename="ValueError", evalue="not guarded", traceback=[])]
     cells = [gpu_cells.GpuCell("x.ipynb", i, w, "") for i, w in enumerate("ab")]
-    lines, failed = gpu_check.cell_report(nb, cells)
-    text = "\n".join(lines)
-    assert failed == 1 and "cell 0: a (ran)" in text and "42 TFLOP/s" in text and "RuntimeError: boom" in text
+    text = "\n".join(gpu_check.cell_report(nb, cells))
+    assert "cell 0: a (ran)" in text and "42 TFLOP/s" in text and "cell 1: b (FAILED)" in text
+    # an error anywhere fails the check, in a GPU cell or not
+    assert gpu_check.error_cells(nb) == [(1, "RuntimeError: boom"), (2, "ValueError: not guarded")]
     if not __import__("torch").cuda.is_available():
         proc = subprocess.run(
             [sys.executable, str(ROOT / "scripts" / "gpu_check.py"), "--out", str(tmp_path / "r.md")],

@@ -17,9 +17,9 @@ from course_lib.launch import (
     free_port,
     launched_processes,
     port_in_use,
+    run_ranks,
     run_script,
     run_torchrun,
-    spawn,
     torchrun_command,
 )
 
@@ -44,6 +44,11 @@ def raise_on_rank_1(rank, world_size):
 
 def no_group(rank, world_size):
     return dist.is_initialized()
+
+
+def visible_gpus(rank, world_size):
+    import os
+    return os.environ.get("CUDA_VISIBLE_DEVICES"), os.environ.get("HIP_VISIBLE_DEVICES")
 """
 
 SCRIPTS = {
@@ -188,11 +193,11 @@ def test_invalid_arguments_are_refused_before_anything_starts(jobs: Path) -> Non
     with pytest.raises(ValueError, match="cwd"):
         run_script(["python", "-c", "pass"], cwd=jobs / "missing")
     with pytest.raises(ValueError, match="nprocs"):
-        spawn("launch_test_workers.py:add_ranks", 0)
+        run_ranks("launch_test_workers.py:add_ranks", 0)
     with pytest.raises(ValueError, match="backend"):
-        spawn(str(jobs / "launch_test_workers.py") + ":add_ranks", backend="tcp")
+        run_ranks(str(jobs / "launch_test_workers.py") + ":add_ranks", backend="tcp")
     with pytest.raises(ValueError, match="file.py:function"):
-        spawn("add_ranks")
+        run_ranks("add_ranks")
     _assert_nothing_left()
 
 
@@ -260,7 +265,7 @@ def test_a_busy_port_is_a_clear_error(jobs: Path) -> None:
             run_torchrun("ok.py", cwd=jobs, master_port=port, timeout=30)
         assert info.value.reason == "port in use"
         with pytest.raises(LaunchError, match="port in use|already in use"):
-            spawn(str(jobs / "launch_test_workers.py") + ":add_ranks", 2, (1.0,), master_port=port)
+            run_ranks(str(jobs / "launch_test_workers.py") + ":add_ranks", 2, (1.0,), master_port=port)
         # a script that hard-codes its port (as the seeds do) fails at run time; the error says why
         start = time.monotonic()
         with pytest.raises(LaunchError, match="already in use: use a free port") as info:
@@ -274,7 +279,7 @@ def test_a_bad_script_path_is_a_clear_error(jobs: Path) -> None:
     with pytest.raises(FileNotFoundError, match="script not found: .*missing.py"):
         run_torchrun("missing.py", cwd=jobs)
     with pytest.raises(FileNotFoundError, match="worker file not found"):
-        spawn(str(jobs / "missing.py") + ":main")
+        run_ranks(str(jobs / "missing.py") + ":main")
     start = time.monotonic()
     with pytest.raises(LaunchError, match="can't open file .*missing.py") as info:
         run_script(["python", "missing.py"], cwd=jobs, timeout=30, echo="none")
@@ -283,42 +288,44 @@ def test_a_bad_script_path_is_a_clear_error(jobs: Path) -> None:
     _assert_nothing_left()
 
 
-def test_spawn_returns_each_ranks_value_in_rank_order(jobs: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    values = spawn(str(jobs / "launch_test_workers.py") + ":add_ranks", 2, (10.0,), timeout=60, echo="grouped")
+def test_run_ranks_returns_each_ranks_value_in_rank_order(jobs: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    values = run_ranks(str(jobs / "launch_test_workers.py") + ":add_ranks", 2, (10.0,), timeout=60, echo="grouped")
     assert values == [30.0, 30.0]
     assert capsys.readouterr().out.strip() == "[rank 0] rank 0 of 2: sum=3.0\n[rank 1] rank 1 of 2: sum=3.0"
     # tcp:// initialisation, and no group at all
-    assert spawn(str(jobs / "launch_test_workers.py") + ":add_ranks", 2, (1.0,), init_method="tcp", echo="none") == [
+    assert run_ranks(
+        str(jobs / "launch_test_workers.py") + ":add_ranks", 2, (1.0,), init_method="tcp", echo="none"
+    ) == [
         3.0,
         3.0,
     ]
-    assert spawn(str(jobs / "launch_test_workers.py") + ":no_group", 2, init_method="none", echo="none") == [
+    assert run_ranks(str(jobs / "launch_test_workers.py") + ":no_group", 2, init_method="none", echo="none") == [
         False,
         False,
     ]
     _assert_nothing_left()
 
 
-def test_spawn_names_the_rank_that_raised(jobs: Path) -> None:
+def test_run_ranks_names_the_rank_that_raised(jobs: Path) -> None:
     with pytest.raises(LaunchError, match="rank 1 failed") as info:
-        spawn(str(jobs / "launch_test_workers.py") + ":raise_on_rank_1", 2, timeout=60, echo="none")
+        run_ranks(str(jobs / "launch_test_workers.py") + ":raise_on_rank_1", 2, timeout=60, echo="none")
     # rank 0 also failed (its peer left in the middle of a barrier): the cause is rank 1
     assert info.value.rank == 1 and "rank 1 broke on purpose" in info.value.traceback
     _assert_nothing_left()
 
 
-def test_spawn_refuses_functions_a_new_process_cannot_import() -> None:
+def test_run_ranks_refuses_functions_a_new_process_cannot_import() -> None:
     def local_worker(rank: int, world_size: int) -> int:
         return rank
 
     with pytest.raises(ValueError, match="cannot import it"):
-        spawn(local_worker)
+        run_ranks(local_worker)
     with pytest.raises(ValueError, match="cannot import it"):
-        spawn(lambda rank, world_size: rank)
+        run_ranks(lambda rank, world_size: rank)
     with pytest.raises(TypeError, match="picklable"):
-        spawn("course_lib.launch:free_port", args=(lambda: 0,))
+        run_ranks("course_lib.launch:free_port", args=(lambda: 0,))
     with pytest.raises(TypeError, match="fn must be"):
-        spawn(42)  # type: ignore[arg-type]
+        run_ranks(42)  # type: ignore[arg-type]
 
 
 def test_launch_result_output_selects_by_rank_or_label() -> None:
@@ -344,3 +351,33 @@ def test_script_rank_prefix_labels_lines_without_a_launcher(jobs: Path) -> None:
     code = "print('[rank1]: from one'); print('[rank0]: from zero'); print('plain')"
     result = run_script(["python", "-c", code], echo="none")
     assert result.output(1) == "from one" and result.output(0) == "from zero" and result.output("main") == "plain"
+
+
+def test_cpu_jobs_hide_the_gpus_unless_asked(jobs: Path) -> None:
+    # every launcher: the processes see no GPU, so a CPU job stays on the CPU on a GPU machine
+    assert run_ranks(str(jobs / "launch_test_workers.py") + ":visible_gpus", 2, echo="none") == [("", "")] * 2
+    code = "import os; print('[rank0]: visible=' + repr(os.environ.get('CUDA_VISIBLE_DEVICES')))"
+    assert run_script(["python", "-c", code], echo="none").output(0) == "visible=''"
+    # an explicit env entry wins (a learner pinning one GPU by hand), and device="cuda" leaves them alone
+    pinned = run_script(["python", "-c", code], echo="none", env={"CUDA_VISIBLE_DEVICES": "1"})
+    assert pinned.output(0) == "visible='1'"
+    import os
+
+    inherited = run_script(["python", "-c", code], echo="none", device="cuda")
+    assert inherited.output(0) == "visible=" + repr(os.environ.get("CUDA_VISIBLE_DEVICES"))
+    _assert_nothing_left()
+
+
+def test_run_ranks_refuses_gpu_layouts_it_cannot_bind(jobs: Path) -> None:
+    from course_lib.device import gpu_count
+
+    worker = str(jobs / "launch_test_workers.py") + ":add_ranks"
+    with pytest.raises(ValueError, match="device must be one of"):
+        run_ranks(worker, 2, device="gpu")
+    with pytest.raises(ValueError, match="pass device='cuda'"):
+        run_ranks(worker, 2, backend="nccl")  # NCCL on CPU processes
+    too_many = gpu_count() + 1  # one rank more than there are GPUs (simulated ones do not count)
+    with pytest.raises(ValueError, match=rf"{too_many} ranks need {too_many} GPUs, this machine has {too_many - 1}"):
+        run_ranks(worker, too_many, device="cuda")
+    with pytest.raises(ValueError, match="device must be one of"):
+        run_torchrun("ok.py", cwd=jobs, device="tpu")

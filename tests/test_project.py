@@ -6,6 +6,7 @@ import re
 import tomllib
 from pathlib import Path
 
+import pytest
 import yaml
 from packaging.requirements import Requirement
 
@@ -18,13 +19,19 @@ def _pyproject_deps() -> dict[str, str]:
     return {r.name.lower(): str(r.specifier) for r in reqs}
 
 
-def test_environment_yml_lists_the_same_packages_as_pyproject() -> None:
+def _conda_pip_section() -> list[str]:
     env = yaml.safe_load((ROOT / "environment.yml").read_text())
-    pip_section = next(d["pip"] for d in env["dependencies"] if isinstance(d, dict) and "pip" in d)
-    reqs = [Requirement(r) for r in pip_section if not r.startswith("-e")]
-    conda = {r.name.lower(): str(r.specifier) for r in reqs}
-    assert conda == _pyproject_deps()
-    assert "-e ." in pip_section, "environment.yml must install course_lib itself"
+    return next(d["pip"] for d in env["dependencies"] if isinstance(d, dict) and "pip" in d)
+
+
+def _conda_deps() -> dict[str, str]:
+    reqs = [Requirement(r) for r in _conda_pip_section() if not r.startswith("-e")]
+    return {r.name.lower(): str(r.specifier) for r in reqs}
+
+
+def test_environment_yml_lists_the_same_packages_as_pyproject() -> None:
+    assert _conda_deps() == _pyproject_deps()
+    assert "-e ." in _conda_pip_section(), "environment.yml must install course_lib itself"
 
 
 def test_lock_pins_every_dependency_exactly_and_torch_without_local_suffix() -> None:
@@ -75,3 +82,30 @@ def test_every_course_lib_package_is_installed() -> None:
     listed = set(data["tool"]["setuptools"]["packages"])
     found = {".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "course_lib").rglob("__init__.py")}
     assert found == listed, f"pyproject.toml [tool.setuptools] packages must list exactly {sorted(found)}"
+
+
+def test_the_declared_minimum_torch_is_the_version_ci_tests() -> None:
+    """The notebooks are only ever run on the locked torch, so that is the true minimum: a notebook that
+    starts using a newer API (with a newer lock) fails here until every declared minimum moves too."""
+    from packaging.version import Version
+
+    from course_lib.device import MIN_TORCH, require_torch
+
+    locked = next(
+        Requirement(line)
+        for line in (ROOT / "requirements.lock").read_text().splitlines()
+        if line.startswith("torch==")
+    )
+    locked_version = Version(next(iter(locked.specifier)).version)
+    assert f"{locked_version.major}.{locked_version.minor}" == MIN_TORCH, (
+        f"requirements.lock tests torch {locked_version}, but course_lib.device.MIN_TORCH says {MIN_TORCH}"
+    )
+    for place, spec in [("pyproject.toml", _pyproject_deps()["torch"]), ("environment.yml", _conda_deps()["torch"])]:
+        lower = [s.version for s in Requirement(f"torch{spec}").specifier if s.operator == ">="]
+        assert lower == [MIN_TORCH], f"{place} declares torch{spec}; the tested minimum is >={MIN_TORCH}"
+    assert f"PyTorch {MIN_TORCH} or newer" in (ROOT / "README.md").read_text()
+    require_torch(str(locked_version))
+    with pytest.raises(RuntimeError, match=rf"needs PyTorch >= {MIN_TORCH}.*found 2\.6\.0"):
+        require_torch("2.6.0")
+    with pytest.raises(TypeError, match="version must be a string"):
+        require_torch(2.13)  # type: ignore[arg-type]

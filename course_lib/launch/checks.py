@@ -9,6 +9,7 @@ from typing import Any
 from ..validation import check_int, is_number
 
 _ECHO_MODES = ("auto", "live", "grouped", "none")
+_DEVICES = ("cpu", "cuda")
 
 
 def _check_timeout(timeout: Any) -> float:
@@ -50,3 +51,9 @@ def _check_cwd(cwd: Any) -> Path | None:
     if not path.is_dir():
         raise ValueError(f"cwd must be an existing directory, got {cwd!r}")
     return path
+
+
+def _check_device(device: Any) -> str:
+    if device not in _DEVICES:
+        raise ValueError(f"device must be one of {_DEVICES} (the processes' device), got {device!r}")
+    return str(device)

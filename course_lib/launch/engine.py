@@ -17,13 +17,16 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from .checks import _check_echo, _check_env, _check_timeout
+from .checks import _check_device, _check_echo, _check_env, _check_timeout
 from .diagnosis import _PORT_BUSY, _failing_rank, _rank_number
 from .results import LaunchError, LaunchResult
 
 __all__ = ["launched_processes"]
 
 _MARKER = "COURSE_LIB_LAUNCH_ID"
+
+# What hides GPUs from a process: CUDA's variable (ROCm honours it too) and ROCm's own.
+_HIDE_GPUS = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES")
 
 
 _GRACE_S = 3.0  # after a first process fails, how long the others get to report before being killed
@@ -178,6 +181,7 @@ def _run(
     env: Mapping[str, str] | None,
     cwd: Path | None,
     echo: str,
+    device: str = "cpu",
     error_dir: Path | None = None,
 ) -> LaunchResult:
     timeout = _check_timeout(timeout)
@@ -185,6 +189,10 @@ def _run(
     launch_id = uuid.uuid4().hex
     child_env = dict(os.environ)
     child_env.setdefault("OMP_NUM_THREADS", "1")  # what torchrun would set (and warn about) anyway
+    if _check_device(device) == "cpu":
+        # A CPU job stays on the CPU on a GPU machine too: code that picks CUDA when it sees a GPU
+        # (FSDP2's default mesh, init_process_group() without a backend) sees none.
+        child_env.update({v: "" for v in _HIDE_GPUS})
     child_env.update(_check_env(env))
     child_env["PYTHONUNBUFFERED"] = "1"
     child_env[_MARKER] = launch_id

@@ -34,6 +34,7 @@ def run_torchrun(
     env: Mapping[str, str] | None = None,
     cwd: str | os.PathLike[str] | None = None,
     echo: str = "auto",
+    device: str = "cpu",
 ) -> LaunchResult:
     """Run ``script`` under ``torchrun`` and return its :class:`LaunchResult`; raise :class:`LaunchError` on failure.
 
@@ -42,6 +43,8 @@ def run_torchrun(
     ``master_port=None`` picks a free port; a port given that is already in use is reported
     at once (``reason="port in use"``). ``launcher_args`` go to ``torchrun`` itself, before the
     script: ``launcher_args=["--max-restarts=1"]`` lets the agent restart the workers once.
+    ``device="cpu"`` (the default) hides every GPU from the job (``CUDA_VISIBLE_DEVICES=""``);
+    ``device="cuda"`` leaves them visible, for a script that binds ``LOCAL_RANK`` to its GPU.
     """
     workdir = _check_cwd(cwd)
     path = Path(script)
@@ -68,7 +71,7 @@ def run_torchrun(
     ]
     labels = [f"agent{r}" if nnodes > 1 else "agent" for r in node_ranks]
     rank_offsets = [r * nproc_per_node for r in node_ranks]
-    return _run(commands, labels, rank_offsets, timeout=timeout, env=env, cwd=workdir, echo=echo)
+    return _run(commands, labels, rank_offsets, timeout=timeout, env=env, cwd=workdir, echo=echo, device=device)
 
 
 def run_script(
@@ -79,6 +82,7 @@ def run_script(
     cwd: str | os.PathLike[str] | None = None,
     echo: str = "auto",
     labels: Sequence[str] | None = None,
+    device: str = "cpu",
 ) -> LaunchResult:
     """Run one command, or several concurrently, with the launcher's guarantees.
 
@@ -86,7 +90,8 @@ def run_script(
     ``torchrun`` agents). ``"python"`` as a program means this interpreter. A command that is
     a launcher run with ``--tee 3`` gets its lines labelled by rank; otherwise each command's
     lines are labelled by ``labels`` (default ``"rank 0"``, ``"rank 1"``... for plain scripts
-    started several at once, ``"main"`` for a single one).
+    started several at once, ``"main"`` for a single one). ``device`` as for :func:`run_torchrun`:
+    ``"cpu"`` hides the GPUs from the commands, ``"cuda"`` leaves them visible.
     """
     if isinstance(argv, (str, bytes)) or not isinstance(argv, Sequence) or not argv:
         raise TypeError("argv must be a non-empty list of strings, or a list of such lists")
@@ -110,4 +115,6 @@ def run_script(
     if len(labels) != len(commands) or not all(isinstance(lab, str) for lab in labels):
         raise ValueError(f"labels must be {len(commands)} strings, one per command, got {labels!r}")
     offsets = [_rank_offset(c) if is_l else 0 for c, is_l in zip(commands, launchers)]
-    return _run(commands, list(labels), offsets, timeout=timeout, env=env, cwd=_check_cwd(cwd), echo=echo)
+    return _run(
+        commands, list(labels), offsets, timeout=timeout, env=env, cwd=_check_cwd(cwd), echo=echo, device=device
+    )
