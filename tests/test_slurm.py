@@ -25,6 +25,7 @@ import pytest
 from course_lib.launch import free_port
 from scripts.slurm_cluster import (
     INSTALL_HINT,
+    PROGRAMS,
     SlurmCluster,
     SlurmClusterError,
     missing_programs,
@@ -73,7 +74,9 @@ import time
 import torch
 import torch.distributed as dist
 
+# A CPU job, even where the machine has GPUs.
 assert os.environ["CUDA_VISIBLE_DEVICES"] == "" and os.environ["OMP_NUM_THREADS"] == "1"
+assert torch.cuda.device_count() == 0
 dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
 node = os.environ["SLURMD_NODENAME"]
@@ -196,6 +199,30 @@ def test_arguments_are_checked_before_anything_starts() -> None:
     assert c.env()["CUDA_VISIBLE_DEVICES"] == "" and c.env()["OMP_NUM_THREADS"] == "1"
     assert c.env()["PATH"].split(os.pathsep)[0] == str(Path(sys.executable).parent)
     c.stop()  # never started: nothing to do
+
+
+def test_without_slurm_the_tests_skip_saying_how_to_install_it_or_fail_where_required(tmp_path: Path) -> None:
+    run = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-W", "ignore::pytest.PytestConfigWarning"]
+    run += ["-rs", __file__, "-k", "comes_up"]
+    env = {**os.environ, "COURSE_SLURM_TESTS": "1", "PATH": str(tmp_path)}  # no Slurm on this PATH
+    env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"  # starts in a second: no nbval, no Jupyter
+    env.pop("COURSE_REQUIRE_SLURM", None)
+    skipped = subprocess.run(run, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert skipped.returncode == 0 and "1 skipped" in skipped.stdout, skipped.stdout
+    assert "Slurm is not installed" in skipped.stdout and "apt-get install -y slurm-wlm munge" in skipped.stdout
+    env["COURSE_REQUIRE_SLURM"] = "1"
+    failed = subprocess.run(run, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert failed.returncode == 1 and "the Slurm tests are required (COURSE_REQUIRE_SLURM=1)" in failed.stdout
+
+
+def test_start_without_slurm_is_a_clear_error(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setattr("scripts.slurm_cluster._SBIN", ())
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert missing_programs() == list(PROGRAMS)
+    c = SlurmCluster()
+    with pytest.raises(SlurmClusterError, match="missing munged, slurmctld.*apt-get install -y slurm-wlm munge"):
+        c.start()
+    assert not c.started and c.processes() == []
 
 
 # --------------------------------------------------------------------------- the cluster itself
