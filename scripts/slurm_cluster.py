@@ -35,9 +35,9 @@ from __future__ import annotations
 import argparse
 import atexit
 import contextlib
-import getpass
 import json
 import os
+import pwd
 import re
 import shutil
 import signal
@@ -48,7 +48,6 @@ import tempfile
 import threading
 import time
 import uuid
-import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -98,6 +97,11 @@ T = TypeVar("T")
 
 class SlurmClusterError(RuntimeError):
     """A daemon did not start, a command failed, or a wait ran out of time (the message says which)."""
+
+
+def _user() -> str:
+    """The name of the user this process runs as (not $USER, which ``su`` or ``sudo`` may leave stale)."""
+    return pwd.getpwuid(os.getuid()).pw_name
 
 
 def _search_path() -> str:
@@ -247,7 +251,7 @@ def _end(find: Callable[[], list[int]], grace: float = _GRACE_S) -> list[int]:
 
 # --------------------------------------------------------------------------- the cluster
 
-_LIVE: weakref.WeakSet[SlurmCluster] = weakref.WeakSet()  # started and not yet stopped (for atexit)
+_LIVE: set[SlurmCluster] = set()  # started and not yet stopped: atexit stops them
 
 
 def _stop_all_at_exit() -> None:
@@ -263,11 +267,12 @@ class SlurmCluster:
     """A Slurm cluster of ``nodes`` (``slurmd -N`` daemons) on 127.0.0.1, all under ``state_dir``.
 
     ``state_dir=None`` makes a fresh directory in the temporary directory, removed by :meth:`stop`
-    unless ``keep=True`` (a given directory is never removed). ``slurmd_timeout`` (seconds) is how
-    long an unresponsive node stays up before it is marked ``DOWN`` and its jobs end with ``NODE_FAIL``;
-    ``extra_conf`` is appended to ``slurm.conf``. ``watchdog=False`` leaves the cluster running when
-    this process ends (``python scripts/slurm_cluster.py up``); otherwise a watchdog process stops it
-    if this one dies without stopping it.
+    unless ``keep=True`` or the start failed (its logs are then kept; a given directory is never
+    removed). ``slurmd_timeout`` is Slurm's ``SlurmdTimeout`` in seconds: a node that stops answering
+    is ``NOT_RESPONDING`` after about that long, then ``DOWN``, and its jobs end with ``NODE_FAIL``
+    (here 10 to 25 s after a kill, with the default 5). ``extra_conf`` is appended to ``slurm.conf``.
+    ``watchdog=False`` leaves the cluster running when this process ends (``slurm_cluster.py up``);
+    otherwise a watchdog process stops it if this one dies without stopping it.
     """
 
     def __init__(
@@ -364,7 +369,7 @@ class SlurmCluster:
     def slurm_conf_text(self) -> str:
         """The ``slurm.conf`` of this cluster (ports are chosen by :meth:`start`)."""
         d = self.state_dir
-        user = getpass.getuser()
+        user = _user()
         lines = [
             "# A two-node Slurm cluster on one machine (scripts/slurm_cluster.py). Every path is under this directory.",
             "ClusterName=course",
@@ -756,7 +761,7 @@ def _needles(info: Mapping[str, Any]) -> list[str]:
 
 
 def _default_dir() -> Path:
-    return Path(tempfile.gettempdir()) / f"course-slurm-{getpass.getuser()}"
+    return Path(tempfile.gettempdir()) / f"course-slurm-{_user()}"
 
 
 def _read_info(d: Path) -> dict[str, Any] | None:
