@@ -270,7 +270,7 @@ class SlurmCluster:
     unless ``keep=True`` or the start failed (its logs are then kept; a given directory is never
     removed). ``slurmd_timeout`` is Slurm's ``SlurmdTimeout`` in seconds: a node that stops answering
     is ``NOT_RESPONDING`` after about that long, then ``DOWN``, and its jobs end with ``NODE_FAIL``
-    (here 10 to 25 s after a kill, with the default 5). ``extra_conf`` is appended to ``slurm.conf``.
+    (here about 10 to 15 s after a kill, with the default 5). ``extra_conf`` is appended to ``slurm.conf``.
     ``watchdog=False`` leaves the cluster running when this process ends (``slurm_cluster.py up``);
     otherwise a watchdog process stops it if this one dies without stopping it.
     """
