@@ -108,7 +108,7 @@ def written_file(stem: str, filename: str) -> str:
 
     A benchmark runs a notebook's own script this way, instead of keeping a copy that could drift.
 
-    >>> "init_process_group" in written_file("08_ddp_in_practice", "_runs/ddp_train.py")
+    >>> "init_process_group" in written_file("10_ddp_in_practice", "_runs/ddp_train.py")
     True
     """
     import jupytext

@@ -15,10 +15,10 @@ from course_lib.timing import matmul_tflops
 
 
 def test_ring_all_reduce_equals_dist_all_reduce_and_notebook_07s_ring(tmp_path: Path) -> None:
-    """Notebook 07's worker (its _runs/ring.py, read from the text source) runs its hand-written ring,
+    """Notebook 09's worker (its _runs/ring.py, read from the text source) runs its hand-written ring,
     dist.all_reduce and course_lib's copy on every rank; all three must agree, bytes sent included."""
     worker = tmp_path / "ring.py"
-    worker.write_text(written_file("07_data_parallel_and_all_reduce", "_runs/ring.py"))
+    worker.write_text(written_file("09_data_parallel_and_all_reduce", "_runs/ring.py"))
     rows = spawn(f"{worker}:check", nprocs=3, args=([3, 10, 1000],), timeout=90, echo="none")
     for rank, rank_rows in enumerate(rows):
         for row in rank_rows:
