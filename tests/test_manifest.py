@@ -46,6 +46,8 @@ def test_renderers() -> None:
     total = sum(e.lecture for e in entries) / 60
     assert f"About **{total:.1f} hours** of lecture" in plan
     assert course_map(entries).splitlines()[0].startswith("00_start_here ")
+    notes = manifest.teaching_notes(entries)
+    assert notes.count("### ") == len(entries) and all(e.teach in notes for e in entries)
     assert "`" not in course_map(entries)
 
 
@@ -79,12 +81,12 @@ def test_cli_prints_the_paths(tmp_path: Path) -> None:
         ('[[notebook]]\nstem = "00_a"\n', "missing fields"),
         (
             '[[notebook]]\nstem = "01_a"\ntitle = "t"\nsummary = "s"\nlecture = 1\nexercises = 1\n'
-            'exercise_module = "m"\nlive = "l"\n',
+            'exercise_module = "m"\nlive = "l"\nteach = "h"\n',
             "numbered in order",
         ),
         (
             '[[notebook]]\nstem = "00_a"\ntitle = "t"\nsummary = "s"\nlecture = "1"\nexercises = 1\n'
-            'exercise_module = "m"\nlive = "l"\n',
+            'exercise_module = "m"\nlive = "l"\nteach = "h"\n',
             "lecture must be a int",
         ),
     ],
