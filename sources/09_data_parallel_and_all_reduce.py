@@ -5,9 +5,9 @@
 Data parallelism runs the same model on several devices, each on its own slice of the data, and averages the gradients so that every copy takes the same step. The averaging is a *collective* operation, and how it moves bytes decides how well training scales. This notebook takes apart PyTorch's old one-process answer, `nn.DataParallel`, then builds the communication that `DistributedDataParallel` relies on: parameter server versus ring all-reduce, the collectives of `torch.distributed` run for real in several processes, and a ring all-reduce written by hand.
 
 By the end you will be able to:
-- say what `nn.DataParallel` does in each forward pass (scatter, replicate, parallel apply, gather), why it is slow, and what it does on a machine without GPUs;
+- say what `nn.DataParallel` does in each forward pass (scatter, replicate, parallel apply, gather), why it is slow, what it does on a machine without GPUs, and what becomes of autocast in its threads;
 - step through a ring all-reduce and count the bytes each worker sends, against a parameter server;
-- use `broadcast`, `reduce`, `all_reduce`, `gather`, `all_gather`, `reduce_scatter` and `barrier` in real processes on the gloo backend;
+- use `broadcast`, `reduce`, `all_reduce`, `gather`, `all_gather`, `reduce_scatter`, `all_to_all` and `barrier` in real processes on the gloo backend, and count the bytes each rank sends;
 - write a ring all-reduce from point-to-point `isend`/`recv` and check it against `dist.all_reduce`, and see the deadlock that blocking sends cause;
 - turn bytes into time: fit the latency-bandwidth (α-β) model to measured gloo messages, predict ring, tree and parameter-server all-reduces and a DDP step's bucketed communication, and compare with measurements.
 
@@ -19,7 +19,6 @@ import copy
 import inspect
 import math
 import os
-import sys
 import threading
 import time
 from pathlib import Path
@@ -57,26 +56,37 @@ def make_mlp() -> nn.Module:
 
 # %% [markdown] slideshow={"slide_type": "slide"}
 """
-## 1. `nn.DataParallel`: one process, one thread per GPU
+## 1. `nn.DataParallel`, briefly: one process, one thread per GPU
 
-`model = nn.DataParallel(model)` is one line, and for years it was the first thing people tried. Its forward pass does four things, every step:
+`model = nn.DataParallel(model)` is one line, and for years it was the first thing people tried. PyTorch's documentation now recommends `DistributedDataParallel` instead, even on one machine (linked in the references), so this section is short: the four steps, why they are slow, and two facts that still bite. Every forward pass of `DataParallel`:
 
 1. **scatter**: cut the input batch into one chunk per GPU and copy each chunk to its GPU;
-2. **replicate**: copy the model (parameters and buffers) from GPU 0 to every other GPU;
+2. **replicate**: copy the model (parameters and buffers) from `device_ids[0]` ("GPU 0") to every other GPU;
 3. **parallel_apply**: run each replica on its chunk, one Python *thread* per GPU;
-4. **gather**: copy all outputs back to GPU 0 and concatenate them.
+4. **gather**: copy the outputs to `output_device` (GPU 0 unless you choose another) and concatenate them.
 
-In backward, the replicas' gradients flow back through the copy of step 2 and are **summed onto GPU 0**, where the one optimizer updates the one real model. The source of `DataParallel.forward` in the installed PyTorch says exactly that:
+In backward, the replicas' gradients flow back through the copy of step 2 and are **summed onto GPU 0**, where the one optimizer updates the one real model: `replicate` copies with the autograd function `Broadcast` (`comm.broadcast_coalesced`, NCCL's broadcast when available), and the backward of `Broadcast` sums the gradients with `comm.reduce_add_coalesced`. The installed source says all of this:
 """
 
 # %% slideshow={"slide_type": "fragment"}
+from torch.nn.parallel import _functions as parallel_functions
+from torch.nn.parallel import parallel_apply, replicate
+
 src = inspect.getsource(nn.DataParallel.forward)
 steps = ["self.scatter(", "self.replicate(", "self.parallel_apply(", "self.gather("]
 positions = [src.index(s) for s in steps]
 assert positions == sorted(positions), "the four steps appear in this order"
 assert "if not self.device_ids:\n                return self.module(*inputs, **kwargs)" in src
 print("DataParallel.forward calls, in order:", ", ".join(s.rstrip("(") for s in steps))
-print("and when device_ids is empty it only calls: self.module(*inputs, **kwargs)")
+assert "_broadcast_coalesced_reshape" in inspect.getsource(replicate)
+assert "comm.broadcast_coalesced" in inspect.getsource(parallel_functions.Broadcast.forward)
+assert "ReduceAddCoalesced.apply" in inspect.getsource(parallel_functions.Broadcast.backward)
+assert "comm.reduce_add_coalesced" in inspect.getsource(parallel_functions.ReduceAddCoalesced.forward)
+print("replicate -> Broadcast -> comm.broadcast_coalesced; its backward -> ReduceAddCoalesced -> comm.reduce_add_coalesced")
+init_src = inspect.getsource(nn.DataParallel.__init__)
+assert "self.src_device_obj = torch.device(device_type, self.device_ids[0])" in init_src
+assert "output_device = device_ids[0]" in init_src
+print("parameters and summed gradients live on device_ids[0]; output_device (by default the same GPU) receives the outputs")
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
@@ -121,86 +131,31 @@ print("loading dp.module.state_dict() works")
 # %% slideshow={"slide_type": "-"}
 print(run_script(["python", "_runs/dp_without_gpus.py"], timeout=120, echo="none").output("main"))
 model = make_mlp()  # the same seeded MLP, in this kernel, for the rest of the section
-
-# %% [markdown] slideshow={"slide_type": "subslide"}
-"""
-The four building blocks are public functions in `torch.nn.parallel`. In PyTorch 2.13 none of them runs on CPU devices: each checks for an accelerator.
-"""
-
-# %% slideshow={"slide_type": "fragment"}
-from torch.nn.parallel import gather, parallel_apply, replicate, scatter
-
-x = train.flat()[:96]
-cpu2 = [torch.device("cpu"), torch.device("cpu")]
-with expect_error(ValueError, match="non cpu device"):
-    scatter(x, cpu2)
-with expect_error(ValueError, match="non cpu device"):
-    replicate(model, cpu2)
-with expect_error(ValueError, match="cuda device"):
-    parallel_apply([model, model], [(x[:48],), (x[48:],)], devices=cpu2)
-with expect_error(AssertionError, match="not implemented for CPU tensors"):
-    gather([x[:48], x[48:]], "cpu")
-
-# %% [markdown] slideshow={"slide_type": "subslide"}
-"""
-### The four steps by hand, on CPU
-
-So we write them ourselves, with CPU "devices": `chunk` for scatter, a copy of the module with a differentiable copy of every parameter for replicate (as `Broadcast` is on GPUs, so that gradients flow back), one thread per replica for parallel_apply, `cat` for gather. `torch.func.functional_call` runs the module with the replica's parameters. The output and the gradients equal the single-device ones: the replicas' gradients are summed back into the original parameters by autograd.
-"""
-
-# %% slideshow={"slide_type": "fragment"}
-from torch.func import functional_call
-
-
-def data_parallel_forward(module: nn.Module, x: torch.Tensor, n_devices: int) -> torch.Tensor:
-    chunks = x.chunk(n_devices)                                                    # 1. scatter
-    params = dict(module.named_parameters())
-    replicas = [(copy.deepcopy(module), {k: p.clone() for k, p in params.items()})   # 2. replicate: a module
-                for _ in chunks]                                                     #    and a differentiable copy
-    outputs: list[torch.Tensor | None] = [None] * len(chunks)                        #    of its parameters
-
-    def run(i: int) -> None:
-        replica, replica_params = replicas[i]
-        outputs[i] = functional_call(replica, replica_params, (chunks[i],))
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(chunks))]  # 3. parallel_apply
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return torch.cat(outputs)                                                       # 4. gather
-
-
 loss_fn = nn.CrossEntropyLoss()
-y = train.y[:96]
-single, parallel = make_mlp(), make_mlp()
-loss_fn(single(x), y).backward()
-out_dp = data_parallel_forward(parallel, x, n_devices=3)
-loss_fn(out_dp, y).backward()
-torch.testing.assert_close(out_dp, single(x))
-for p, q in zip(single.parameters(), parallel.parameters()):
-    torch.testing.assert_close(q.grad, p.grad)
-print("3 threads, by hand: outputs and gradients equal the single-device step (allclose)")
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-### Why one process with threads is slow
+### Why it is slow
 
-- **The GIL.** Only one thread runs Python at a time. PyTorch releases the GIL inside large kernels, so big matrix products can overlap, but the Python part of every layer (module calls, hooks, autograd bookkeeping) is serialized. The more small layers, the less the threads help. Below, two jobs run one after the other and then in two threads. The tiny-operation jobs gain **nothing** from threads, and are often *slower* in two threads than one after the other (a speed-up below 1x: the run that recorded this notebook once measured well under half). Why slower: each PyTorch call releases the GIL around its kernel and takes it back after, so two Python-bound threads hand the GIL back and forth at every one of their thousands of tiny operations. Each hand-off wakes the other thread (on another core, with the interpreter's state moving between caches), and a thread that wants the GIL back waits for it; when the holder does not let go, CPython forces a switch only every `sys.getswitchinterval()` (5 ms). Two threads doing the work of one, plus the cost of the hand-offs: slower. The matrix products, by contrast, spend their time inside kernels with the GIL released, so they can overlap: at best twice as fast on 2 idle cores, and no faster at all when other processes hold the cores. PyTorch is pinned to one thread per operation, so any overlap comes from our threads. The timings (marked `~`) are volatile, so the cell asserts only what any machine shows: no speed-up for the Python-bound jobs (at most about 1x).
-- **Replicate, every step.** The model is copied from GPU 0 to every other GPU at *every* forward pass, and the gradients are reduced back, because only GPU 0 keeps the real parameters and the optimizer.
-- **GPU 0 does more.** It holds the model, the optimizer state, the gathered outputs and the loss, and it receives all gradients: it runs out of memory first, and the others wait for it.
+- **The GIL.** The replicas run in threads of one Python process, and only one thread runs Python at a time. A replica's forward on a GPU is Python code (module calls, hooks, the forward's own lines) that launches kernels; the kernels then run on the GPU while the thread waits with the GIL released. So the threads overlap their GPUs' work but take turns for the Python work: the more small layers, the less the threads help.
+- **A full copy of the model at every step.** Only GPU 0 keeps the real parameters and the optimizer, so step 2 broadcasts the whole model again at every forward.
+- **No overlap of the gradient reduction with backward.** The gradients are summed when autograd reaches `Broadcast`'s backward, after the replicas' backward has finished (DDP starts each bucket's all-reduce during backward, section 6).
+- **GPU 0 does more.** It holds the optimizer state, the gathered outputs and the loss, and receives every gradient: it runs out of memory first, and the other GPUs wait for it.
+
+The cell shows the first point on the CPU with two stand-ins for a replica's forward: pure Python work (a loop of float arithmetic, like the Python lines of a forward, which hold the GIL), and waiting with the GIL released (`time.sleep`, like a thread waiting for its GPU). Two jobs of each kind run one after the other, then in two threads, and the cell also counts how many cores the two threads kept busy (the process's CPU seconds per wall-clock second). The waits overlap. The Python threads never keep more than one core busy, so their wall-clock speed-up stays near 1 at best; it is often below 1, because the threads also pay for handing the GIL back and forth. (PyTorch's own operators release the GIL while they run, and so do large matrix products on a CPU; but then two threads also need two free cores, which a shared machine may not give them, so the cell does not time them.) The times after `~` are this machine's; the asserts hold with wide margins on any machine, busy or idle.
 """
 
 
 # %% slideshow={"slide_type": "fragment"}
-def run_in_threads(work, n: int) -> float:
+def run_in_threads(work, n: int) -> tuple[float, float]:
+    """Run ``work`` in ``n`` threads at once: (wall seconds, CPU seconds of this process)."""
     threads = [threading.Thread(target=work) for _ in range(n)]
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), time.process_time()
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    return time.perf_counter() - t0
+    return time.perf_counter() - t0, time.process_time() - cpu0
 
 
 def run_sequential(work, n: int) -> float:
@@ -210,102 +165,75 @@ def run_sequential(work, n: int) -> float:
     return time.perf_counter() - t0
 
 
-small, big = torch.ones(8), torch.randn(384, 384)
+def python_bound() -> None:      # pure Python: holds the GIL the whole time, like a forward's Python lines
+    x = 0.0
+    for i in range(100_000):
+        x = x * 0.5 + i
 
 
-def tiny_ops() -> None:      # Python-bound: 3000 operations on 8 numbers
-    t = small
-    for _ in range(3000):
-        t = t * 1.0001 + 0.0001
+def waits_for_device() -> None:  # a thread waiting for its GPU: the GIL is released while it waits
+    for _ in range(5):
+        time.sleep(0.01)
 
 
-def big_matmuls() -> None:   # kernel-bound: the GIL is released inside each product
-    for _ in range(12):
-        big @ big
-
-
-speedup = {}
-for name, work in [("tiny ops (Python-bound)", tiny_ops), ("big matmuls (kernel-bound)", big_matmuls)]:
-    seq = min(run_sequential(work, 2) for _ in range(3))
-    par = min(run_in_threads(work, 2) for _ in range(3))
-    speedup[name] = seq / par
-    print(f"{name:<27} 2 jobs one after the other ~{seq * 1e3:.0f} ms, in 2 threads ~{par * 1e3:.0f} ms, speed-up ~{seq / par:.2f}x")
-assert speedup["tiny ops (Python-bound)"] < 1.3   # the GIL: no speed-up (often a slow-down) for Python-bound work
-print(f"Python-bound work in threads: no speed-up (<= ~1x); CPython's switch interval: {sys.getswitchinterval() * 1e3:.0f} ms")
-
-# %% [markdown] slideshow={"slide_type": "subslide"}
-"""
-What crosses between devices in one `DataParallel` step, counted for a model of `P` parameter bytes on `N` GPUs with a **naive-copy model**: GPU 0 copies the parameters to each other GPU one after the other, and each GPU copies its gradients back to GPU 0 (a star centred on GPU 0). It shows what the four steps move, not what the links carry on a real machine (see after the cell).
-"""
-
-
-# %% slideshow={"slide_type": "fragment"}
-def dp_traffic(param_bytes: int, batch_in_bytes: int, batch_out_bytes: int, n: int) -> dict[str, float]:
-    return {
-        "scatter inputs (from GPU 0)": batch_in_bytes * (n - 1) / n,
-        "replicate parameters (from GPU 0)": param_bytes * (n - 1),
-        "gather outputs (to GPU 0)": batch_out_bytes * (n - 1) / n,
-        "reduce gradients (to GPU 0)": param_bytes * (n - 1),
-    }
-
-
-P = 25_557_032 * 4   # a ResNet-50's parameters in float32
-for name, b in dp_traffic(P, 256 * 3 * 224 * 224 * 4, 256 * 1000 * 4, n=4).items():
-    print(f"{name:<36} {b / 2**20:8.1f} MiB")
-print(f"naive copies: GPU 0's link would carry {2 * 3 * P / 2**20:.0f} MiB of parameters and gradients per step; "
-      f"each other GPU's {2 * P / 2**20:.0f} MiB")
-
-# %% [markdown] slideshow={"slide_type": "subslide"}
-"""
-That star is not how CUDA builds move the bytes. `replicate` copies the parameters with the autograd function `Broadcast`, which calls `comm.broadcast_coalesced` (the tensors packed into a few large buffers, sent with NCCL's broadcast when available), and the backward of `Broadcast` is `ReduceAddCoalesced`, which sums the replicas' gradients with `comm.reduce_add_coalesced` (NCCL's reduce). NCCL pipelines a broadcast or a reduce along a chain or ring of GPUs, cutting the buffer into pieces: each link carries about `P` per direction, GPU 0's included, not `3P`. So per-link *bytes* are not what makes DataParallel slow. Its real costs are the others in the list above: the GIL, a full replication (and its latency) at every step, no overlap of the gradient reduction with backward (it happens when autograd reaches the `Broadcast`), and GPU 0's extra memory and work. The installed source shows the chain of calls:
-"""
-
-# %% slideshow={"slide_type": "fragment"}
-from torch.nn.parallel import _functions as parallel_functions
-
-assert "_broadcast_coalesced_reshape" in inspect.getsource(replicate)   # replicate, imported above
-assert "comm.broadcast_coalesced" in inspect.getsource(parallel_functions.Broadcast.forward)
-assert "ReduceAddCoalesced.apply" in inspect.getsource(parallel_functions.Broadcast.backward)
-assert "comm.reduce_add_coalesced" in inspect.getsource(parallel_functions.ReduceAddCoalesced.forward)
-print("replicate -> Broadcast -> comm.broadcast_coalesced; its backward -> ReduceAddCoalesced -> comm.reduce_add_coalesced")
+speedup, cores = {}, {}
+for name, work in [("Python-bound work", python_bound), ("waiting, GIL released", waits_for_device)]:
+    seq, par = [], []
+    for _ in range(5):   # alternate the two, best of 5 each: a burst of other work spoils one round, not one side
+        seq.append(run_sequential(work, 2))
+        par.append(run_in_threads(work, 2))
+    speedup[name] = min(seq) / min(wall for wall, _ in par)
+    cores[name] = max(cpu / wall for wall, cpu in par)   # CPU seconds per wall second: cores in use at once
+    print(f"{name:<22} 2 jobs one after the other ~{min(seq) * 1e3:.0f} ms, in 2 threads "
+          f"~{min(wall for wall, _ in par) * 1e3:.0f} ms: speed-up ~{speedup[name]:.2f}x, cores busy ~{cores[name]:.2f}")
+assert cores["Python-bound work"] < 1.2        # the GIL: Python threads never run on two cores at once
+assert speedup["waiting, GIL released"] > 1.5  # the waits overlap
+print("2 threads of Python use at most 1 core at a time (below 1.2 here; a pair running truly in parallel would "
+      "reach 2); 2 threads that wait overlap their waits (speed-up above 1.5x)")
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
 ### What the source posts said about DataParallel, checked
 
-- *"DataParallel is single-process, multi-threaded, so the GIL limits it"*: **true** (shown above).
-- *"Its parameter update uses a parameter server"*: **essentially true**, with GPU 0 as the server: it broadcasts the weights and receives the summed gradients every step (`replicate` and the reduction in backward go through `torch.nn.parallel.comm.broadcast_coalesced` / `reduce_add_coalesced`, NCCL when available). There is no separate server machine.
+- *"DataParallel is single-process, multi-threaded, so the GIL limits it"*: **true** (above).
+- *"Its parameter update uses a parameter server"*: **essentially true**, with GPU 0 as the server: it broadcasts the weights and receives the summed gradients every step. There is no separate server machine.
 - *"It only works on one machine"*: **true**, threads cannot cross machines.
-- *"`output_device` is the GPU that sums the gradients, give it the most memory"*: **not quite.** `output_device` is where the outputs are gathered (so where the loss is computed). The parameters live on `device_ids[0]` (`src_device_obj`), and the replicas' gradients are summed there, because that is where the model was broadcast from. By default both are `device_ids[0]`. (The same post's loop reads `images = images.cuda(...)` where the loader yields `data`: a `NameError` as written.)
-- *"It does not support mixed precision"*: **not true today.** Autocast's on/off state is thread-local, so a model whose forward runs in a new thread would lose it, and older advice said to put `autocast` inside `forward`. In current PyTorch `parallel_apply` reads the autocast state in the calling thread and re-enters it in each worker thread, and the installed source does:
+- *"`output_device` is the GPU that sums the gradients, give it the most memory"*: **not quite.** `output_device` is where the outputs are gathered (so where the loss is computed); the parameters live on `device_ids[0]`, and the gradients are summed there (asserted above). By default both are `device_ids[0]`. (The same post's loop reads `images = images.cuda(...)` where the loader yields `data`: a `NameError` as written.)
+- *"It does not support mixed precision"*: **half true.** `torch.autocast` around a `DataParallel` call does switch autocast on in the replicas' threads, but only the on/off flag crosses into them: `parallel_apply` reads `torch.is_autocast_enabled()` in the calling thread and enters `torch.amp.autocast(device_type, enabled=...)` in each worker thread, with **no dtype**. Autocast's dtype is per thread, so each worker uses its device's default, `float16` on CUDA: bf16 autocast around `DataParallel` runs the replicas in fp16, with fp16's narrow range (notebook 06 §1). With one GPU, `DataParallel` calls the module in the calling thread and keeps bf16. The fix is the old advice: enter `torch.autocast(..., dtype=...)` inside the model's `forward`, or use DDP. The CPU can show the mechanism, with CPU autocast (its default is bf16, so the caller asks for fp16):
 """
 
 # %% slideshow={"slide_type": "fragment"}
+xs, w = train.flat()[:8], torch.randn(64, 64)
 seen = {}
-with torch.autocast("cpu", dtype=torch.bfloat16):
-    seen["main thread"] = torch.is_autocast_enabled("cpu")
-    t = threading.Thread(target=lambda: seen.update({"new thread": torch.is_autocast_enabled("cpu")}))
-    t.start()
-    t.join()
-print("autocast enabled:", seen)
-assert seen == {"main thread": True, "new thread": False}   # thread-local
+with torch.autocast("cpu", dtype=torch.float16):   # not the CPU's default dtype (bfloat16)
+    seen["calling thread"] = (torch.is_autocast_enabled("cpu"), (xs @ w).dtype)
+    flag = torch.is_autocast_enabled("cpu")          # what parallel_apply carries over: the flag alone
+
+    def replica() -> None:                           # parallel_apply's worker: autocast on, no dtype given
+        with torch.amp.autocast("cpu", enabled=flag):
+            seen["worker thread"] = (torch.is_autocast_enabled("cpu"), (xs @ w).dtype)
+
+    worker = threading.Thread(target=replica)
+    worker.start()
+    worker.join()
+for where, (enabled, dtype) in seen.items():
+    print(f"{where:<15} autocast enabled: {enabled}, a matmul computes in {dtype}")
+assert seen == {"calling thread": (True, torch.float16), "worker thread": (True, torch.bfloat16)}
 pa_src = inspect.getsource(parallel_apply)
-assert "torch.is_autocast_enabled()" in pa_src and "torch.amp.autocast(device_type, enabled=autocast_enabled)" in pa_src
-print("parallel_apply re-enters the caller's autocast state in each worker thread: DataParallel + autocast works")
-init_src = inspect.getsource(nn.DataParallel.__init__)
-assert "self.src_device_obj = torch.device(device_type, self.device_ids[0])" in init_src
-assert "output_device = device_ids[0]" in init_src and "on device {self.src_device_obj} (device_ids[0])" in src
-print("parameters (and the summed gradients) live on device_ids[0]; output_device only receives the outputs")
+assert "torch.is_autocast_enabled()," in pa_src and "torch.amp.autocast(device_type, enabled=autocast_enabled)" in pa_src
+assert "autocast_dtype" not in pa_src and "dtype=" not in pa_src
+assert "if len(self.device_ids) == 1:\n                return self.module(" in src   # one GPU: no threads
+print("parallel_apply carries autocast's on/off flag into its threads, not its dtype")
+print(f"a thread's default autocast dtype: cuda {torch.get_autocast_dtype('cuda')}, cpu {torch.get_autocast_dtype('cpu')}"
+      " -> bf16 autocast around DataParallel on 2+ GPUs computes in float16")
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-PyTorch's own documentation recommends `DistributedDataParallel` over `DataParallel` even on a single machine: one process per GPU, no GIL contention, no per-step model copy, and gradient averaging overlapped with backward. The rest of this notebook builds the communication it uses.
-
-The real thing, on a machine with two or more GPUs:
+The real thing, on a machine with two or more GPUs: the same gradients as one GPU, the step time, and the dtype under bf16 autocast.
 """
 
 # %% slideshow={"slide_type": "fragment"}
-if requires_gpu("nn.DataParallel on 2 GPUs: same result as one GPU, and its step time", count=2):
+if requires_gpu("nn.DataParallel on 2 GPUs: same gradients as one GPU, its step time, fp16 replicas under bf16 autocast", count=2):
     net = make_mlp().cuda()
     dp_net = nn.DataParallel(copy.deepcopy(net))
     xb, yb = train.flat()[:1024].cuda(), train.y[:1024].cuda()
@@ -320,6 +248,12 @@ if requires_gpu("nn.DataParallel on 2 GPUs: same result as one GPU, and its step
             loss_fn(m(xb), yb).backward()
         torch.cuda.synchronize()
         print(f"{name:<13} ~{(time.perf_counter() - t0) / 20 * 1e3:.2f} ms per forward+backward")
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        alone, through_dp = net(xb).dtype, dp_net(xb).dtype
+    print(f"bf16 autocast: the model alone computes in {alone}; through DataParallel on "
+          f"{len(dp_net.device_ids)} GPUs, in {through_dp}")
+    assert alone == torch.bfloat16   # and in the replicas' threads the default dtype, fp16 (one device: no threads)
+    assert through_dp == (torch.float16 if len(dp_net.device_ids) > 1 else torch.bfloat16)
 
 # %% [markdown] slideshow={"slide_type": "slide"}
 """
@@ -481,6 +415,24 @@ runs.mkdir(exist_ok=True)
 for old in ("collectives.py", "ring.py", "deadlock.py", "comm_time.py", "handoff.txt"):
     (runs / old).unlink(missing_ok=True)   # so that %%writefile always says "Writing"
 
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+The collectives the worker below runs, one call each, on `N` ranks. `S` is the bytes of the tensor each rank starts with; the last column is what each rank sends with the bandwidth-optimal algorithms (the ring of section 2 and its relatives), the figure that decides their time on large tensors:
+
+| collective | each rank starts with | afterwards | bytes each rank sends |
+|---|---|---|---|
+| `broadcast(t, src)` | `t` (only `src`'s matters) | `src`'s `t` on every rank | at most `S` (a pipelined chain) |
+| `reduce(t, dst)` | `t` | the sum on `dst` only | at most `S` |
+| `all_reduce(t)` | `t` | the sum on every rank | `2(N-1)/N · S` (section 2) |
+| `gather(t, list, dst)` | `t` | `dst` holds every rank's `t` | `S` (to `dst`) |
+| `all_gather(list, t)` | `t` | every rank holds every rank's `t` | `(N-1) · S` |
+| `reduce_scatter(out, list)` | `N` pieces of `S/N` | rank `i` holds the sum of every rank's piece `i` | `(N-1)/N · S` |
+| `all_to_all_single(out, t)` | `N` pieces of `S/N`, piece `j` meant for rank `j` | rank `i` holds piece `i` of every rank, in rank order | `(N-1)/N · S` |
+| `barrier()` | nothing | every rank has arrived | no payload |
+
+`all_to_all` is the one that moves different data to each rank: a transpose of the ranks' pieces. Expert parallelism (a mixture-of-experts layer with its experts spread over ranks) uses it twice per layer, to send each token to the rank holding its expert and to bring the results back.
+"""
+
 # %% slideshow={"slide_type": "-"}
 # %%writefile _runs/collectives.py
 """Each collective of torch.distributed once, on tensors whose values say where they came from."""
@@ -534,6 +486,12 @@ def demo(rank: int, world_size: int) -> dict:
     dist.reduce_scatter(t, inputs, op=dist.ReduceOp.SUM)
     out["reduce_scatter"] = show("reduce_scatter", t)
 
+    # all_to_all: rank r's piece j (10*r + j) goes to rank j; rank j receives piece j of every rank
+    pieces = torch.tensor([float(10 * rank + j) for j in range(world_size)])
+    received = torch.empty(world_size)
+    dist.all_to_all_single(received, pieces)
+    out["all_to_all"] = show("all_to_all", received)
+
     # reduce_scatter, then all_gather of the shards, is an all_reduce of the whole vector
     shards = [torch.zeros(1) for _ in range(world_size)]
     dist.all_gather(shards, t)
@@ -566,10 +524,13 @@ for rank, r in enumerate(results):
     assert r["all_reduce"] == [N * (N + 1) / 2] and r["all_reduce avg"] == [(N + 1) / 2]
     assert r["all_gather"] == [10.0 * q for q in range(N)]
     assert r["reduce_scatter"] == [sum(10 * q + rank for q in range(N))]
+    assert r["all_to_all"] == [10.0 * q + rank for q in range(N)]   # piece `rank` of every rank q
     assert r["rs+ag == all_reduce"] == [True]
     assert r["barrier"] == "written by rank 1 before the barrier"
 assert results[0]["reduce"] == [N * (N + 1) / 2] and results[0]["gather"] == [10.0 * q for q in range(N)]
 print(f"all {N} ranks agree with the definitions; reduce_scatter gave {[r['reduce_scatter'][0] for r in results]}")
+print(f"all_to_all: each rank kept 1 of its {N} pieces and sent {N - 1}, (N-1)/N of its {4 * N} bytes: "
+      f"{4 * (N - 1)} bytes")
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
@@ -720,10 +681,12 @@ where `α` (alpha, seconds) is the fixed cost of any message (software, system c
 | algorithm | steps on the critical path | time |
 |---|---|---|
 | ring | `2(N-1)` messages of `S/N` | `2(N-1)·α + 2(N-1)/N · S/β` |
-| binomial tree (reduce onto rank 0, then broadcast back) | `2⌈log2 N⌉` messages of `S` | `2⌈log2 N⌉ · (α + S/β)` |
+| binomial tree, unpipelined (reduce onto rank 0, then broadcast back, whole tensors) | `2⌈log2 N⌉` messages of `S` | `2⌈log2 N⌉ · (α + S/β)` |
 | parameter server (rank 0 serves, one link) | `2(N-1)` messages of `S` | `2(N-1) · (α + S/β)` |
 
-The ring's bandwidth term hardly grows with `N`, but its latency term grows linearly; the tree pays only `log2 N` latencies but sends the whole `S` at every step. So small messages favour trees and large ones rings, which is why NCCL chooses per message size.
+The ring's bandwidth term hardly grows with `N`, but its latency term grows linearly; this tree pays only `log2 N` latencies but sends the whole `S` at every step. So small messages favour trees and large ones rings, which is why NCCL chooses per message size.
+
+These rows are textbook models, simple enough to fit and check here, not what NCCL runs. NCCL's tree is a *double binary tree* whose tensors are cut into chunks and pipelined, so its bandwidth term comes close to the ring's while its latency still grows with `log2 N` (NVIDIA's NCCL 2.4 announcement, in the references); on recent systems NCCL can also reduce inside the NVLink switch (NVLS, NVLink SHARP) or in InfiniBand switches (CollNet, SHARP), and it picks among its algorithms by size and topology (`NCCL_ALGO` in NCCL's documentation). For large tensors the unpipelined tree above is therefore far too pessimistic about trees.
 
 One assumption hides in the ring's row: in each step every rank sends to its right **and** receives from its left at the same time. On a full-duplex link (NVLink, InfiniBand, Ethernet) the two directions are independent and the step costs one message. Between processes on one machine, the "link" is the CPU copying bytes through the kernel, and sending and receiving share it. So we measure that kind of step too: an **exchange**, both ranks sending and receiving at once.
 
@@ -749,7 +712,7 @@ for n in (2, 3, 4, 8, 16):
 """
 ### One launch measures everything
 
-The worker below times, for message sizes from 4 bytes to 4 MiB: one message (half of a ping-pong between ranks 0 and 1), one exchange, `dist.all_reduce`, course_lib's copy of section 4's ring, and a parameter server (`course_lib.collectives` has it, written with `send`/`recv`). It also all-reduces, one after the other, the buckets DDP would make for a 2.1 M-parameter MLP (notebook 10 explains DDP's buckets; the rule, in short: the gradients in reverse order of the parameters, a bucket closed as soon as it holds at least 1 MiB for the first, 25 MiB for the others).
+The worker below times, for message sizes from 4 bytes to 4 MiB: one message (half of a ping-pong between ranks 0 and 1), one exchange, `dist.all_reduce`, course_lib's copy of section 4's ring, and a parameter server (`course_lib.collectives` has it, written with `send`/`recv`). It also all-reduces, one after the other, the buckets DDP would make for a 2.1 M-parameter MLP. DDP's rule, which section 6 builds by hand: the gradients in reverse order of the parameters, whole tensors, a bucket closed as soon as it holds at least its cap; with the default `bucket_cap_mb=25` (MiB) the cap is 1 MiB for the first bucket and 25 MiB for the others, while a `bucket_cap_mb` you pass caps every bucket. (That is DDP's steady state: its very first step puts every gradient in one bucket and then rebuilds the buckets in the order the gradients arrived, notebook 11 §3.2.)
 
 Each time is the best of 5 rounds over all sizes (one warm-up round first), so a burst of other work on the machine spoils one round, not one size. We use 2 ranks: this machine has 2 cores, and with more processes than cores a message also waits for its receiver to be scheduled, so `α` would measure the operating system's scheduler. With 2 ranks the tree and the parameter server are the same algorithm (one message to rank 0, one back), so only the second is measured.
 """
@@ -866,14 +829,18 @@ print("(the fit by hand equals course_lib.comm_model.fit_alpha_beta)")
 ratio = comm["exchange"][-1] / comm["message"][-1]
 assert ratio > 0.8               # sending and receiving at once is never much cheaper than one message
 print(f"an exchange of {sizes[-1] // 2**20} MiB costs ~{ratio:.1f}x one message here (1x on a full-duplex link)")
+alpha_us, beta_gbs = round(message.alpha * 1e6), round(message.beta / 1e9, 2)   # as printed above
+crossover_kib = alpha_us * 1e-6 * beta_gbs * 1e9 / 1024
+print(f"message: the two regimes meet where m = alpha * beta ~{crossover_kib:.0f} KiB (the rounded values above, "
+      "multiplied; the dotted line): below it a message costs its latency, above it its bytes")
 
-# %% slideshow={"slide_type": "fragment"}
 fig, ax = plt.subplots(figsize=(6.5, 3.8))
 grid = [4 * 2**i for i in range(21)]
 for kind, marker, color in [("message", "o", "tab:blue"), ("exchange", "s", "tab:orange")]:
     ax.plot(sizes, [t * 1e6 for t in comm[kind]], marker, color=color, label=f"{kind}, measured")
     ax.plot(grid, [links[kind].time(m) * 1e6 for m in grid], "-", color=color, alpha=0.6,
             label=f"{kind}: α + m/β fitted")
+ax.axvline(crossover_kib * 1024, color="grey", linestyle=":", label="m = α·β (message)")
 ax.set_xscale("log", base=2)
 ax.set_yscale("log")
 ax.set_xlabel("message size m (bytes)")
@@ -882,12 +849,10 @@ ax.set_title("gloo between 2 processes on this machine: latency, then bandwidth"
 ax.legend(fontsize=8)
 fig.tight_layout()
 plt.show()
-print(f"the two regimes meet where m = alpha * beta ~{message.alpha * message.beta / 1024:.0f} KiB: "
-      "below it a message costs its latency, above it its bytes")
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-Small messages cost about `α` whatever their size; above `α·β` bytes (printed under the plot: between tens and a few hundred KiB in our runs) the bytes dominate. On the machine that recorded these outputs an exchange (both directions at once) cost 2 to 4 times one message, depending on the run: the bytes of both directions go through the same CPU cores (a machine with more cores can move them in parallel, so your ratio may be lower). On a full-duplex network it would cost the same as one message. So the ring's steps are predicted with the exchange fit, the parameter server's with the message fit.
+Small messages cost about `α` whatever their size; above `α·β` bytes (the dotted line, printed above the plot) the bytes dominate. On the machine that recorded these outputs an exchange (both directions at once) cost several times one message (the ratio printed above): the bytes of both directions go through the same CPU cores, and a machine with more cores can move them in parallel, so your ratio may be lower (the cell asserts only that it is not far below 1). On a full-duplex network it would cost the same as one message. So the ring's steps are predicted with the exchange fit, the parameter server's with the message fit.
 
 ### Predicted against measured
 
@@ -911,18 +876,18 @@ for name in predicted:
     print(f"{name:<17} measured / predicted: within 4x on average (~{geo:.2f}x)")
     assert 1 / 4 < geo < 4, (name, geo)
 ddp_pred = sum(min(predict_all_reduce(message, b, 2, "ring", exchange=exchange),   # gloo's choice: the
-                   predict_all_reduce(message, b, 2, "parameter_server")) for b in buckets)   # faster one
+                   predict_all_reduce(message, b, 2, "parameter_server")) for b in buckets)   # quicker one
 print(f"DDP's {len(buckets)} buckets ({sum(buckets) / 2**20:.1f} MiB): predicted ~{ddp_pred * 1e3:.2f} ms, "
       f"measured ~{comm['buckets'][0] * 1e3:.2f} ms (within 4x)")
 assert 1 / 4 < comm["buckets"][0] / ddp_pred < 4
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-For `dist.all_reduce`, and so for DDP's buckets, the prediction is the faster of the two algorithms, since gloo picks its own (section 2: the backend chooses); `course_lib.comm_model.predict_buckets` adds up one algorithm's all-reduces, bucket by bucket, and is what the next cell uses. Our Python ring pays more than `α` per step at small sizes (an `isend`, a `recv`, a `wait` and an addition in Python), which is why it is the slowest of the three there.
+For `dist.all_reduce`, and so for DDP's buckets, the prediction is the smaller of the two algorithms' predicted times, since gloo picks its own algorithm (section 2: the backend chooses); `course_lib.comm_model.predict_buckets` adds up one algorithm's all-reduces, bucket by bucket, and is what the next cell uses. Our Python ring pays more than `α` per step at small sizes (an `isend`, a `recv`, a `wait` and an addition in Python), which is why it is the slowest of the three there.
 
 ### What changes on GPUs and real networks
 
-The model is the same; `α` and `β` change. The figures below are **cited from vendors' specifications, not measured here**: NVLink 4 on an NVIDIA H100 SXM GPU gives 900 GB/s of total bidirectional bandwidth (450 GB/s each way); one InfiniBand NDR port carries 400 Gb/s (50 GB/s each way). For `α` we *assume* 5 µs on both, the order of magnitude of a small NCCL all-reduce between GPUs; it is an assumption for the sketch, not a specification. Both links are full duplex, so the exchange costs one message. We predict, for 8 ranks, an all-reduce of ResNet-50's 102 MB of float32 gradients, in DDP's 25 MiB buckets, and of a 64 KiB tensor:
+The model is the same; `α` and `β` change. The figures below are **cited from vendors' specifications, not measured here**: NVLink 4 on an NVIDIA H100 SXM GPU gives 900 GB/s of total bidirectional bandwidth (450 GB/s each way); one InfiniBand NDR port carries 400 Gb/s (50 GB/s each way). For `α` we *assume* 5 µs on both, the order of magnitude of a small NCCL all-reduce between GPUs; it is an assumption for the sketch, not a specification. Both links are full duplex, so the exchange costs one message. We predict, for 8 ranks, an all-reduce of ResNet-50's 102 MB of float32 gradients, in DDP's 25 MiB buckets, and of a 64 KiB tensor. (The tree column is the unpipelined model of the table above; NCCL's pipelined double binary tree would come much closer to the ring on the 102 MB.)
 """
 
 # %% slideshow={"slide_type": "fragment"}
@@ -956,11 +921,11 @@ print(f"64 KiB on {n_many} ranks over NVLink-like links: tree {predict_all_reduc
 ## Summary
 
 - `nn.DataParallel` scatters the batch, replicates the model from GPU 0, runs the replicas in threads and gathers the outputs on GPU 0, every step; gradients are summed back onto GPU 0. Without GPUs it is just the module (plus a `module.` prefix on the `state_dict` keys).
-- It is slow because of the GIL, the per-step model copy and the load on GPU 0. It does support autocast today (the thread-local state is carried into the worker threads). Prefer DDP, even on one machine.
+- It is slow because its threads take turns for the Python work (the GIL), it copies the whole model every step, it reduces the gradients only after backward, and GPU 0 does more than the others. Autocast around it reaches its threads only as an on/off flag: each thread uses its device's default dtype, so bf16 autocast runs the replicas in fp16 on CUDA. Prefer DDP, even on one machine.
 - A parameter server's link carries `N·S` per step; a ring all-reduce sends `2(N-1)/N·S` per worker, in `2(N-1)` steps (scatter-reduce then all-gather). Both compute the same average; the "effective batch" depends on how the data is split, not on the algorithm.
-- The collectives (`broadcast`, `reduce`, `all_reduce`, `gather`, `all_gather`, `reduce_scatter`, `barrier`) run on gloo on CPU; `reduce_scatter` + `all_gather` = `all_reduce`.
+- The collectives (`broadcast`, `reduce`, `all_reduce`, `gather`, `all_gather`, `reduce_scatter`, `all_to_all`, `barrier`) run on gloo on CPU; `reduce_scatter` + `all_gather` = `all_reduce`; `all_to_all` sends a different piece to each rank, the exchange expert parallelism is built on.
 - A ring all-reduce from `isend`/`recv` matches `dist.all_reduce`, byte for byte as predicted. Blocking `send`s in a cycle deadlock; `course_lib.launch.run_ranks`'s timeout turns the hang into an error that shows where each rank stopped.
-- Time is `α + m/β` per message, summed over a collective's steps: ring `2(N-1)` steps of `S/N`, tree `2⌈log2 N⌉` of `S`, parameter server `2(N-1)` of `S` on one link. Fitted to gloo here, the model predicts the measured all-reduces and DDP's bucketed communication within a small factor; the same formulas with NVLink's or InfiniBand's figures say that large gradients favour the ring and many ranks with small tensors favour the tree.
+- Time is `α + m/β` per message, summed over a collective's steps: ring `2(N-1)` steps of `S/N`, an unpipelined binomial tree `2⌈log2 N⌉` of `S`, parameter server `2(N-1)` of `S` on one link. Fitted to gloo here, the model predicts the measured all-reduces and DDP's bucketed communication within a small factor; the same formulas with NVLink's or InfiniBand's figures say that large gradients favour the ring and many ranks with small tensors favour the tree (NCCL's pipelined double binary tree narrows the gap for large tensors).
 """
 
 # %% [markdown] slideshow={"slide_type": "slide"}
@@ -1036,6 +1001,6 @@ check_ring_time(ring_time)
 - R. Hockney, *The communication challenge for MPP: Intel Paragon and Meiko CS-2*, Parallel Computing 20(3), 1994 (the latency-bandwidth model)
 - NVIDIA, *H100 Tensor Core GPU* (specifications: NVLink 900 GB/s for H100 SXM): https://www.nvidia.com/en-us/data-center/h100/
 - NVIDIA, *ConnectX-7 adapter* (InfiniBand NDR, 400 Gb/s per port): https://www.nvidia.com/en-us/networking/infiniband-adapters/
-- NVIDIA, *NCCL environment variables* (`NCCL_ALGO`: ring, tree and others, chosen per size): https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/env.html
-- Python, `sys.setswitchinterval` (the GIL's switch interval): https://docs.python.org/3/library/sys.html#sys.setswitchinterval
+- NVIDIA, *NCCL environment variables* (`NCCL_ALGO`: Ring, Tree, CollNet, NVLS and others, chosen per size and topology): https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/env.html
+- S. Jeaugey, *Massively Scale Your Deep Learning Training with NCCL 2.4*, NVIDIA blog, 2019 (double binary trees, pipelined): https://developer.nvidia.com/blog/massively-scale-deep-learning-training-nccl-2-4/
 """
