@@ -391,6 +391,9 @@ class HandDDP(nn.Module):
         missing = [p for p in self._trainable if id(p) not in self._ready]
         if missing:
             shapes = ", ".join(str(tuple(p.shape)) for p in missing[:4])
+            for bucket in self._buckets:  # every rank launched the same buckets: let them finish
+                if bucket.work is not None:
+                    bucket.work.wait()
             self._reset_step()
             raise RuntimeError(
                 f"{len(missing)} trainable parameter(s) got no gradient in this backward (shapes {shapes}): "

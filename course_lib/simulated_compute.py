@@ -52,6 +52,7 @@ __all__ = [
     "SimulatedLayer",
     "busy_seconds",
     "delay",
+    "exposed_seconds",
     "hidden_seconds",
     "plot_timeline",
     "simulated_mlp",
@@ -316,6 +317,20 @@ def hidden_seconds(spans: Iterable[Span], rank: int | None = None) -> float:
             for c, d in compute:
                 total += max(0.0, min(b, d) - max(a, c))
     return total
+
+
+def exposed_seconds(spans: Iterable[Span], end: float, rank: int = 0) -> float:
+    """Seconds from the end of ``rank``'s last compute span to ``end`` (a :meth:`Timeline.now` reading
+    taken when the step finished): how long the rank waited for communication after computing.
+
+    >>> exposed_seconds([Span(0, "compute", "B L0", 0.0, 1.0), Span(0, "comm", "bucket 3", 0.9, 1.25)], end=1.25)
+    0.25
+    """
+    ss = [s for s in _spans(spans) if s.rank == check_int("rank", rank, minimum=0) and s.lane == "compute"]
+    if not ss:
+        raise ValueError(f"no compute span of rank {rank}: nothing to measure from")
+    end = float(check_number("end", end, finite=True))
+    return max(0.0, end - max(s.end for s in ss))
 
 
 def plot_timeline(
