@@ -143,7 +143,6 @@ def _against_fsdp2(rank: int, world_size: int, bf16: bool) -> dict[str, Any]:
 
 
 def _bytes_and_counts(rank: int, world_size: int) -> dict[str, Any]:
-    from torch.distributed.fsdp import MixedPrecisionPolicy
     from torch.distributed.tensor.debug import CommDebugMode
 
     x, y = torch.randn(4, 64), torch.randn(4, 64)
