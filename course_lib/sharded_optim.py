@@ -16,8 +16,9 @@ nothing should have touched it. :class:`ShardedOptimizer` is the version to reus
   weight decay reaches them;
 * it shards in one of two ways:
 
-  - ``shard_by="parameter"``: whole parameters are assigned to ranks (largest first, each to the
-    rank with the fewest elements so far: ``ZeroRedundancyOptimizer``'s rule); each rank steps its
+  - ``shard_by="parameter"``: whole parameters are assigned to ranks (group by group, largest first,
+    each to the rank with the fewest elements so far: ``ZeroRedundancyOptimizer``'s rule, applied to
+    the trainable parameters only); each rank steps its
     own parameters, then every parameter is broadcast from its owner. Valid for **every**
     optimizer, including those that look at a whole tensor at once (per-tensor norms as in LAMB,
     factored second moments as in Adafactor, orthogonalised updates as in Muon). The shares can be
@@ -66,16 +67,24 @@ ELEMENTWISE_OPTIMIZERS: tuple[type[torch.optim.Optimizer], ...] = (
 )
 
 
-def partition_parameters(numels: list[int], world_size: int) -> list[int]:
+def partition_parameters(numels: list[int], world_size: int, loads: list[int] | None = None) -> list[int]:
     """The owner rank of each tensor: largest first, each to the rank with the fewest elements so far
-    (ties to the lowest rank), as ``ZeroRedundancyOptimizer`` partitions one parameter group.
+    (ties to the lowest rank), as ``ZeroRedundancyOptimizer`` partitions a parameter group.
+
+    ``loads``: the elements each rank owns already (from earlier groups; updated in place), as
+    ``ZeroRedundancyOptimizer`` carries them from one group to the next.
 
     >>> partition_parameters([100, 10, 60, 50], 2)      # 100 -> 0, 60 -> 1, 50 -> 1, 10 -> 0
     [0, 0, 1, 1]
+    >>> loads = [0, 0]; partition_parameters([8], 2, loads), partition_parameters([8], 2, loads), loads
+    ([0], [1], [8, 8])
     """
     n = check_int("world_size", world_size, minimum=1)
     sizes = [check_int("each numel", k, minimum=0) for k in numels]
-    loads = [0] * n
+    if loads is None:
+        loads = [0] * n
+    elif not isinstance(loads, list) or len(loads) != n:
+        raise ValueError(f"loads must be a list of {n} ints, one per rank")
     owner = [0] * len(sizes)
     for i in sorted(range(len(sizes)), key=lambda i: sizes[i], reverse=True):  # stable: equal sizes keep order
         rank = loads.index(min(loads))
@@ -162,10 +171,11 @@ class ShardedOptimizer(torch.optim.Optimizer):
         self._owner: dict[int, int] = {}
         self._flats: list[dict[str, Any]] = []
         local_groups: list[dict[str, Any]] = []
+        loads = [0] * self.world_size
         for g in self.param_groups:
             options = {k: v for k, v in g.items() if k != "params"}
             if shard_by == "parameter":
-                owners = partition_parameters([p.numel() for p in g["params"]], self.world_size)
+                owners = partition_parameters([p.numel() for p in g["params"]], self.world_size, loads)
                 for p, r in zip(g["params"], owners):
                     self._owner[id(p)] = r
                 local_groups.append({**options, "params": [p for p, r in zip(g["params"], owners) if r == self.rank]})
