@@ -20,6 +20,7 @@ from torch import nn
 from course_lib.hand_fsdp import SHARD_NAME, HandFSDP, shard_layout
 from course_lib.launch import run_ranks
 from course_lib.sharding import model_state_bytes
+from course_lib.simulated_compute import Timeline
 
 
 class Net(nn.Module):
@@ -183,6 +184,14 @@ def _bytes_and_counts(rank: int, world_size: int) -> dict[str, Any]:
     return out
 
 
+def _timeline(rank: int, world_size: int) -> list[tuple[str, str]]:
+    timeline = Timeline(rank)
+    model = _mlp(depth=2)
+    HandFSDP(model, [model[0], model[2]], timeline=timeline)
+    F.mse_loss(model(torch.randn(2, 64)), torch.zeros(2, 64)).backward()
+    return [(s.lane, s.label) for s in timeline.spans]
+
+
 def _refusals(rank: int, world_size: int) -> dict[str, str]:
     out = {}
     model = Net()
@@ -206,6 +215,7 @@ def worker(rank: int, world_size: int) -> dict[str, Any]:
         "bf16": _against_fsdp2(rank, world_size, bf16=True),
         "bytes": _bytes_and_counts(rank, world_size),
         "refusals": _refusals(rank, world_size),
+        "timeline": _timeline(rank, world_size),
     }
 
 
@@ -268,3 +278,14 @@ def test_bytes_and_peak_against_the_zero3_model(reports: list[dict[str, Any]]) -
 def test_refuses_a_parameter_shared_by_two_units_and_sharding_twice(reports: list[dict[str, Any]]) -> None:
     assert "shared between two units" in reports[0]["refusals"]["shared"]
     assert "already sharded" in reports[0]["refusals"]["twice"]
+
+
+def test_timeline_records_each_collective(reports: list[dict[str, Any]]) -> None:
+    assert reports[0]["timeline"] == [
+        ("comm", "all-gather 0 (forward)"),
+        ("comm", "all-gather 2 (forward)"),
+        ("comm", "all-gather 2 (backward)"),
+        ("comm", "reduce-scatter 2"),
+        ("comm", "all-gather 0 (backward)"),
+        ("comm", "reduce-scatter 0"),
+    ]
