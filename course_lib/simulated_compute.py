@@ -20,6 +20,8 @@ time is then known in advance, and the time that overlap hides can be measured a
 ``course_lib.hand_ddp.HandDDP`` and ``course_lib.hand_fsdp.HandFSDP`` record their collectives on a
 :class:`Timeline` when given one; a comm span runs from the moment the collective is issued to the
 moment the backend completes it (a callback on its future, run on the backend's thread).
+:func:`record_collectives` records the collectives of code that is not the course's own (FSDP2's)
+on a timeline the same way.
 
 >>> import torch
 >>> tl = Timeline()
@@ -55,8 +57,19 @@ __all__ = [
     "exposed_seconds",
     "hidden_seconds",
     "plot_timeline",
+    "record_collectives",
     "simulated_mlp",
+    "RECORDED_COLLECTIVES",
 ]
+
+RECORDED_COLLECTIVES: tuple[str, ...] = (
+    "all_reduce",
+    "broadcast",
+    "all_gather_single",
+    "reduce_scatter_single",
+    "all_gather_into_tensor",
+    "reduce_scatter_tensor",
+)
 
 LANES: tuple[str, ...] = ("compute", "comm")
 
@@ -261,6 +274,48 @@ def simulated_mlp(
         for i in range(depth)
     ]
     return nn.Sequential(*layers)
+
+
+@contextmanager
+def record_collectives(timeline: Timeline) -> Iterator[None]:
+    """Inside the block, every call of ``torch.distributed``'s :data:`RECORDED_COLLECTIVES` adds a
+    ``"comm"`` span to ``timeline``: from the call to its completion (when the call returns, or, for
+    ``async_op=True``, when the backend completes the work). The label is the function's name and the
+    bytes of its largest tensor argument (the whole tensor: what an all-gather fills, what a
+    reduce-scatter or an all-reduce reduces).
+
+    For code that calls these functions through the ``torch.distributed`` module (FSDP2 does:
+    ``dist.all_gather_single``, ``dist.reduce_scatter_single``); DDP's reducer calls its backend from
+    C++ and is not seen (a communication hook sees its buckets). The functions are restored on exit.
+    """
+    import torch.distributed as dist
+
+    if not isinstance(timeline, Timeline):
+        raise TypeError(f"timeline must be a Timeline, got {type(timeline).__name__}")
+    saved = {name: getattr(dist, name) for name in RECORDED_COLLECTIVES if hasattr(dist, name)}
+
+    def wrap(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def recorded(*args: Any, **kwargs: Any) -> Any:
+            tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
+            nbytes = max((t.numel() * t.element_size() for t in tensors), default=0)
+            label = f"{name} {nbytes:,} B"
+            start = timeline.now()
+            work = fn(*args, **kwargs)
+            if kwargs.get("async_op") and work is not None:
+                work.get_future().add_done_callback(lambda _f: timeline.add("comm", label, start, timeline.now()))
+            else:
+                timeline.add("comm", label, start, timeline.now())
+            return work
+
+        return recorded
+
+    try:
+        for name, fn in saved.items():
+            setattr(dist, name, wrap(name, fn))
+        yield
+    finally:
+        for name, fn in saved.items():
+            setattr(dist, name, fn)
 
 
 def _spans(spans: Iterable[Span]) -> list[Span]:

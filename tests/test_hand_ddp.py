@@ -25,7 +25,7 @@ from course_lib.hand_ddp import (
     ddp_bucket_caps,
 )
 from course_lib.launch import run_ranks
-from course_lib.simulated_compute import Timeline, hidden_seconds, simulated_mlp
+from course_lib.simulated_compute import Timeline, hidden_seconds, record_collectives, simulated_mlp
 
 # -- the pure parts ------------------------------------------------------------------------------
 
@@ -215,11 +215,11 @@ def _errors(rank: int) -> dict[str, str]:
     return out
 
 
-def _overlap(rank: int) -> dict[str, float]:
+def _overlap(rank: int) -> dict[str, Any]:
     timeline = Timeline(rank)
     model = simulated_mlp(256, 4, forward_ms=2, backward_ms=15, timeline=timeline)
     hand = HandDDP(model, bucket_cap_mb=0.25, timeline=timeline)  # one bucket per layer
-    hidden = {}
+    hidden: dict[str, Any] = {}
     for overlap in (True, False):
         hand.overlap = overlap
         total = 0.0
@@ -231,6 +231,14 @@ def _overlap(rank: int) -> dict[str, float]:
             dist.barrier()  # every completion callback has run once both ranks are here
             total += hidden_seconds(timeline.spans)
         hidden[str(overlap)] = total
+    # the same all-reduces, seen from outside by record_collectives
+    seen = Timeline(rank)
+    with record_collectives(seen):
+        hand(torch.randn(2, 256)).sum().backward()
+        hand.finish()
+    dist.barrier()
+    hidden["recorded"] = [s.label for s in seen.spans]
+    hidden["buckets"] = hand.bucket_sizes
     return hidden
 
 
@@ -305,3 +313,9 @@ def test_overlap_hides_communication(reports: list[dict[str, Any]]) -> None:
     for r in reports:
         assert r["overlap"]["True"] > 0  # all-reduces ran while earlier layers computed
         assert r["overlap"]["False"] == 0  # started after backward: nothing can hide them
+
+
+def test_record_collectives_sees_the_same_all_reduces(reports: list[dict[str, Any]]) -> None:
+    o = reports[0]["overlap"]
+    assert sorted(o["recorded"]) == sorted(f"all_reduce {b:,} B" for b in o["buckets"])
+    assert len(o["buckets"]) == 4

@@ -175,3 +175,17 @@ def test_plot_timeline_draws_a_row_per_rank_and_lane() -> None:
         plot_timeline([])
     with pytest.raises(ValueError, match="time_unit"):
         plot_timeline(SPANS, time_unit="us")
+
+
+def test_record_collectives_patches_and_restores() -> None:
+    import torch.distributed as dist
+
+    from course_lib.simulated_compute import RECORDED_COLLECTIVES, record_collectives
+
+    before = {name: getattr(dist, name) for name in RECORDED_COLLECTIVES}
+    with record_collectives(Timeline()):
+        assert all(getattr(dist, name) is not before[name] for name in RECORDED_COLLECTIVES)
+    assert all(getattr(dist, name) is before[name] for name in RECORDED_COLLECTIVES)
+    with pytest.raises(TypeError, match="timeline must be a Timeline"):
+        with record_collectives([]):  # type: ignore[arg-type]
+            pass
