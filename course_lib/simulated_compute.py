@@ -15,7 +15,8 @@ time is then known in advance, and the time that overlap hides can be measured a
 * :class:`Timeline` records spans (``"compute"`` or ``"comm"``) of one rank on a clock started by
   :meth:`Timeline.reset` (call it right after a ``dist.barrier()`` on every rank: the ranks'
   clocks then start together, to within the barrier's skew). :func:`busy_seconds`,
-  :func:`hidden_seconds` and :func:`plot_timeline` read spans of any number of ranks.
+  :func:`hidden_seconds`, :func:`exposed_seconds` and :func:`plot_timeline` read spans of any
+  number of ranks.
 
 ``course_lib.hand_ddp.HandDDP`` and ``course_lib.hand_fsdp.HandFSDP`` record their collectives on a
 :class:`Timeline` when given one; a comm span runs from the moment the collective is issued to the

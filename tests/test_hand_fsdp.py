@@ -20,7 +20,7 @@ from torch import nn
 from course_lib.hand_fsdp import SHARD_NAME, HandFSDP, shard_layout
 from course_lib.launch import run_ranks
 from course_lib.sharding import model_state_bytes
-from course_lib.simulated_compute import Timeline
+from course_lib.simulated_compute import Timeline, record_collectives
 
 
 class Net(nn.Module):
@@ -153,9 +153,11 @@ def _bytes_and_counts(rank: int, world_size: int) -> dict[str, Any]:
         model = _mlp()
         _fully_shard(model, [m for m in model if isinstance(m, nn.Linear)], world_size, reshard_after_forward=reshard)
         F.mse_loss(model(x), y).backward()
-        with CommDebugMode() as comm:
+        seen = Timeline(rank)
+        with CommDebugMode() as comm, record_collectives(seen):
             F.mse_loss(model(x), y).backward()
         out[f"fsdp2_{reshard}"] = {str(k).split(".")[-1]: v for k, v in comm.get_comm_counts().items()}
+        out[f"fsdp2_{reshard}_recorded"] = [s.label for s in seen.spans]
     # ours, in bf16 both ways (the ZeRO-3 model's 2-byte parameters and gradients)
     for reshard in (True, False):
         model = _mlp()
@@ -255,6 +257,10 @@ def test_collective_counts_equal_fsdp2s(reports: list[dict[str, Any]]) -> None:
         # CommDebugMode's names for FSDP2's all-gather and reduce-scatter on gloo
         assert theirs["_allgather_base_"] == ours["all_gather"][0] == (6 if reshard else 3)
         assert theirs["_reduce_scatter_base_"] == ours["reduce_scatter"][0] == 3
+        # record_collectives sees the same calls, each of one Linear(64, 64) unit in fp32: 64 * 65 * 4 bytes
+        recorded = b[f"fsdp2_{reshard}_recorded"]
+        assert sorted(set(recorded)) == ["all_gather_single 16,640 B", "reduce_scatter_single 16,640 B"]
+        assert recorded.count("all_gather_single 16,640 B") == (6 if reshard else 3)
 
 
 def test_bytes_and_peak_against_the_zero3_model(reports: list[dict[str, Any]]) -> None:
