@@ -18,7 +18,7 @@ compete for the cores: OpenMP threads spin while they wait); DDP's gain needs se
 each rank brings its own compute. Timings move by tens of percent when other work shares the
 cores: read the table as orders of magnitude, rerun before trusting a 20% difference.
 
-Its model (an MLP) and its bucket-counting communication hook are those of notebook 08's
+Its model (an MLP) and its bucket-counting communication hook are those of notebook 10's
 _runs/ddp_internals.py, sized up: a declared copy, since that worker exists only once the notebook
 has written it.
 

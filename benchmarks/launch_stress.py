@@ -1,18 +1,18 @@
-"""Launch the DDP training script of notebook 08 many times and count the runs that crash at exit.
+"""Launch the DDP training script of notebook 10 many times and count the runs that crash at exit.
 
     python benchmarks/launch_stress.py [--launches 102] [--epochs 1] [--portable] [--script FILE]
 
 The bug this guards against: a gloo job that did all its work, printed its results, and then
 aborted in interpreter shutdown ("terminate called without an active exception", SIGABRT, exit
 code 1 through the launcher). It is a race (a gloo worker thread still dropping a finished
-collective while Python shuts down; see docs/crash_at_exit.md and notebook 08, section 10), so one
+collective while Python shuts down; see docs/crash_at_exit.md and notebook 10, section 10), so one
 launch proves nothing: this script
 starts the training script ``--launches`` times in total, round-robin under ``torchrun``, the legacy
 ``python -m torch.distributed.launch`` and ``course_lib.launch.run_ranks`` (2 processes each), and
 counts a launch as a crash when it exits nonzero or any process printed "terminate called".
 
-The training script is the one notebook 08 writes to ``_runs/ddp_train.py``, read from the
-notebook's text source (sources/08_ddp_in_practice.py); it is written to a temporary folder, and
+The training script is the one notebook 10 writes to ``_runs/ddp_train.py``, read from the
+notebook's text source (sources/10_ddp_in_practice.py); it is written to a temporary folder, and
 ``run_ranks`` calls its ``train`` function. ``--script FILE`` launches another file instead (to measure
 an old teardown: its ``train`` is the run_ranks target). ``--portable`` gives the children the
 portable-kernel environment the crash was first seen with (ATEN_CPU_CAPABILITY=default
@@ -48,8 +48,8 @@ PORTABLE_ENV = {
 }
 LAUNCHERS = ("torchrun", "launch", "run_ranks")
 
-# The script notebook 08 writes to _runs/ddp_train.py, read from its text source: one copy.
-TRAIN_SCRIPT = written_file("08_ddp_in_practice", "_runs/ddp_train.py")
+# The script notebook 10 writes to _runs/ddp_train.py, read from its text source: one copy.
+TRAIN_SCRIPT = written_file("10_ddp_in_practice", "_runs/ddp_train.py")
 
 
 def one_launch(
@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
         "--portable", action="store_true", help="children use the portable (default-capability) kernels"
     )
     parser.add_argument(
-        "--script", type=Path, default=None, help="launch this training script instead of notebook 08's"
+        "--script", type=Path, default=None, help="launch this training script instead of notebook 10's"
     )
     parser.add_argument(
         "--launchers", default=",".join(LAUNCHERS), help="comma-separated subset of torchrun,launch,run_ranks"
@@ -138,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     wall = time.perf_counter() - start
     total = {key: sum(row[key] for row in counts.values()) for key in ("launches", "nonzero", "terminate", "crashes")}
     print(
-        f"script: {'notebook 08 _runs/ddp_train.py' if args.script is None else args.script}; --epochs {args.epochs}; "
+        f"script: {'notebook 10 _runs/ddp_train.py' if args.script is None else args.script}; --epochs {args.epochs}; "
         f"portable kernels: {'yes' if args.portable else 'no'}; {os.cpu_count()} CPU cores"
     )
     print(

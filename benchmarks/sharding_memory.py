@@ -1,7 +1,7 @@
 """Per-rank memory of DDP, ZeRO-1/2 (by hand and ``ZeroRedundancyOptimizer``) and FSDP2, against the model.
 
-Runs the training code of notebook 11 (its ``_runs/zero.py`` cell, read from
-``sources/11_sharded_data_parallel.py``, so the benchmark measures exactly what the notebook
+Runs the training code of notebook 13 (its ``_runs/zero.py`` cell, read from
+``sources/13_sharded_data_parallel.py``, so the benchmark measures exactly what the notebook
 teaches) on N = 1, 2 and 4 gloo processes: a 4-layer MLP of 263,168 parameters, fp32 Adam, 3 steps.
 For each way of training and each rank it records
 
@@ -9,7 +9,7 @@ For each way of training and each rank it records
   tensors, each storage once: exact), against ``course_lib.sharding.model_state_bytes``;
 * the allocator's view from ``course_lib.memory.measure_peak`` around the 3 steps: the peak, and
   what was still allocated at the end ("retained"). On gloo the retained total can exceed what
-  is held: frees made on gloo's worker threads are not recorded by the profiler (notebook 11, §6.1).
+  is held: frees made on gloo's worker threads are not recorded by the profiler (notebook 13, §6.1).
 
     python benchmarks/sharding_memory.py           # N = 1, 2, 4
     python benchmarks/sharding_memory.py --quick   # N = 1, 2
@@ -39,13 +39,13 @@ KINDS = {"ddp": "ddp", "zero1": "zero1", "zero1_builtin": "zero1", "zero2": "zer
 
 def notebook_script(name: str) -> str:
     """The text of the notebook cell that writes ``_runs/<name>``."""
-    source = (ROOT / "sources" / "11_sharded_data_parallel.py").read_text()
+    source = (ROOT / "sources" / "13_sharded_data_parallel.py").read_text()
     cells = re.split(r"^# %%(?: .*)?$", source, flags=re.M)  # cell markers, not "# %%writefile"
     for cell in cells:
         lines = cell.strip("\n").splitlines()
         if lines and lines[0].strip() == f"# %%writefile _runs/{name}":
             return "\n".join(lines[1:]) + "\n"
-    raise LookupError(f"no %%writefile _runs/{name} cell in notebook 11's source")
+    raise LookupError(f"no %%writefile _runs/{name} cell in notebook 13's source")
 
 
 WORKER = """

@@ -12,10 +12,10 @@ this package itself exports nothing. One module per job:
 * :mod:`course_lib.activations` — the canonical Swish ``autograd.Function`` (notebook 03)
 * :mod:`course_lib.memory` — allocator peak of a training step (CPU profiler / CUDA), state bytes
 * :mod:`course_lib.checkpointing` — deep chains for checkpointing, the BatchNorm momentum fix
-* :mod:`course_lib.float_formats` — float formats bit by bit (notebook 05's explorer)
+* :mod:`course_lib.float_formats` — float formats bit by bit (notebook 06's explorer)
 * :mod:`course_lib.loss_scaling` — the canonical dynamic loss scaler, ``GradScaler``'s rule in plain Python
 * :mod:`course_lib.allreduce_sim` — parameter server and ring all-reduce simulated, bytes counted
-* :mod:`course_lib.collectives` — the ring all-reduce on real processes (notebook 07 writes it by hand)
+* :mod:`course_lib.collectives` — the ring all-reduce on real processes (notebook 09 writes it by hand)
 * :mod:`course_lib.timing` — matrix-multiply throughput in TFLOP/s (GPU events or wall clock)
 * :mod:`course_lib.launch` — run ``torchrun``/spawn jobs from a notebook: free port, timeout, no orphans
 * :mod:`course_lib.pipeline` — GPipe schedules, the bubble fraction, Gantt charts

@@ -27,6 +27,7 @@ __all__ = [
     "readme_table",
     "lecture_plan",
     "course_map",
+    "teaching_notes",
     "generated_blocks",
     "write_generated",
 ]
@@ -41,6 +42,7 @@ _FIELDS = {
     "exercises": int,
     "exercise_module": str,
     "live": str,
+    "teach": str,
 }
 
 
@@ -55,6 +57,7 @@ class Notebook:
     exercises: int
     exercise_module: str
     live: str
+    teach: str
 
     @property
     def number(self) -> str:
@@ -108,7 +111,7 @@ def written_file(stem: str, filename: str) -> str:
 
     A benchmark runs a notebook's own script this way, instead of keeping a copy that could drift.
 
-    >>> "init_process_group" in written_file("08_ddp_in_practice", "_runs/ddp_train.py")
+    >>> "init_process_group" in written_file("10_ddp_in_practice", "_runs/ddp_train.py")
     True
     """
     import jupytext
@@ -141,6 +144,11 @@ def lecture_plan(notebooks: list[Notebook] | None = None) -> str:
     return "\n".join(rows)
 
 
+def teaching_notes(notebooks: list[Notebook] | None = None) -> str:
+    """The instructor guide's notes, one per notebook: how its session is cut and taught."""
+    return "\n\n".join(f"### {n.number} · {n.title}\n\n{n.teach}" for n in notebooks or course())
+
+
 def course_map(notebooks: list[Notebook] | None = None) -> str:
     """Notebook 00's map of the course: one line per notebook, stem and summary (backticks dropped)."""
     return "\n".join(f"{n.stem:<34} {n.summary.replace('`', '')}" for n in notebooks or course())
@@ -159,7 +167,7 @@ def generated_blocks() -> dict[Path, dict[str, str]]:
 
     blocks = {
         ROOT / "README.md": {"notebooks": readme_table()},
-        ROOT / "docs" / "instructor_guide.md": {"lecture-plan": lecture_plan()},
+        ROOT / "docs" / "instructor_guide.md": {"lecture-plan": lecture_plan(), "teaching-notes": teaching_notes()},
     }
     for n in course():
         source = ROOT / "sources" / f"{n.stem}.py"

@@ -1,6 +1,6 @@
 """Timing of matrix-multiply throughput, on a GPU (CUDA events) or a CPU (wall clock).
 
-Notebook 05's GPU cell and ``benchmarks/mixed_precision.py`` both report TFLOP/s with this function.
+Notebook 07's GPU cell and ``benchmarks/mixed_precision.py`` both report TFLOP/s with this function.
 """
 
 from __future__ import annotations

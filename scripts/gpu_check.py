@@ -1,6 +1,6 @@
 """Run the whole course on a machine with CUDA GPUs, on its GPU path, and write down what it measured.
 
-    python scripts/gpu_check.py --out gpu_results.md [--layouts 1,2] [--notebooks 08,11]
+    python scripts/gpu_check.py --out gpu_results.md [--layouts 1,2] [--notebooks 10,13]
 
 For each **layout** (how many GPUs are visible: ``1`` is ``CUDA_VISIBLE_DEVICES=0``, ``2`` the first
 two; layouts the machine cannot give are reported as skipped):

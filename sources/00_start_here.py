@@ -2,12 +2,12 @@
 """
 # 00 · Start here: how this course works
 
-**PyTorch training internals, from the Tensor to multi-node DDP** is a course you *run*. Every claim in the text is followed by code that shows it, every number is measured on your machine, and everything runs on a laptop CPU with 2 cores. Cells that need a GPU come alive where one exists and say what they skipped where it does not.
+**PyTorch training internals, from the Tensor to multi-node DDP** is a course you *run*. Every claim in the text is followed by code that shows it; every number in the text is printed by a cell you run, or names its source (a paper, a specification, a benchmark of this repository); and everything runs on a laptop CPU with 2 cores. Cells that need a GPU come alive where one exists and say what they skipped where it does not.
 
 By the end of this notebook you will be able to:
 - check that your environment has what the course needs;
 - read the course's conventions: checked claims, demonstrated errors, GPU cells, exercises and slides;
-- find your way through the thirteen notebooks.
+- find your way through the course's notebooks, and know where it comes from (four blog posts).
 
 This notebook assumes: you can run Python in Jupyter and have seen `torch.tensor` before. Nothing else.
 """
@@ -121,7 +121,7 @@ if requires_gpu("a matrix multiply on the GPU"):
 Everything else stays on the CPU there too, and prints what you read in the committed notebooks. That is a rule of the course, not luck:
 
 - **CPU jobs stay on the CPU.** The distributed notebooks start processes with `course_lib.launch`, which hides every GPU from them (`CUDA_VISIBLE_DEVICES=""`) unless a cell asks for one, and their scripts take the device as an argument (`--device cpu` by default) instead of choosing CUDA because one is visible. (CI checks this: it runs every notebook with a CPU-only PyTorch made to report two GPUs, and every cell outside the guarded ones must print exactly the same.)
-- **The GPU path is one switch.** Start JupyterLab with the environment variable `COURSE_DEVICE=cuda` (`COURSE_DEVICE=cuda make lab`) and the training scripts of notebooks 08, 09, 11 and 12 run on your GPUs with NCCL instead: one process per GPU, each bound to its GPU by `LOCAL_RANK`. Their printed numbers then differ from the committed ones (other kernels, other timings); their checks still hold.
+- **The GPU path is one switch.** Start JupyterLab with the environment variable `COURSE_DEVICE=cuda` (`COURSE_DEVICE=cuda make lab`) and the training scripts of notebooks 10, 11, 13 and 14 run on your GPUs with NCCL instead: one process per GPU, each bound to its GPU by `LOCAL_RANK`. Their printed numbers then differ from the committed ones (other kernels, other timings); their checks still hold.
 - **Determinism is an opt-in.** `seed_everything(0)` only seeds the random generators (Python's, NumPy's, PyTorch's on the CPU and every GPU): on the CPU that is all the course needs to print the same numbers twice. `seed_everything(0, deterministic=True)` also asks for deterministic kernels (`torch.use_deterministic_algorithms`, cuDNN without autotuning, `CUBLAS_WORKSPACE_CONFIG`): use it on a GPU when you need bit-equal reruns, and know that every timing after it measures the deterministic, often slower, kernels.
 """
 
@@ -164,7 +164,7 @@ print("sum of 0..99 =", total)
 """
 ## 7. The map of the course
 
-Each notebook builds on the ones before it. The distributed notebooks (07–12) launch real processes that talk to each other over `gloo`, on your CPU.
+Each notebook builds on the ones before it. The distributed notebooks (09–14) launch real processes that talk to each other over `gloo`, on your CPU.
 """
 
 # %% slideshow={"slide_type": "fragment"}
@@ -179,6 +179,22 @@ present = sorted(p.stem for p in Path(".").glob("[0-9][0-9]_*.ipynb"))
 planned = [n.stem for n in course()]
 assert present == planned, f"notebooks here and on the map differ: {sorted(set(present) ^ set(planned))}"
 print(f"all {len(planned)} notebooks on the map are in this folder, and nothing else")
+
+# %% [markdown] slideshow={"slide_type": "slide"}
+"""
+## 8. Where the course comes from: four blog posts
+
+The course was built from four blog posts in Chinese, written for older versions of PyTorch. Every point they make is covered; where their advice no longer holds (an API that is gone, a default that changed, a claim that was never quite right), the notebook runs the old code or the claim and says plainly what changed and why. The notebooks refer to each post by a short name:
+
+| short name | title (original) | title (translated) | what it covers |
+|---|---|---|---|
+| **the Tensor post** | 神经网络——Tensor、计算图、训练方法 | Neural networks: tensors, the computation graph, training methods | `Tensor`/`Variable`/`Parameter` attributes, the computation graph, a custom `autograd.Function` (Swish), gradient checkpointing (Dropout, BatchNorm momentum), mixed precision (fp16, Apex, `torch.amp`, `GradScaler`), DataParallel versus DDP, parameter server versus ring all-reduce, setting up DDP (initialisation, sampler, seeds, rank-0 I/O, `SyncBatchNorm`, launching) |
+| **the single-machine post** | pytorch加速训练过程（单机多卡） | Speeding up PyTorch training: one machine, several GPUs | `nn.DataParallel`, DDP with `torch.distributed.launch`, DDP with `mp.spawn`, DDP with Apex |
+| **the multi-GPU post** | 详解如何使用Pytorch进行多卡训练 | A detailed guide to multi-GPU training with PyTorch | a complete DDP example, and a "model parallel" example |
+| **the cluster post** | no title in the copy used; it opens: 如何使用PyTorch在GPU叢集上設定分散式神經網路訓練 | (untitled) how to set up distributed neural-network training on a GPU cluster with PyTorch | splitting a model across GPUs, gradient accumulation, DataParallel, DDP, multi-node launching, collectives for logging, `SyncBatchNorm` |
+
+They are referred to as "posts", never as "seeds": in this course a seed is what `seed_everything(0)` sets.
+"""
 
 # %% [markdown] slideshow={"slide_type": "slide"}
 """

@@ -166,7 +166,7 @@ assert b.grad is None                # b is a constant: no gradient
 """
 ## 3. Gradients accumulate in leaves
 
-`AccumulateGrad` **adds** into `.grad`; it never overwrites. Two backward passes give twice the gradient. This is deliberate: a leaf used in several places receives the sum of their contributions, and gradient accumulation over micro-batches (notebook 06) relies on it. It is also why every training step starts by resetting gradients.
+`AccumulateGrad` **adds** into `.grad`; it never overwrites. Two backward passes give twice the gradient. This is deliberate: a leaf used in several places receives the sum of their contributions, and gradient accumulation over micro-batches (notebook 08) relies on it. It is also why every training step starts by resetting gradients.
 """
 
 # %% slideshow={"slide_type": "fragment"}

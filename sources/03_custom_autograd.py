@@ -71,14 +71,14 @@ assert [type(n).__name__ for n, _ in y.grad_fn.next_functions] == ["AccumulateGr
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-### The seed's Swish, run on PyTorch 2.13
+### The Tensor post's Swish, run on PyTorch 2.13
 
 The source material for this part writes Swish like this (reproduced in substance): `forward` saves its input `i` and returns `i * sigmoid(i)`; `backward` reads the input back with **`ctx.saved_variables[0]`**, recomputes the sigmoid and applies the derivative. `saved_variables` dates from before PyTorch 0.4, when tensors that tracked gradients were wrapped in `Variable`. What does PyTorch 2.13 do with it?
 """
 
 
 # %% slideshow={"slide_type": "fragment"}
-class SeedSwish(torch.autograd.Function):          # as in the seed, with the deprecated accessor
+class SeedSwish(torch.autograd.Function):          # as in the Tensor post, with the deprecated accessor
     @staticmethod
     def forward(ctx, i):
         result = i * torch.sigmoid(i)
@@ -103,7 +103,7 @@ print("gradient still computed:", [round(v, 4) for v in x.grad.tolist()])
 
 # %% [markdown] slideshow={"slide_type": "fragment"}
 """
-It still works in 2.13, with a `DeprecationWarning`. That warning is easy to miss: Python hides `DeprecationWarning`s by default unless they come from code in `__main__` (the notebook), so once the Function moves into an imported module, nothing is printed. And setups that turn warnings into errors (`pytest -W error`, `python -W error`) make the seed's code fail:
+It still works in 2.13, with a `DeprecationWarning`. That warning is easy to miss: Python hides `DeprecationWarning`s by default unless they come from code in `__main__` (the notebook), so once the Function moves into an imported module, nothing is printed. And setups that turn warnings into errors (`pytest -W error`, `python -W error`) make the Tensor post's code fail:
 """
 
 # %% slideshow={"slide_type": "fragment"}
@@ -383,9 +383,9 @@ What the numbers say:
 """
 ## 6. Is `ctx.save_for_backward(i)` "the activation" kept in memory?
 
-The seed asks this when it says training memory is parameters plus the activations stored in the graph. The answer is **yes, and it is not the only one**. "Activation memory" means every tensor that any node of the graph saves for backward, not just the outputs of activation functions. `save_for_backward(i)` is the part that *this* node adds. The Swish output `result` is not kept by Swish at all; it stays alive only if a later node saves it, and in a network the next `Linear` does, because it needs its input to compute its weight gradient.
+The Tensor post asks this when it says training memory is parameters plus the activations stored in the graph. The answer is **yes, and it is not the only one**. "Activation memory" means every tensor that any node of the graph saves for backward, not just the outputs of activation functions. `save_for_backward(i)` is the part that *this* node adds. The Swish output `result` is not kept by Swish at all; it stays alive only if a later node saves it, and in a network the next `Linear` does, because it needs its input to compute its weight gradient.
 
-(The seed's list of what occupies memory in training is also short by two items: besides parameters and activations, there are the **gradients**, one per parameter, and the **optimizer state**, two more per parameter for Adam. Notebook 04 takes the full inventory; one Adam step shows the point:)
+(The Tensor post's list of what occupies memory in training is also short by two items: besides parameters and activations, there are the **gradients**, one per parameter, and the **optimizer state**, two more per parameter for Adam. Notebook 04 takes the full inventory; one Adam step shows the point:)
 """
 
 # %% slideshow={"slide_type": "fragment"}
@@ -426,7 +426,7 @@ print(describe_graph(out, names))
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-Reading the graph (`h` is the first layer's output, `act_out` the Swish output): the first `AddmmBackward0` saves the block's input, `SwishBackward` saves `h` (the seed's `i`), and the second `AddmmBackward0` saves `act_out` and a view of its weight. Now the totals, compared with no activation at all:
+Reading the graph (`h` is the first layer's output, `act_out` the Swish output): the first `AddmmBackward0` saves the block's input, `SwishBackward` saves `h` (the Tensor post's `i`), and the second `AddmmBackward0` saves `act_out` and a view of its weight. Now the totals, compared with no activation at all:
 """
 
 # %% slideshow={"slide_type": "fragment"}
@@ -455,7 +455,7 @@ So in this block:
 - `ctx.save_for_backward(i)` accounts for exactly one of those tensors, `h`: the cost of putting Swish between the two layers (+1 hidden tensor). Plain autograd adds two, because it also keeps $\sigma(h)$;
 - the Swish output `result` is kept by the *next* layer, not by Swish.
 
-This is why memory-saving techniques look at the whole graph: gradient checkpointing (notebook 04) drops *all* the tensors saved inside a segment and recomputes them during backward; mixed precision (notebook 05) stores many of them in 16 bits instead of 32.
+This is why memory-saving techniques look at the whole graph: gradient checkpointing (notebook 04) drops *all* the tensors saved inside a segment and recomputes them during backward; mixed precision (notebooks 06–07) stores many of them in 16 bits instead of 32.
 """
 
 # %% [markdown] slideshow={"slide_type": "slide"}
@@ -486,7 +486,7 @@ for name, fn in candidates.items():
 """
 On a CPU the gap between the two custom variants is small and noisy: one sigmoid over 200,000 numbers is a fraction of a millisecond, and both variants spend most of their time on several separate elementwise passes over memory. `F.silu` is usually the fastest because it does each direction in one fused kernel. Run the cell again and the timings move; the memory column does not. Where activation memory limits the batch size (on a GPU, typically), paying one recomputed sigmoid to halve this layer's memory is usually the better deal, which is why `F.silu` works this way.
 
-Gradient checkpointing (`torch.utils.checkpoint`, notebook 04) applies the same idea to whole blocks of layers: keep only the block's input, and run its forward again during backward. It is built from the tools of this notebook. The seed's `CheckpointFunction` (still in `torch.utils.checkpoint`, used when you pass `use_reentrant=True`) is an `autograd.Function` whose `forward` runs the block under `no_grad`, so nothing inside is saved, and whose `backward` re-runs it with grad enabled. The variant PyTorch now recommends, `use_reentrant=False`, is built on `saved_tensors_hooks` instead, the same hooks `SavedTensorMeter` listens to.
+Gradient checkpointing (`torch.utils.checkpoint`, notebook 04) applies the same idea to whole blocks of layers: keep only the block's input, and run its forward again during backward. It is built from the tools of this notebook. The Tensor post's `CheckpointFunction` (still in `torch.utils.checkpoint`, used when you pass `use_reentrant=True`) is an `autograd.Function` whose `forward` runs the block under `no_grad`, so nothing inside is saved, and whose `backward` re-runs it with grad enabled. The variant PyTorch now recommends, `use_reentrant=False`, is built on `saved_tensors_hooks` instead, the same hooks `SavedTensorMeter` listens to.
 """
 
 # %% [markdown] slideshow={"slide_type": "slide"}
@@ -904,7 +904,7 @@ r"""
 ## Summary
 
 - A custom `torch.autograd.Function` has static `forward` and `backward` methods and is called with `.apply`; it becomes **one** node of the graph (`SwishBackward`), whose `saved_tensors` are exactly what `forward` saved.
-- Save tensors with `ctx.save_for_backward` and read them with `ctx.saved_tensors`. The seed's `ctx.saved_variables` still works in 2.13 but raises a `DeprecationWarning` (an error under `-W error`); non-static, instance-style Functions are refused outright.
+- Save tensors with `ctx.save_for_backward` and read them with `ctx.saved_tensors`. The Tensor post's `ctx.saved_variables` still works in 2.13 but raises a `DeprecationWarning` (an error under `-W error`); non-static, instance-style Functions are refused outright.
 - Swish's derivative is $\sigma(x)\,(1 + x(1-\sigma(x)))$, which equals $f + \sigma(1-f)$; SymPy confirms both, and `gradcheck` (in **float64**; float32 fails even a correct backward) confirms the code.
 - For one million float32 inputs, our Function and `F.silu` keep 4,000,000 bytes for backward (the input); plain `x * torch.sigmoid(x)` and the save-the-sigmoid variant keep 8,000,000 (input and sigmoid).
 - `save_for_backward(i)` is activation memory, but only this node's share: in `Linear → Swish → Linear` the next `Linear` keeps the Swish output. Activation memory is everything any node saves.

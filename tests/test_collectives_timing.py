@@ -9,17 +9,17 @@ import torch
 
 from course_lib.allreduce_sim import ring_all_reduce as simulated_ring
 from course_lib.collectives import parameter_server_all_reduce, ring_all_reduce, tree_all_reduce
-from course_lib.launch import spawn
+from course_lib.launch import run_ranks
 from course_lib.manifest import written_file
 from course_lib.timing import matmul_tflops
 
 
 def test_ring_all_reduce_equals_dist_all_reduce_and_notebook_07s_ring(tmp_path: Path) -> None:
-    """Notebook 07's worker (its _runs/ring.py, read from the text source) runs its hand-written ring,
+    """Notebook 09's worker (its _runs/ring.py, read from the text source) runs its hand-written ring,
     dist.all_reduce and course_lib's copy on every rank; all three must agree, bytes sent included."""
     worker = tmp_path / "ring.py"
-    worker.write_text(written_file("07_data_parallel_and_all_reduce", "_runs/ring.py"))
-    rows = spawn(f"{worker}:check", nprocs=3, args=([3, 10, 1000],), timeout=90, echo="none")
+    worker.write_text(written_file("09_data_parallel_and_all_reduce", "_runs/ring.py"))
+    rows = run_ranks(f"{worker}:check", nprocs=3, args=([3, 10, 1000],), timeout=90, echo="none")
     for rank, rank_rows in enumerate(rows):
         for row in rank_rows:
             assert row["close"] and row["exact"] and row["library"], (rank, row)
@@ -48,7 +48,7 @@ def test_tree_and_parameter_server_equal_dist_all_reduce(tmp_path: Path) -> None
     worker = tmp_path / "tree_ps.py"
     worker.write_text(_TREE_PS_WORKER)
     n = 3
-    rows = spawn(f"{worker}:check", nprocs=n, timeout=90, echo="none")
+    rows = run_ranks(f"{worker}:check", nprocs=n, timeout=90, echo="none")
     for rank, rank_rows in enumerate(rows):
         (tree_name, tree_equal, tree_sent), (ps_name, ps_equal, ps_sent) = rank_rows
         assert tree_equal and ps_equal, (rank, rank_rows)

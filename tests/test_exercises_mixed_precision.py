@@ -1,4 +1,4 @@
-"""The checks of notebook 05 accept correct answers, reject wrong ones with a hint, and report blanks."""
+"""The checks of notebooks 06 and 07 accept correct answers, reject wrong ones with a hint, and report blanks."""
 
 from __future__ import annotations
 

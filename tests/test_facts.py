@@ -28,10 +28,10 @@ def test_no_fact_breaks_a_table_or_is_empty() -> None:
 
 
 def test_a_fact_is_stated_once_and_shared_by_the_tables_that_show_it() -> None:
-    # DDP's communication appears in 10's map and (as its cost) in 12's guide, from the same entry
+    # DDP's communication appears in 12's map and (as its cost) in 14's guide, from the same entry
     assert facts.fact("ddp", "communicated") in facts.table("parallelism")
     assert facts.fact("ddp", "gradient sync") in facts.table("dp-vs-ddp")
-    # the corrections the reviews asked for (notebook 07 is the one statement of what the backend does)
+    # the corrections the reviews asked for (notebook 09 is the one statement of what the backend does)
     assert "ring all-reduce" not in facts.table("dp-vs-ddp")
     assert "the backend chooses" in facts.fact("ddp", "gradient sync")
     assert "parallel_apply" in facts.fact("dp", "mixed precision")

@@ -46,6 +46,8 @@ def test_renderers() -> None:
     total = sum(e.lecture for e in entries) / 60
     assert f"About **{total:.1f} hours** of lecture" in plan
     assert course_map(entries).splitlines()[0].startswith("00_start_here ")
+    notes = manifest.teaching_notes(entries)
+    assert notes.count("### ") == len(entries) and all(e.teach in notes for e in entries)
     assert "`" not in course_map(entries)
 
 
@@ -79,12 +81,12 @@ def test_cli_prints_the_paths(tmp_path: Path) -> None:
         ('[[notebook]]\nstem = "00_a"\n', "missing fields"),
         (
             '[[notebook]]\nstem = "01_a"\ntitle = "t"\nsummary = "s"\nlecture = 1\nexercises = 1\n'
-            'exercise_module = "m"\nlive = "l"\n',
+            'exercise_module = "m"\nlive = "l"\nteach = "h"\n',
             "numbered in order",
         ),
         (
             '[[notebook]]\nstem = "00_a"\ntitle = "t"\nsummary = "s"\nlecture = "1"\nexercises = 1\n'
-            'exercise_module = "m"\nlive = "l"\n',
+            'exercise_module = "m"\nlive = "l"\nteach = "h"\n',
             "lecture must be a int",
         ),
     ],
@@ -101,9 +103,9 @@ def test_a_broken_manifest_is_refused_clearly(tmp_path: Path, text: str, message
 def test_written_file_reads_a_script_from_a_notebook_text_source() -> None:
     from course_lib.manifest import written_file
 
-    script = written_file("08_ddp_in_practice", "_runs/ddp_train.py")
+    script = written_file("10_ddp_in_practice", "_runs/ddp_train.py")
     assert script.startswith('"""Train a small MLP') and "destroy_process_group()" in script
     with pytest.raises(ValueError, match="writes no file"):
-        written_file("08_ddp_in_practice", "_runs/none.py")
+        written_file("10_ddp_in_practice", "_runs/none.py")
     with pytest.raises(ValueError, match="not a notebook of the course"):
         written_file("99_nothing", "_runs/ddp_train.py")

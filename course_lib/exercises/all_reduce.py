@@ -1,4 +1,4 @@
-"""Checks for notebook 07 (data parallelism and all-reduce)."""
+"""Checks for notebook 09 (data parallelism and all-reduce)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Checks for notebook 05 (mixed precision)."""
+"""Checks for notebooks 06 and 07 (mixed precision)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Checks for notebook 11 (sharded data parallel: ZeRO, FSDP2, DTensor, distributed checkpoints)."""
+"""Checks for notebook 13 (sharded data parallel: ZeRO, FSDP2, DTensor, distributed checkpoints)."""
 
 from __future__ import annotations
 

@@ -41,7 +41,7 @@ def torchrun_command(
     """The command line that runs ``script`` under ``torchrun`` (or the legacy launcher).
 
     ``rdzv="static"`` uses ``--master_addr/--master_port`` and fixed ``--node_rank``s (what
-    the seeds and most cluster scripts do); ``rdzv="c10d"`` uses the elastic rendezvous
+    the source posts and most cluster scripts do); ``rdzv="c10d"`` uses the elastic rendezvous
     (``--rdzv-backend=c10d --rdzv-endpoint=addr:port``). ``tee=True`` adds ``--tee 3``, which
     prefixes each line with the local rank so the launcher can label it. ``launcher_args`` are
     more options for the launcher itself, placed before the script (``["--max-restarts=1"]``).

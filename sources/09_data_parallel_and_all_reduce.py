@@ -1,6 +1,6 @@
 # %% [markdown] slideshow={"slide_type": "slide"}
 """
-# 07 · Data parallelism and all-reduce
+# 09 · Data parallelism and all-reduce
 
 Data parallelism runs the same model on several devices, each on its own slice of the data, and averages the gradients so that every copy takes the same step. The averaging is a *collective* operation, and how it moves bytes decides how well training scales. This notebook takes apart PyTorch's old one-process answer, `nn.DataParallel`, then builds the communication that `DistributedDataParallel` relies on: parameter server versus ring all-reduce, the collectives of `torch.distributed` run for real in several processes, and a ring all-reduce written by hand.
 
@@ -11,7 +11,7 @@ By the end you will be able to:
 - write a ring all-reduce from point-to-point `isend`/`recv` and check it against `dist.all_reduce`, and see the deadlock that blocking sends cause;
 - turn bytes into time: fit the latency-bandwidth (α-β) model to measured gloo messages, predict ring, tree and parameter-server all-reduces and a DDP step's bucketed communication, and compare with measurements.
 
-This notebook assumes: notebook 06 (gradients add up over samples; accumulation), and that you can run a training step. Processes are started with `course_lib.launch.run_ranks`; section 3 says what it does when it is first used (notebook 08 adds `torchrun`).
+This notebook assumes: notebook 08 (gradients add up over samples; accumulation), and that you can run a training step. Processes are started with `course_lib.launch.run_ranks`; section 3 says what it does when it is first used (notebook 10 adds `torchrun`).
 """
 
 # %% slideshow={"slide_type": "-"}
@@ -54,6 +54,7 @@ def make_mlp() -> nn.Module:
     seed_everything(0)
     return nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 10))
 
+
 # %% [markdown] slideshow={"slide_type": "slide"}
 """
 ## 1. `nn.DataParallel`: one process, one thread per GPU
@@ -85,7 +86,6 @@ With no GPU, `DataParallel` sets `device_ids = []` (even if you pass some) and i
 
 The demonstration runs as a small **CPU job** (a script started by `course_lib.launch.run_script`, which hides every GPU from the processes it starts), so it shows the no-GPU behaviour on every machine, yours included if it has GPUs: the rule of this course is that CPU jobs stay on the CPU unless asked.
 """
-
 
 # %% slideshow={"slide_type": "fragment"}
 # %%writefile _runs/dp_without_gpus.py
@@ -467,12 +467,12 @@ print(f"{per_worker[0].numel()} gradient numbers: ring average == parameter-serv
 
 A function defined in a notebook cell cannot run in a freshly started process (the new process cannot import the notebook), so the worker code is written to a file with `%%writefile`, into `_runs/` (git ignores it), and launched with `course_lib.launch.run_ranks`. What it does, since the rest of the course relies on it:
 
-- `run_ranks("file.py:fn", nprocs=N, args=...)` starts `N` fresh Python processes. Each one gets the environment variables that `torch.distributed`'s `env://` initialization reads (`MASTER_ADDR=127.0.0.1`, `MASTER_PORT` set to a port that was free a moment ago, `RANK`, `WORLD_SIZE`), calls `dist.init_process_group("gloo")`, imports `file.py` and calls `fn(rank, world_size, *args)`; then it tears the group down (`barrier`, `destroy_process_group`) and sends `fn`'s return value back (pickled). `run_ranks` returns the list of values in rank order. (It is not `torch.multiprocessing.spawn`, which calls `fn(i, *args)`, leaves the process group to `fn` and returns nothing: notebook 08 uses that one.)
+- `run_ranks("file.py:fn", nprocs=N, args=...)` starts `N` fresh Python processes. Each one gets the environment variables that `torch.distributed`'s `env://` initialization reads (`MASTER_ADDR=127.0.0.1`, `MASTER_PORT` set to a port that was free a moment ago, `RANK`, `WORLD_SIZE`), calls `dist.init_process_group("gloo")`, imports `file.py` and calls `fn(rank, world_size, *args)`; then it tears the group down (`barrier`, `destroy_process_group`) and sends `fn`'s return value back (pickled). `run_ranks` returns the list of values in rank order. (It is not `torch.multiprocessing.spawn`, which calls `fn(i, *args)`, leaves the process group to `fn` and returns nothing: notebook 10 uses that one.)
 - The processes see **no GPU** (`CUDA_VISIBLE_DEVICES=""`): these are CPU jobs, and on a machine with GPUs they stay CPU jobs and print what you see here. `device="cuda"` is the opt-in: one GPU per rank, bound before `fn` runs.
 - While they run, it shows each rank's printed lines (grouped by rank in a notebook, so the committed output does not depend on which process printed first).
 - It never leaves a process behind: after `timeout` seconds, or as soon as one rank fails, it kills every process it started and raises `LaunchError`, naming the rank that failed and quoting its traceback, or, on a timeout, each rank's last printed line. Section 4 uses that to show a deadlock without hanging the notebook.
 
-Notebook 08 runs the same kind of worker under `torchrun`, PyTorch's own launcher.
+Notebook 10 runs the same kind of worker under `torchrun`, PyTorch's own launcher.
 """
 
 # %% slideshow={"slide_type": "-"}
@@ -576,7 +576,7 @@ print(f"all {N} ranks agree with the definitions; reduce_scatter gave {[r['reduc
 Notes on the current API, checked on PyTorch 2.13:
 - gloo supports `reduce_scatter` and `ReduceOp.AVG`. Older PyTorch raised `RuntimeError: ProcessGroupGloo does not support reduce_scatter`; support came in 2025 (pytorch/pytorch#149869) as a simple implementation, one all-reduce per rank, so on gloo it is there for correctness and testing, not speed.
 - The variants that work on one flat buffer instead of a list of tensors, `dist.reduce_scatter_tensor` and `dist.all_gather_into_tensor`, are what sharded training uses on GPUs, and most current tutorials show them; in 2.13 both are marked deprecated (a `FutureWarning`) in favour of `dist.reduce_scatter_single` and `dist.all_gather_single` (checked in the cell after this list).
-- `reduce_scatter` followed by `all_gather` **is** an all-reduce (checked above on every rank): that is exactly the ring's two phases, and what sharded training (ZeRO, FSDP; notebook 11) splits apart to keep only a shard of the gradients and optimizer state per rank.
+- `reduce_scatter` followed by `all_gather` **is** an all-reduce (checked above on every rank): that is exactly the ring's two phases, and what sharded training (ZeRO, FSDP; notebook 13) splits apart to keep only a shard of the gradients and optimizer state per rank.
 """
 
 # %% slideshow={"slide_type": "fragment"}
@@ -749,7 +749,7 @@ for n in (2, 3, 4, 8, 16):
 """
 ### One launch measures everything
 
-The worker below times, for message sizes from 4 bytes to 4 MiB: one message (half of a ping-pong between ranks 0 and 1), one exchange, `dist.all_reduce`, course_lib's copy of section 4's ring, and a parameter server (`course_lib.collectives` has it, written with `send`/`recv`). It also all-reduces, one after the other, the buckets DDP would make for a 2.1 M-parameter MLP (notebook 08 explains DDP's buckets; the rule, in short: the gradients in reverse order of the parameters, a bucket closed as soon as it holds at least 1 MiB for the first, 25 MiB for the others).
+The worker below times, for message sizes from 4 bytes to 4 MiB: one message (half of a ping-pong between ranks 0 and 1), one exchange, `dist.all_reduce`, course_lib's copy of section 4's ring, and a parameter server (`course_lib.collectives` has it, written with `send`/`recv`). It also all-reduces, one after the other, the buckets DDP would make for a 2.1 M-parameter MLP (notebook 10 explains DDP's buckets; the rule, in short: the gradients in reverse order of the parameters, a bucket closed as soon as it holds at least 1 MiB for the first, 25 MiB for the others).
 
 Each time is the best of 5 rounds over all sizes (one warm-up round first), so a burst of other work on the machine spoils one round, not one size. We use 2 ranks: this machine has 2 cores, and with more processes than cores a message also waits for its receiver to be scheduled, so `α` would measure the operating system's scheduler. With 2 ranks the tree and the parameter server are the same algorithm (one message to rank 0, one back), so only the second is measured.
 """

@@ -1,6 +1,6 @@
 # %% [markdown] slideshow={"slide_type": "slide"}
 """
-# 06 · Gradient accumulation: a big batch from small ones
+# 08 · Gradient accumulation: a big batch from small ones
 
 A batch that does not fit in memory can still be trained on: run it as `k` micro-batches, let `backward()` add their gradients into `.grad`, and step the optimizer once. This notebook proves when that is *exactly* the big batch, and shows the places where it is not: a loss normalized by the wrong count, and losses that couple the samples of a batch.
 
@@ -11,7 +11,7 @@ By the end you will be able to:
 - explain why BatchNorm breaks the equivalence, and measure how memory and time change with the micro-batch size;
 - combine accumulation with a loss scaler (`torch.amp.GradScaler`): scale every micro-batch, one `unscale_`/`step`/`update` per optimizer step.
 
-This notebook assumes: notebooks 01–03 (autograd accumulates into `.grad`; what autograd saves for backward, measured with `SavedTensorMeter`) and notebook 05 (loss scaling), and a basic training loop with `torch.optim`.
+This notebook assumes: notebooks 01–03 (autograd accumulates into `.grad`; what autograd saves for backward, measured with `SavedTensorMeter`) and notebook 06 (loss scaling), and a basic training loop with `torch.optim`.
 """
 
 # %% slideshow={"slide_type": "-"}
@@ -146,7 +146,7 @@ assert abs((cases["mean loss, not divided"][0].norm() / cases["mean loss, not di
 
 # %% [markdown] slideshow={"slide_type": "slide"}
 """
-## 3. The seed's accumulation loop, run as written
+## 3. The cluster post's accumulation loop, run as written
 
 One of the course's source posts gives this loop (reformatted; the logic is untouched). Its two claims are right: divide the loss by the number of accumulation steps *if the loss is averaged*, and reset the gradients once before the loop and after every `optimizer.step()`, never at the top of every iteration.
 
@@ -155,7 +155,7 @@ We run it on the digits with `TARGET_BATCH_SIZE, BATCH_FIT_IN_MEMORY = 256, 32`,
 
 
 # %% slideshow={"slide_type": "-"}
-def seed_003_loop(network: nn.Module, optim: torch.optim.Optimizer, dataloader, accumulation_steps: int) -> int:
+def cluster_post_loop(network: nn.Module, optim: torch.optim.Optimizer, dataloader, accumulation_steps: int) -> int:
     """The post's loop; returns how many optimizer steps it took."""
     steps = 0
     network.zero_grad()                            # Reset gradients tensors
@@ -176,7 +176,7 @@ accumulation_steps = int(TARGET_BATCH_SIZE / BATCH_FIT_IN_MEMORY)
 loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(X, Y), batch_size=BATCH_FIT_IN_MEMORY)
 net = make_mlp()
 opt = torch.optim.SGD(net.parameters(), lr=0.1)
-steps = seed_003_loop(net, opt, loader, accumulation_steps)
+steps = cluster_post_loop(net, opt, loader, accumulation_steps)
 n_batches = len(loader)
 leftover = n_batches % accumulation_steps
 print(f"{len(Y)} samples -> {n_batches} micro-batches (the last has {len(Y) - (n_batches - 1) * 32} samples), "
@@ -187,7 +187,7 @@ assert leftover == 5 and net[0].weight.grad.abs().sum() > 0
 
 # %% [markdown] slideshow={"slide_type": "fragment"}
 """
-The post presents accumulation as the simplest way "to split a batch between GPUs". It uses no second GPU at all: it splits the batch *in time* on one device, trading time for memory. Across GPUs, the same sum of gradients is what all-reduce computes (notebook 07).
+The post presents accumulation as the simplest way "to split a batch between GPUs". It uses no second GPU at all: it splits the batch *in time* on one device, trading time for memory. Across GPUs, the same sum of gradients is what all-reduce computes (notebook 09).
 """
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
@@ -205,13 +205,13 @@ Below, the leak: the first step of epoch 2 sees gradients larger than any single
 stale = grads_of(net).clone()
 clean = copy.deepcopy(net)
 clean.zero_grad()
-for model in (net, clean):             # epoch 2's first 8 micro-batches, as the seed's loop runs them
+for model in (net, clean):             # epoch 2's first 8 micro-batches, as the cluster post's loop runs them
     for _, (imgs, labels) in zip(range(accumulation_steps), loader):
         (loss_fn(model(imgs), labels) / accumulation_steps).backward()
 fresh, stepped = grads_of(clean), grads_of(net)
 torch.testing.assert_close(stepped, fresh + stale)   # .grad was never cleared: the stale tail rides along
 print(f"|first group of epoch 2| = {fresh.norm():.4f}, |stale tail of epoch 1| = {stale.norm():.4f}, "
-      f"|what the seed's loop steps with| = {stepped.norm():.4f}")
+      f"|what the cluster post's loop steps with| = {stepped.norm():.4f}")
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
@@ -301,7 +301,7 @@ for norm in (nn.BatchNorm1d, nn.LayerNorm):
 What to do about it:
 - Accept it. With micro-batches of 16–32 or more, BatchNorm's statistics are noisy estimates of the big batch's, and training usually behaves well; just do not expect the big-batch numbers.
 - Use a normalization that does not mix samples (`LayerNorm`, `GroupNorm`): accumulation is exact again, as shown above.
-- Across GPUs the same problem has a fix, `SyncBatchNorm`, which computes the statistics over all ranks' samples (notebook 08). Across *time* (accumulation) there is no such fix: the other micro-batches have not been computed yet.
+- Across GPUs the same problem has a fix, `SyncBatchNorm`, which computes the statistics over all ranks' samples (notebook 10). Across *time* (accumulation) there is no such fix: the other micro-batches have not been computed yet.
 """
 
 # %% [markdown] slideshow={"slide_type": "slide"}
@@ -367,9 +367,9 @@ Both per-micro-batch means are wrong, by a sizeable fraction of the gradient, in
 
 ### Across ranks: all-reduce the token count
 
-DDP (notebooks 07 and 08) averages the gradients of the ranks: the step uses `(g_0 + g_1) / 2` for 2 ranks. If each rank's loss is the mean over *its* tokens, that is the global token mean only when every rank has the same number of tokens. The fix is the same rule one level up: all-reduce the token count, so every rank divides its *sum* of token losses by the global count, and multiplies by the world size (DDP's average divides by it).
+DDP (notebooks 09 and 10) averages the gradients of the ranks: the step uses `(g_0 + g_1) / 2` for 2 ranks. If each rank's loss is the mean over *its* tokens, that is the global token mean only when every rank has the same number of tokens. The fix is the same rule one level up: all-reduce the token count, so every rank divides its *sum* of token losses by the global count, and multiplies by the world size (DDP's average divides by it).
 
-Processes arrive in notebook 07, so here we compute the two ranks' arithmetic exactly, in one process: each rank is its own copy of the model with its half of the sequences (and 2 micro-batches of accumulation), `all_reduce(count, SUM)` is the sum of the two counts, and DDP's gradient is the average of the two ranks' `.grad` (notebook 08 shows, on real gloo processes, that a DDP step is exactly the step on that average).
+Processes arrive in notebook 09, so here we compute the two ranks' arithmetic exactly, in one process: each rank is its own copy of the model with its half of the sequences (and 2 micro-batches of accumulation), `all_reduce(count, SUM)` is the sum of the two counts, and DDP's gradient is the average of the two ranks' `.grad` (notebook 10 shows, on real gloo processes, that a DDP step is exactly the step on that average).
 """
 
 
@@ -520,7 +520,7 @@ print(f"256 -> 8 samples per micro-batch: the peak falls more than 10x (~{peaks[
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-The peak falls with the micro-batch, but less than proportionally: the gradient buffers (and, in a real step, the optimizer state) do not shrink. Accumulation cannot go below that floor; notebook 04's checkpointing attacks the activations differently, and sharded data parallelism (ZeRO, FSDP: notebook 11) attacks the floor by splitting the gradients and optimizer state across ranks.
+The peak falls with the micro-batch, but less than proportionally: the gradient buffers (and, in a real step, the optimizer state) do not shrink. Accumulation cannot go below that floor; notebook 04's checkpointing attacks the activations differently, and sharded data parallelism (ZeRO, FSDP: notebook 13) attacks the floor by splitting the gradients and optimizer state across ranks.
 
 The price is time: many small matrix products use the CPU (or GPU) less well than one big one. Timings below are volatile (marked `~`, the best of 3 runs, one thread) and on a busy 2-core machine they jump around; on an idle machine the smallest micro-batches are clearly slowest per step.
 """
@@ -566,7 +566,7 @@ print(f"activations at 256: {format_bytes(saved[256])}; at 8: {format_bytes(save
 """
 ## 7. Accumulation with a loss scaler
 
-With float16 on a GPU, small gradients underflow, so the loss is multiplied by a large scale before `backward()` and the gradients divided by it before the step (notebook 05). `torch.amp.GradScaler` does this. With accumulation the rule is:
+With float16 on a GPU, small gradients underflow, so the loss is multiplied by a large scale before `backward()` and the gradients divided by it before the step (notebook 06). `torch.amp.GradScaler` does this. With accumulation the rule is:
 
 - every micro-batch: `scaler.scale(loss * weight).backward()`: all micro-batches must use the **same** scale, so the scale may only change between optimizer steps;
 - once per optimizer step: `scaler.unscale_(opt)` (only if you need true gradients, e.g. for clipping), `scaler.step(opt)`, `scaler.update()`, `opt.zero_grad()`.
@@ -646,12 +646,12 @@ assert torch.finfo(torch.bfloat16).tiny == torch.finfo(torch.float32).tiny
 
 - `backward()` adds into `.grad`; `k` micro-batches with the loss scaled right give the big batch's gradient to rounding (checked with `allclose`, and over a whole epoch of training).
 - The scale comes from the loss: a `mean` loss needs `n_i / N` per micro-batch (`1/k` when they are equal); a `sum` loss needs none. Getting it wrong multiplies the learning rate by `k` or divides it by `k`.
-- The seed's loop is right about dividing by the accumulation steps and about where `zero_grad()` goes, but it silently drops the tail of each epoch into the next one and over-weights a short last batch: step the last group and weight by sample counts.
+- The cluster post's loop is right about dividing by the accumulation steps and about where `zero_grad()` goes, but it silently drops the tail of each epoch into the next one and over-weights a short last batch: step the last group and weight by sample counts.
 - The general rule: divide the sum of the loss elements by their number counted over the whole accumulated batch, across micro-batches and ranks. For a token loss with padding, a per-micro-batch mean is wrong; all-reduce the token count across DDP ranks (and multiply by the world size, which DDP's average divides by).
 - Losses that couple a batch's samples are not sums of independent elements: BatchNorm makes accumulation inexact (micro-batch statistics; LayerNorm/GroupNorm do not), and in-batch-negative contrastive losses see fewer negatives per micro-batch; GradCache restores the full-batch gradient.
 - Accumulation divides the activation memory by `k` and costs time; parameters, gradients and optimizer state stay.
 - With a loss scaler: scale every micro-batch, then one `unscale_`/`step`/`update` per optimizer step; one `inf` anywhere skips the whole step.
-- Across several processes, DDP's `no_sync()` avoids communicating during the first `k-1` micro-batches (notebook 08).
+- Across several processes, DDP's `no_sync()` avoids communicating during the first `k-1` micro-batches (notebook 10).
 """
 
 # %% [markdown] slideshow={"slide_type": "slide"}
