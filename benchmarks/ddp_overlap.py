@@ -17,7 +17,11 @@ What it shows: with overlap, all but the last bucket's all-reduce run while earl
 compute their backward; without it, every all-reduce waits for the end of backward. The saving is
 at most the communication time of all buckets but the last, and at most the backward time left
 after the first bucket is ready. Timings move with the load on the machine: the table reports the
-median and the spread (min to max) of the per-step saving over the paired steps.
+median and the spread (min to max) of the per-step saving over the paired steps. Two readings are
+steadier than the step time: the communication hidden behind compute (exactly 0 without overlap,
+by construction: nothing is launched before backward ends) and the "exposed" wait, from the end of
+the last backward layer to the end of finish(), whose paired saving excludes the noise of the
+compute phase (sleep overshoot, the real math slowed by the concurrent communication).
 
 Prints a table, then:
 RESULT saving_ms=<median paired saving> saving_min_ms=<f> saving_max_ms=<f> on_ms=<median> off_ms=<median>
