@@ -23,16 +23,18 @@ __all__ = ["CORRECTIONS", "Correction", "FACTS", "TABLES", "TableSpec", "fact", 
 FACTS: dict[str, dict[str, str]] = {
     "dp": {
         "name": "`nn.DataParallel`",
-        "processes": "1, a thread per GPU (GIL-bound, notebook 09)",
+        "processes": "1, a thread per GPU (GIL-bound, notebook 09 §1)",
         "machines": "one",
         "per step": "scatter the input, replicate the model, gather the outputs",
-        "gradient sync": "reduced onto GPU 0 (its memory and link are the bottleneck), after backward",
+        "gradient sync": "summed onto GPU 0 after backward, with no overlap; GPU 0 also holds the optimizer state and "
+        "the outputs, so it fills first",
         "optimizer": "runs once, on GPU 0",
         "data": "one DataLoader; the batch is split in `forward`",
         "batchnorm": "batch statistics per GPU; running statistics kept from GPU 0's replica only (the others are "
         "discarded after each forward: `DataParallel` documentation)",
-        "mixed precision": "`torch.autocast` around the call works: `parallel_apply` carries it into each thread "
-        "(notebook 09)",
+        "mixed precision": "`torch.autocast` around the call reaches the replicas' threads only as an on/off flag: each "
+        "thread uses its device's default dtype, so bf16 autocast runs the replicas in fp16 on CUDA; enter "
+        "`torch.autocast(..., dtype=...)` inside `forward` (notebook 09 §1)",
         "launch": "`python train.py`",
         "status": "not recommended in the PyTorch docs",
     },
@@ -40,14 +42,14 @@ FACTS: dict[str, dict[str, str]] = {
         "name": "`DistributedDataParallel`",
         "processes": "1 per device (GPU or CPU worker)",
         "machines": "one or many (`torchrun --nnodes`)",
-        "per step": "rank 0's buffers broadcast at each forward (`forward_sync_buffers`, notebook 11); parameters stay "
-        "in sync",
-        "gradient sync": "the backend's `all_reduce` (ring or tree: the backend chooses, notebook 09), in buckets, "
-        "overlapped with backward",
+        "per step": "rank 0's buffers broadcast before every forward that follows a grad-enabled one "
+        "(`forward_sync_buffers`, notebook 11 §1); parameters stay in sync",
+        "gradient sync": "the backend's `all_reduce` (ring or tree: the backend chooses, notebook 09 §2), in buckets, "
+        "overlapped with backward (written by hand in notebook 09 §6)",
         "optimizer": "runs on every rank, on identical gradients",
         "data": "a `DistributedSampler` shard per rank",
-        "batchnorm": "batch statistics per rank; running statistics rank 0's, broadcast at each forward "
-        "(notebook 11); or `SyncBatchNorm` (GPU) for global batch statistics",
+        "batchnorm": "batch statistics per rank; running statistics rank 0's, broadcast before forwards "
+        "(notebook 11 §1); or `SyncBatchNorm` (GPU) for global batch statistics",
         "mixed precision": "`torch.autocast` and `torch.amp.GradScaler`, as in one process "
         "(Apex `amp` of the single-machine post is retired)",
         "launch": "`torchrun` / `mp.spawn`",
@@ -238,6 +240,13 @@ CORRECTIONS: tuple[Correction, ...] = (
         r"copies can overlap with (GPU )?(work|compute)",
         "`save_on_cpu` copies on the current stream: asynchronous for the host, not overlapped with GPU compute",
         "notebook 05 §2.2",
+    ),
+    Correction(
+        r"autocast state is carried into|state is carried into the worker threads|carries it into each thread"
+        r"|re-enters the caller's autocast state|DataParallel \+ autocast works",
+        "`parallel_apply` carries only autocast's on/off flag into DataParallel's threads; the dtype is per thread, so "
+        "bf16 autocast around DataParallel runs the replicas in fp16 on CUDA",
+        "notebook 09 §1",
     ),
     Correction(
         r"every number is measured on your machine",

@@ -698,6 +698,7 @@ One assumption hides in the ring's row: in each step every rank sends to its rig
 from course_lib.comm_model import AlphaBeta, all_reduce_steps, fit_alpha_beta, predict_all_reduce, predict_buckets
 
 S, link = 4 * 2**20, AlphaBeta(alpha=30e-6, beta=3e9)
+print(f"a made-up link: alpha = {link.alpha * 1e6:.0f} µs, beta = {link.beta / 1e9:.0f} GB/s")
 for n in (2, 3, 4, 8, 16):
     by_hand = {
         "ring": 2 * (n - 1) * link.alpha + 2 * (n - 1) / n * S / link.beta,
@@ -853,11 +854,11 @@ plt.show()
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-Small messages cost about `α` whatever their size; above `α·β` bytes (the dotted line, printed above the plot) the bytes dominate. On the machine that recorded these outputs an exchange (both directions at once) cost several times one message (the ratio printed above): the bytes of both directions go through the same CPU cores, and a machine with more cores can move them in parallel, so your ratio may be lower (the cell asserts only that it is not far below 1). On a full-duplex network it would cost the same as one message. So the ring's steps are predicted with the exchange fit, the parameter server's with the message fit.
+Small messages cost about `α` whatever their size; above `α·β` bytes (the dotted line, printed above the plot) the bytes dominate. An exchange (both directions at once) costs the printed ratio times one message: the bytes of both directions go through the same CPU cores, and a machine with more cores can move them in parallel, so your ratio may be lower (the cell asserts only that it is not far below 1). On a full-duplex network it would cost the same as one message. So the ring's steps are predicted with the exchange fit, the parameter server's with the message fit.
 
 ### Predicted against measured
 
-The predictions use only the two fitted lines and the table of steps. Your measured times (after `~`) depend on the machine and on what else it runs; the cell asserts a generous relation: for each algorithm, the measured time is within a factor of 4 of the prediction on average over the sizes (geometric mean), and likewise for DDP's buckets. (The recorded outputs were made on a 2-core machine shared with other work, and their factors are between about 1 and 2; the margin is for busier machines, where a process also waits for a core.)
+The predictions use only the two fitted lines and the table of steps. Your measured times (after `~`) depend on the machine and on what else it runs; the cell asserts a generous relation: for each algorithm, the measured time is within a factor of 4 of the prediction on average over the sizes (geometric mean), and likewise for DDP's buckets. (The margin is for busy machines, where a process also waits for a core to be free; the factors of the machine that recorded these outputs, a 2-core machine shared with other work, are printed after `~`.)
 """
 
 # %% slideshow={"slide_type": "fragment"}
@@ -1087,6 +1088,9 @@ def compare(rank: int, world_size: int, cap: float) -> dict:
     for kind, kind_cap in [("DDP", cap), ("DDP", 0), ("after backward", 0), ("hook per parameter", 0), ("buckets", cap),
                            ("course_lib after backward", 0), ("course_lib hooks", 0), ("course_lib buckets", cap)]:
         runs[(kind, kind_cap)] = train(rank, kind, kind_cap)
+    model = make_model(seed=0)
+    slots = [p for m in model if isinstance(m, nn.Linear) for p in (m.weight, m.bias) if p.requires_grad]
+    runs["count"] = (len(slots), len(trainable(model)))   # weight and bias slots with a gradient; distinct tensors
     return runs
 
 # %% slideshow={"slide_type": "fragment"}
@@ -1109,10 +1113,15 @@ for kind, kind_cap, twin in [("after backward", 0, 0), ("hook per parameter", 0,
 assert all(torch.equal(a, b) for a, b in zip(runs[0][("buckets", cap)]["params"], runs[1][("buckets", cap)]["params"]))
 assert len(rank0[("DDP", cap)]["all-reduced bytes"][0]) == 1   # DDP's first step: one bucket for everything
 print("the frozen bias has no gradient on either rank; both ranks end with the same parameters")
+slots, tensors = rank0["count"]
+assert (slots, tensors) == (7, 6) and all(len(rank0[(k, 0)]["all-reduced bytes"][1]) == tensors
+                                          for k in ("after backward", "hook per parameter"))
+print(f"{slots} weight and bias slots get a gradient, but the tied weight fills two of them: {tensors} tensors, "
+      f"{tensors} all-reduces per step")
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-All three stages compute exactly DDP's training, and from step 2 on they send exactly DDP's messages: one all-reduce per trainable tensor for stages 1 and 2 (DDP with `bucket_cap_mb=0` does the same), and the 3 buckets for stage 3. The frozen bias is never sent, and the tied weight is sent once (6 trainable tensors, 6 messages, though the model has 7 weight and bias slots with a gradient). DDP's step 1 differs, as promised: one bucket of everything, before its rebuild.
+All three stages compute exactly DDP's training, and from step 2 on they send exactly DDP's messages: one all-reduce per trainable tensor for stages 1 and 2 (DDP with `bucket_cap_mb=0` does the same), and the 3 buckets for stage 3. The frozen bias is never sent, and the tied weight is sent once (7 slots, 6 tensors, 6 messages: the last line above). DDP's step 1 differs, as promised: one bucket of everything, before its rebuild.
 
 `course_lib.hand_ddp.HandDDP` is the course's canonical copy of these stages, with what a reusable version needs on top (a `no_sync()` for accumulation, DDP's buffer broadcast before forwards, its default first-bucket cap, a log of every collective, a timeline for the next section). The same launch trained it too; it must agree with ours, in values and in messages:
 """
@@ -1279,7 +1288,7 @@ print(check_overlap_hook(add_overlap_hooks))
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-**4.** Stage 3's bucket boundaries as a pure function. Write `assign_buckets(param_bytes, cap_bytes)`: given each parameter's gradient bytes in registration order and a cap in bytes (applied to every bucket, as when you pass `bucket_cap_mb`), return the buckets, as lists of parameter indices, in the order DDP all-reduces them. One of the checked cases is notebook 10's model (§9).
+**4.** Stage 3's bucket boundaries as a pure function. Write `assign_buckets(param_bytes, cap_bytes)`: given each parameter's gradient bytes in registration order and a cap in bytes (applied to every bucket, as when you pass `bucket_cap_mb`), return the buckets, as lists of parameter indices, in the order DDP all-reduces them. One of the checked cases is the model of notebook 10 §9.
 """
 
 

@@ -54,7 +54,9 @@ print(f"torch {torch.__version__.split('+')[0]}, gloo available: {dist.is_gloo_a
 
 One file, written by the next cell so you can read all of it. It is launcher-agnostic: `torchrun` and the legacy launcher set `RANK`, `LOCAL_RANK`, `WORLD_SIZE`, `MASTER_ADDR` and `MASTER_PORT` in each process's environment, and `init_process_group()` with the default `init_method="env://"` reads them; `mp.spawn` calls `train(rank, world_size)` after initialising the group itself (section 3).
 
-What to look for, in order: **device and backend, chosen by an argument** (`--device cpu`, the default, trains on CPU processes over gloo; `--device cuda` binds each process to the GPU numbered by its `LOCAL_RANK` and uses NCCL); **seeding**; **rank-0-only I/O behind `dist.barrier()`** (rank 0 "downloads" the data, the others wait, then all read it); **`DistributedSampler`** and **`set_epoch`**; **metrics summed with `all_reduce`** (every rank must call it); the **checkpoint** written by rank 0 and loaded by everyone with `torch.load(weights_only=True)`; a final check that the parameters are **equal on every rank**. `log()` prefixes each line with `[rankN]:` so the launcher can sort the output by rank.
+What to look for, in order: **device and backend, chosen by an argument** (`--device cpu`, the default, trains on CPU processes over gloo; `--device cuda` binds each process to the GPU numbered by its `LOCAL_RANK` and uses NCCL); **seeding**; **rank-0-only I/O behind `dist.barrier()`** (rank 0 "downloads" the data, the others wait, then all read it); **`DistributedSampler`** and **`set_epoch`**; **metrics summed with `all_reduce`** (every rank must call it); the **checkpoint** written by rank 0 and loaded by everyone with `torch.load(map_location=device, weights_only=True)`; a final check that the parameters are **equal on every rank**. `log()` prefixes each line with `[rankN]:` so the launcher can sort the output by rank.
+
+**It assumes a shared filesystem.** Rank 0 writes the data and the checkpoint, and every rank reads them: that works on one machine (every launch in this notebook, the two "nodes" of section 5 included) and on a cluster whose nodes share a filesystem (NFS, Lustre, ...). On nodes with local disks only, the ranks of node 1 would not find the files. Notebook 11 §5's script does without: the first process of each node (`LOCAL_RANK == 0`) prepares that node's copy of the data, and rank 0 alone reads the checkpoint and sends it to every rank with `dist.broadcast_object_list`.
 """
 
 # %% slideshow={"slide_type": "-"}
@@ -68,10 +70,10 @@ import weakref
 
 import torch
 import torch.distributed as dist
-# Before init_process_group, on purpose. DDP imports this module lazily (through torch._dynamo), and
-# its functions take `group=group.WORLD` as a default argument, evaluated at import: imported after
-# init_process_group, ten of them hold the default process group for good, destroy_process_group()
-# cannot free it, and its gloo threads live on into interpreter shutdown (see the teardown below).
+# WORKAROUND for torch 2.13 (section 10.2), not a DDP rule: import this before init_process_group. DDP
+# imports it lazily (through torch._dynamo), and ten of its functions take `group=group.WORLD` as a default
+# argument, evaluated at import: imported after init_process_group, they hold the default process group for
+# good, destroy_process_group() cannot free it, and its gloo threads live on into interpreter shutdown.
 import torch.distributed.nn  # noqa: F401
 import torch.nn as nn
 import torch.nn.functional as F
@@ -99,6 +101,7 @@ def train(rank, world_size, epochs=2, batch_size=32, lr=0.1, out="_runs/ddp", de
     seed_everything(0)
 
     # Rank-0-only I/O: one process fetches/prepares, the others wait at the barrier, then everyone reads.
+    # A shared filesystem is assumed (one machine, or NFS): without one, see notebook 11's per-node preparation.
     if rank == 0:
         os.makedirs(out, exist_ok=True)
         train_set, _ = digits_datasets()
@@ -279,7 +282,7 @@ import sys
 
 import torch
 import torch.distributed as dist
-import torch.distributed.nn  # noqa: F401  (before init_process_group: see the note in ddp_train.py)
+import torch.distributed.nn  # noqa: F401  (WORKAROUND for torch 2.13: see the note in ddp_train.py)
 import torch.multiprocessing as mp
 
 from course_lib.launch import free_port
@@ -443,7 +446,7 @@ for key in ("MASTER_ADDR", "MASTER_PORT"):
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-**Backend choice.** `gloo` runs collectives on CPU tensors (and on GPU tensors, slowly); `nccl` runs them GPU-to-GPU and is the choice for CUDA training (a CUDA build of PyTorch has it); `mpi` needs PyTorch built against MPI. Choose it with the device, and choose the device on purpose (the script's `--device`): `"nccl" if torch.cuda.is_available() else "gloo"` looks convenient, but it turns every CPU job on a GPU machine into a GPU job, with one GPU needed per process. Notebook 11 §6 shows the device-generic forms of current PyTorch (`torch.accelerator`, `device_id=`, `init_process_group()` without a backend).
+**Backend choice.** `gloo` runs collectives on CPU tensors (and on GPU tensors, slowly); `nccl` runs them GPU-to-GPU and is the choice for CUDA training (a CUDA build of PyTorch has it); `mpi` needs PyTorch built against MPI. Choose it with the device, and choose the device on purpose (the script's `--device`): `"nccl" if torch.cuda.is_available() else "gloo"` looks convenient, but it turns every CPU job on a GPU machine into a GPU job, with one GPU needed per process. The script's `--device cuda` path already uses the modern form: `torch.cuda.set_device` from `LOCAL_RANK`, then `init_process_group("nccl", device_id=device)`, and checkpoints loaded with `map_location`. Notebook 11 §6 shows the other device-generic forms of current PyTorch (`torch.accelerator`, `init_process_group()` without a backend).
 
 **SyncBatchNorm.** `nn.SyncBatchNorm.convert_sync_batchnorm(model)` swaps every BatchNorm for one whose batch statistics are all-reduced over the ranks (the cluster post's advice). DDP accepts it only for GPU modules; on CPU it refuses at construction:
 """
@@ -557,8 +560,8 @@ assert not all(torch.allclose(make_model().state_dict()[k], cpu_ref[k], atol=1e-
 ## 9. Inside DDP: broadcast, buckets, overlap, `no_sync`
 
 - **Construction** broadcasts rank 0's parameters and buffers to every rank, so the replicas start equal even when each rank initialised differently (the source posts' "same seed or wrong gradients" is too strong: the global seed still matters for dropout and augmentation, not for the initial weights, and not for the sampler's order, which only its `seed=` argument and `set_epoch` decide, §7).
-- **Every forward** (in training) broadcasts rank 0's **buffers** again, BatchNorm's running statistics for instance, so DDP is not silent between steps: notebook 11 §1 shows what that does to the statistics, and why a forward through the DDP model on rank 0 alone hangs.
-- **Backward**: DDP registers a hook on every parameter. Gradients are grouped into **buckets** of about `bucket_cap_mb` (default 25 MiB), filled in reverse layer order (whole tensors, so a bucket closes once it *reaches* the cap, possibly well over it: notebook 11 §3.2 predicts the counts below exactly); as soon as a bucket is full its all-reduce starts, **overlapping** communication with the rest of the backward pass. Fewer, bigger buckets mean fewer messages; smaller buckets start communicating earlier.
+- **Buffers, at the start of a forward**: before every forward that follows a forward run with gradients enabled, DDP broadcasts rank 0's **buffers** again (BatchNorm's running statistics, for instance), in training and in eval mode alike. So DDP is not silent between steps: notebook 11 §1 shows what that does to the statistics, and why an evaluation forward through the DDP model on rank 0 alone hangs.
+- **Backward**: DDP registers a hook on every parameter. Gradients are grouped into **buckets**, filled in reverse registration order, whole tensors, a bucket closed as soon as it *reaches* its cap (so it can exceed the cap by up to one tensor); as soon as a bucket is complete its all-reduce starts, **overlapping** communication with the rest of the backward pass. Notebook 09 §6 writes exactly this by hand. The caps, in MiB (`bucket_cap_mb` × 2²⁰ bytes): left at the default, 25 MiB, except the first bucket, capped at 1 MiB so that the last layers' gradients leave early; a `bucket_cap_mb` you pass caps every bucket, the first included. And DDP's very first step puts every gradient in one bucket, then rebuilds the buckets in the order the gradients arrived (notebook 11 §3.2 shows the three rules on every step). Fewer, bigger buckets mean fewer messages; smaller buckets start communicating earlier.
 - **`no_sync()`**: inside it, backward only accumulates local gradients; the next backward outside it all-reduces the sum. For k-step accumulation that is one all-reduce instead of k.
 
 The worker below checks each point in a real 2-process job and times the step on rank 0.
@@ -578,7 +581,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 def counting_hook(state, bucket):
     """A DDP communication hook: note the bucket's size, then do the default all-reduce (average)."""
-    state.append(bucket.buffer().numel())
+    state.append(bucket.buffer().numel() * bucket.buffer().element_size())   # bytes
     return allreduce_hook(None, bucket)
 
 
@@ -653,7 +656,7 @@ def internals(rank, world_size, steps=10):
             times.append(time.perf_counter() - t0)
             if step < steps + 2:
                 seen.clear()  # keep the last step's buckets (DDP rebuilds them after the first step)
-        report["buckets"][cap] = (len(seen), 1000 * sorted(times[3:])[len(times[3:]) // 2])
+        report["buckets"][cap] = (list(seen), 1000 * sorted(times[3:])[len(times[3:]) // 2])
 
     # no_sync: a 4-micro-batch accumulation step with and without it
     m = DDP(mlp(), bucket_cap_mb=0.5)
@@ -686,16 +689,25 @@ print("equal after DDP(model) broadcast rank 0's:            ", r0["equal_after"
 print("gradient after backward = mean of local gradients:    ", r0["grad_is_mean"])
 print("no_sync accumulation = syncing every micro-batch:     ", r0["no_sync_same_grad"])
 print(f"\nmodel: {r0['params_mb']:.2f} MiB of float32 parameters; step = forward+backward+SGD on 256 samples, median of 10, rank 0")
-print(f"{'bucket_cap_mb':>14} {'buckets (all-reduces per step)':>31}    step ms")
-for cap, (n, ms) in r0["buckets"].items():
-    print(f"{cap:>14} {n:>31}    ~{ms:.2f}")  # the timing last, so its width cannot shift a column
+from course_lib.hand_ddp import bucket_assignment
+from ddp_internals import mlp
+
+arrival = [p.numel() * p.element_size() for p in reversed(list(mlp().parameters()))]   # the order gradients arrive
+print(f"{'bucket_cap_mb':>14} {'cap in bytes':>13}   {'buckets after the rebuild (bytes each)':<38} step ms")
+for cap, (sizes, ms) in r0["buckets"].items():
+    predicted = [sum(arrival[i] for i in b) for b in bucket_assignment(arrival, int(cap * 2**20))]
+    assert sizes == predicted   # notebook 09 §6's rule: whole tensors, a bucket closes once it reaches the cap
+    print(f"{cap:>14} {int(cap * 2**20):>13,}   {str(sizes):<38} ~{ms:.2f}")  # the timing last: its width cannot shift a column
+print("every row: what the rule of notebook 09 §6 predicts (course_lib.hand_ddp.bucket_assignment)")
 sync_ms, nosync_ms = r0["sync every micro-batch"], r0["no_sync for the first 3"]
 print(f"\n4-micro-batch accumulation step: sync every micro-batch ~{sync_ms:.2f} ms, no_sync for the first 3 ~{nosync_ms:.2f} ms")
-assert r0["buckets"][0.05][0] > r0["buckets"][25.0][0] == 1
+assert len(r0["buckets"][0.05][0]) == 4 and len(r0["buckets"][0.5][0]) == 2 and len(r0["buckets"][25.0][0]) == 1
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-What 2 cores allow: the two processes share two cores with their own compute, so the overlap DDP buys on GPUs (communication over the network while the GPU computes) has little to overlap with here, and each extra bucket is one more small message. On this machine the timing differences between rows are within the noise (other work on the same two cores moves them by tens of percent from run to run), which is why the cell asserts only the bucket counts, which are exact. On GPUs with NCCL the default 25 MB is the usual choice, and `no_sync` saves one all-reduce of the whole gradient per skipped micro-batch. `benchmarks/ddp_step.py` measures 1 versus 2 processes and more bucket sizes.
+Why 4 buckets for a 0.83 MiB model at `bucket_cap_mb=0.05`, and not 0.83 / 0.05 ≈ 17? Because tensors go in whole: each of the four weight matrices is larger than the 52,428-byte cap on its own, so each closes a bucket, and the biases ride along. The explicit cap applies to the first bucket too, so the 1 MiB first bucket of the default does not appear here; and the table shows the buckets from step 2 on, after DDP's rebuild (notebook 11 §3.2 prints every step).
+
+What 2 cores allow: the two processes share two cores with their own compute, so the overlap DDP buys on GPUs (communication over the network while the GPU computes) has little to overlap with here, and each extra bucket is one more small message. On this machine the timing differences between rows are within the noise (other work on the same two cores moves them by tens of percent from run to run), which is why the cell asserts only the bucket sizes, which are exact. Notebook 09 §6 measures overlap on a simulated device instead. On GPUs with NCCL the default (25 MiB, first bucket 1 MiB) is the usual choice, and `no_sync` saves one all-reduce of the whole gradient per skipped micro-batch. `benchmarks/ddp_step.py` measures 1 versus 2 processes and more bucket sizes.
 """
 
 # %% [markdown] slideshow={"slide_type": "slide"}
@@ -756,9 +768,9 @@ Fatal Python error: Aborted
 ... failed (exitcode: -6) local_rank: 1 ... ChildFailedError
 ```
 
-The launcher reports a failure (exit code 1) for a run whose work was complete. With this notebook's earlier `ddp_train.py` it happened in 3 of 102 launches (and 6 of 99 in another series) on a 2-core machine shared with other jobs, and almost never on an idle one: it is a race, and two things must meet for it.
+The launcher reports a failure (exit code 1) for a run whose work was complete. It is rare and depends on the load: `benchmarks/launch_stress.py --launches 102 --portable`, which launches the training script round-robin under `torchrun`, the legacy launcher and `run_ranks`, counted 3 of 102 launches crashing this way with this notebook's earlier `ddp_train.py`, on a 2-core machine shared with other jobs (the run is recorded in `docs/crash_at_exit.md`, "Measured"). It is a race, and two things must meet for it.
 
-1. **The process group outlives `destroy_process_group()`.** The first `DDP(...)` model imports `torch._dynamo`, which imports `torch.distributed.nn.functional`. Ten functions there are declared with a default argument `group=group.WORLD`, and Python evaluates a default once, when the module is imported: imported *after* `init_process_group`, they hold the live default group for the rest of the process. `destroy_process_group()` empties `torch.distributed`'s own tables, but these references keep the C++ group, and its gloo threads, alive.
+1. **The process group outlives `destroy_process_group()`.** The first `DDP(...)` model imports `torch._dynamo`, which imports `torch.distributed.nn.functional`. There, 10 functions are declared with a default argument `group=group.WORLD`, and Python evaluates a default once, when the module is imported: imported *after* `init_process_group`, they hold the live default group for the rest of the process. `destroy_process_group()` empties `torch.distributed`'s own tables, but these references keep the C++ group, and its gloo threads, alive.
 2. **A gloo worker thread lets go of a finished collective late.** `wait()` returns as soon as a collective is marked complete; the worker thread drops its reference a moment after. If the last collective's tensors were created in Python, freeing them needs the GIL. If by then the main thread has left the script and entered interpreter shutdown, Python ends the worker thread instead of giving it the GIL; that forced unwind runs into a C++ destructor declared `noexcept`, and C++ calls `std::terminate()` with no exception in flight, hence the message, then `abort()`.
 
 A core dump of an aborted rank shows exactly that chain, from the gloo thread (`ProcessGroupGloo::runLoop`) through `~AsyncAllgatherWork` and `take_gil` to `pthread_exit` and `std::terminate`, while the main thread is in `Py_FinalizeEx`; `docs/crash_at_exit.md` has the stacks. The race itself cannot be shown on demand (it needs a thread to lose the CPU at the wrong millisecond), but its first ingredient can. Below, rank 0 imports `torch.distributed.nn` before `init_process_group` and rank 1 lets DDP import it afterwards; both then tear down in the right order, and a weak reference (one that does not keep its object alive) tells whether the group was really freed:
@@ -797,66 +809,60 @@ print(f"[rank{rank}]: torch.distributed.nn imported {when} init_process_group ->
 port = free_port()
 probe = run_script([["python", "_runs/exit_probe.py", str(rank), str(port)] for rank in (0, 1)], timeout=60)
 assert "freed the group: True" in probe.output(0) and "freed the group: False" in probe.output(1)
+import inspect
+
+import torch.distributed.nn.functional as dist_nn_functional
+
+defaults = inspect.getsource(dist_nn_functional).count("group=group.WORLD")
+print(f"torch.distributed.nn.functional: {defaults} functions take group=group.WORLD as a default argument")
+assert defaults == 10
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-The fix, in the training script of section 1 and in `course_lib.launch.run_ranks`'s workers, is two habits:
+Two things fix it, in the training script of section 1 and in `course_lib.launch.run_ranks`'s workers. The first is the general rule, for any backend and any PyTorch:
 
-- **`import torch.distributed.nn` before `init_process_group`**, so its defaults capture no group;
-- **tear down in order**: let `train()` return, so the DDP model, its reducer, the optimizer and the last collectives' tensors die with its frame (keep none in a global); then `dist.barrier()`; then `dist.destroy_process_group()`, which now drops the last reference and joins gloo's threads while Python is fully alive. The script then checks with a weak reference that the group is gone and warns on stderr if something still holds it.
+- **tear down in order**: let `train()` return, so the DDP model, its reducer, the optimizer and the last collectives' tensors die with its frame (keep none in a global); then `dist.barrier()`, so every rank is done communicating; then `dist.destroy_process_group()`, which drops the last reference to the group and joins its threads while Python is fully alive. The script then checks with a weak reference that the group is gone, and warns on stderr if something still holds it.
 
-With both, a rank ends its script with one thread instead of four (the main thread, two gloo workers and gloo's network loop), so nothing is left to race with shutdown. `benchmarks/launch_stress.py` launches the script 102 times under `torchrun`, the legacy launcher and `run_ranks`: with the old teardown 3 of 102 launches crashed this way, with the fixed one none (`RESULT launches=102 crashes=0`). Hiding the crash with `os._exit(0)` after the work (what `course_lib.launch` did before) also works, but skips every `atexit` handler and buffer flush; the import order is the fix.
+> **Workaround for torch 2.13, not a DDP habit: `import torch.distributed.nn` before `init_process_group`.**
+> The order is right, but the group is still held by `torch.distributed.nn.functional`'s 10 default arguments (`group=group.WORLD`), captured when DDP imports the module after `init_process_group` (the cell above). Importing it first leaves nothing for them to capture. It is a defect of PyTorch, not something DDP asks of you: drop the line when a PyTorch release no longer has it (the probe above then prints `True` for both ranks).
+> **Upstream:** we found no PyTorch issue that reports this cause. The nearest are [pytorch/pytorch#107298](https://github.com/pytorch/pytorch/issues/107298) (open: threads survive `destroy_process_group`), [pytorch/pytorch#190489](https://github.com/pytorch/pytorch/issues/190489) (open: the same "terminate called without an active exception" on gloo when `destroy_process_group` is never called), and the closed, unmerged [pytorch/pytorch#179291](https://github.com/pytorch/pytorch/pull/179291), which describes the same abort (a gloo thread freeing a tensor during interpreter shutdown). The issue to file: *"`torch.distributed.nn.functional` evaluates `group=group.WORLD` at import: when it is imported after `init_process_group` (DDP does, through `torch._dynamo`), ten functions keep the default group alive, `destroy_process_group()` cannot free it, and its gloo threads can abort the process at exit. Resolve the group at call time (`group=None`)."*
+
+With both, a rank ends its script with one thread instead of four (the main thread, two gloo workers and gloo's network loop), so nothing is left to race with shutdown. `benchmarks/launch_stress.py` launches the script 102 times under `torchrun`, the legacy launcher and `run_ranks`: with the old teardown 3 of 102 launches crashed this way, with the fixed one none (`RESULT launches=102 crashes=0`, recorded in `docs/crash_at_exit.md`). Hiding the crash with `os._exit(0)` after the work (what `course_lib.launch` did before) also works, but skips every `atexit` handler and buffer flush.
 """
 
 # %% [markdown] slideshow={"slide_type": "slide"}
 """
-## 11. DataParallel versus DistributedDataParallel
+## 11. DataParallel versus DDP, and the source posts checked
 
-`nn.DataParallel` is one process with one thread per GPU: each step it scatters the batch, **replicates the model** from GPU 0 to the others, runs the replicas in threads, gathers the outputs on GPU 0 and reduces the gradients there. Without GPUs it does nothing at all: it calls the wrapped module (notebook 09 §1 shows both).
-"""
+Notebook 09 §1 took `nn.DataParallel` apart; this notebook ran DDP. Side by side (the table is generated from `course_lib.facts`, the one place these facts are written):
 
-# %% slideshow={"slide_type": "-"}
-if requires_gpu("DataParallel over 2 GPUs", count=2):
-    dp_gpu = nn.DataParallel(make_model().cuda(), device_ids=[0, 1])
-    print("output gathered on", dp_gpu(x_all[:8].cuda()).device)
-
-# %% [markdown] slideshow={"slide_type": "subslide"}
-"""
 <!-- BEGIN generated: facts-dp-vs-ddp -->
 | | `nn.DataParallel` | `DistributedDataParallel` |
 |---|---|---|
-| processes | 1, a thread per GPU (GIL-bound, notebook 09) | 1 per device (GPU or CPU worker) |
+| processes | 1, a thread per GPU (GIL-bound, notebook 09 §1) | 1 per device (GPU or CPU worker) |
 | machines | one | one or many (`torchrun --nnodes`) |
-| per step | scatter the input, replicate the model, gather the outputs | rank 0's buffers broadcast at each forward (`forward_sync_buffers`, notebook 11); parameters stay in sync |
-| gradient sync | reduced onto GPU 0 (its memory and link are the bottleneck), after backward | the backend's `all_reduce` (ring or tree: the backend chooses, notebook 09), in buckets, overlapped with backward |
+| per step | scatter the input, replicate the model, gather the outputs | rank 0's buffers broadcast before every forward that follows a grad-enabled one (`forward_sync_buffers`, notebook 11 §1); parameters stay in sync |
+| gradient sync | summed onto GPU 0 after backward, with no overlap; GPU 0 also holds the optimizer state and the outputs, so it fills first | the backend's `all_reduce` (ring or tree: the backend chooses, notebook 09 §2), in buckets, overlapped with backward (written by hand in notebook 09 §6) |
 | optimizer | runs once, on GPU 0 | runs on every rank, on identical gradients |
 | data | one DataLoader; the batch is split in `forward` | a `DistributedSampler` shard per rank |
-| BatchNorm | batch statistics per GPU; running statistics kept from GPU 0's replica only (the others are discarded after each forward: `DataParallel` documentation) | batch statistics per rank; running statistics rank 0's, broadcast at each forward (notebook 11); or `SyncBatchNorm` (GPU) for global batch statistics |
-| mixed precision | `torch.autocast` around the call works: `parallel_apply` carries it into each thread (notebook 09) | `torch.autocast` and `torch.amp.GradScaler`, as in one process (Apex `amp` of the single-machine post is retired) |
+| BatchNorm | batch statistics per GPU; running statistics kept from GPU 0's replica only (the others are discarded after each forward: `DataParallel` documentation) | batch statistics per rank; running statistics rank 0's, broadcast before forwards (notebook 11 §1); or `SyncBatchNorm` (GPU) for global batch statistics |
+| mixed precision | `torch.autocast` around the call reaches the replicas' threads only as an on/off flag: each thread uses its device's default dtype, so bf16 autocast runs the replicas in fp16 on CUDA; enter `torch.autocast(..., dtype=...)` inside `forward` (notebook 09 §1) | `torch.autocast` and `torch.amp.GradScaler`, as in one process (Apex `amp` of the single-machine post is retired) |
 | launch | `python train.py` | `torchrun` / `mp.spawn` |
 | status | not recommended in the PyTorch docs | the recommended way |
 <!-- END generated -->
-"""
 
-# %% [markdown] slideshow={"slide_type": "slide"}
-"""
-## 12. What the source posts got wrong, checked above
+What the source posts say about launching and writing a DDP script, against PyTorch 2.13:
 
 | the source posts say | PyTorch 2.13 does | shown in |
 |---|---|---|
-| `python -m torch.distributed.launch` with `--local_rank` in argparse | deprecated launcher passes `--local-rank`: argparse fails; read `LOCAL_RANK` | §4 |
-| world size = `torch.cuda.device_count()` | 0 on a CPU machine: `mp.spawn(nprocs=0)` trains nothing | §3 |
-| `MASTER_PORT = '29500'`, `tcp://127.0.0.1:23456` | a busy port fails; pick a free one | §6 |
-| "when `init_process_group` completes the process is destroyed" | it returns; the group lives until `destroy_process_group()` | §6 |
-| a notebook-style `mp.spawn(main_worker)` with `main_worker` defined in the notebook | the child fails: `AttributeError: Can't get attribute 'worker' on <module '__main__'>`; the entry point needs a file and a `__main__` guard | §3 |
-| `mp.set_start_method('spawn')` before `mp.spawn` | redundant: `mp.spawn` always spawns (and warns if asked to fork) | §3 |
-| `rank = gpu` with `world_size = num_gpus * nodes` | wrong on node 1: rank = node_rank × nproc_per_node + local_rank | exercise 1 |
-| same seed everywhere "or the gradients are wrong" | DDP broadcasts rank 0's weights; call `set_epoch` for a new order each epoch | §7, §9 |
-| a DDP `DataLoader` without a `DistributedSampler` (the multi-GPU post) | every rank trains on the whole dataset | §2 |
+| `python -m torch.distributed.launch`, `--local_rank` in argparse | the deprecated launcher passes `--local-rank`, and argparse fails; read `LOCAL_RANK` | §4 |
+| `nprocs=torch.cuda.device_count()`; `mp.set_start_method('spawn')`; a worker defined in the notebook | 0 processes on a CPU machine, and no error; `mp.spawn` always spawns; the worker must live in a file, behind a `__main__` guard | §3 |
+| `MASTER_PORT = '29500'`; "when `init_process_group` completes the process is destroyed" | a busy port fails, pick a free one; it returns, and the group lives until `destroy_process_group()` | §6 |
+| `rank = gpu` with `world_size = num_gpus * nodes` | rank = node_rank × nproc_per_node + local_rank | exercise 1 |
+| the same seed everywhere "or the gradients are wrong"; a DDP `DataLoader` without a `DistributedSampler` | DDP broadcasts rank 0's weights; without the sampler every rank trains on the whole dataset, and `set_epoch` reshuffles | §2, §7, §9 |
 | `--nnodes=1` on both nodes, `--node_rank=0--master_port=1234` | `--nnodes=2`, with a space | §5 |
 | reduce the loss only `if local_rank == 0` | a hang: every rank calls every collective | §10.1 |
-| checkpoint saved only `if not os.path.exists(dir)` (indentation) | saves once, never again: `os.makedirs(exist_ok=True)` then save | §1 (the fix; the Tensor post's version is not run) |
-| Apex `amp.initialize` | Apex is not needed: `torch.autocast` + `torch.amp.GradScaler` | notebook 07 (asserted here) |
+| the checkpoint saved only `if not os.path.exists(dir)`; Apex `amp.initialize` | `os.makedirs(exist_ok=True)`, then save every time; `torch.autocast` and `torch.amp.GradScaler` (notebook 07) | §1 |
 """
 
 # %% [markdown] slideshow={"slide_type": "slide"}
@@ -866,8 +872,8 @@ if requires_gpu("DataParallel over 2 GPUs", count=2):
 - Launch with `torchrun` (one command per node, `--nnodes`, `--node_rank`, a master address and port); `mp.spawn` needs an importable worker in a file with a `__main__` guard; `python -m torch.distributed.launch` still exists in 2.13 but is deprecated and passes `--local-rank` (use `LOCAL_RANK`).
 - In the script: backend by device, `init_process_group()` (env:// from the launcher, or tcp://), `DistributedSampler` + `set_epoch`, rank-0 I/O behind a barrier, rank-0 checkpoint loaded everywhere with `weights_only=True`, collectives called by every rank.
 - DDP is exact: 2 processes on half-batches end allclose to one process on the full batch, and bit-identical across ranks and across launchers.
-- Inside: broadcast at construction, rank 0's buffers broadcast at every forward, bucketed all-reduce overlapped with backward, `no_sync()` to skip all-reduces during accumulation. Notebook 11 opens DDP's other settings, its failures, and restarts.
-- A clean exit: import `torch.distributed.nn` before `init_process_group`, let the DDP model die with `train()`, then `barrier()` and `destroy_process_group()`; otherwise gloo's threads can outlive the script and abort it with `terminate called without an active exception`.
+- Inside: parameters and buffers broadcast at construction, rank 0's buffers again before any forward that follows a grad-enabled one (training or eval mode), bucketed all-reduce overlapped with backward (buckets in MiB, the first one 1 MiB only with the default cap, rebuilt after step 1), `no_sync()` to skip all-reduces during accumulation. Notebook 11 opens DDP's other settings, its failures, and restarts.
+- A clean exit: tear down in order (let the DDP model die with `train()`, then `barrier()`, then `destroy_process_group()`); on torch 2.13 also import `torch.distributed.nn` before `init_process_group`, a workaround for a PyTorch defect. Otherwise gloo's threads can outlive the script and abort it with `terminate called without an active exception`.
 """
 
 # %% [markdown] slideshow={"slide_type": "slide"}
