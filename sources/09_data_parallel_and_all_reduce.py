@@ -143,7 +143,7 @@ loss_fn = nn.CrossEntropyLoss()
 - **No overlap of the gradient reduction with backward.** The gradients are summed when autograd reaches `Broadcast`'s backward, after the replicas' backward has finished (DDP starts each bucket's all-reduce during backward, section 6).
 - **GPU 0 does more.** It holds the optimizer state, the gathered outputs and the loss, and receives every gradient: it runs out of memory first, and the other GPUs wait for it.
 
-The cell shows the first point on the CPU with two stand-ins for a replica's forward: pure Python work (a loop of float arithmetic, like the Python lines of a forward, which hold the GIL), and waiting with the GIL released (`time.sleep`, like a thread waiting for its GPU). Two jobs of each kind run one after the other, then in two threads, and the cell also counts how many cores the two threads kept busy (the process's CPU seconds per wall-clock second). The waits overlap. The Python threads never keep more than one core busy, so their wall-clock speed-up stays near 1 at best; it is often below 1, because the threads also pay for handing the GIL back and forth. (PyTorch's own operators release the GIL while they run, and so do large matrix products on a CPU; but then two threads also need two free cores, which a shared machine may not give them, so the cell does not time them.) The times after `~` are this machine's; the asserts hold with wide margins on any machine, busy or idle.
+The cell shows the first point on the CPU with two stand-ins for a replica's forward: pure Python work (a loop of float arithmetic, like the Python lines of a forward, which hold the GIL), and waiting with the GIL released (`time.sleep`, like a thread waiting for its GPU). Two jobs of each kind run one after the other, then in two threads. For the waits, the cell compares the wall-clock times: they overlap. For the Python work it counts how many cores the two threads kept busy (the process's CPU seconds per wall-clock second), a measure that other work on the machine can lower but never raise: the two threads never keep more than one core busy, so they never compute in parallel. (Their wall-clock times are not shown: on a shared machine they say more about the other jobs than about the GIL.) (PyTorch's own operators release the GIL while they run, and so do large matrix products on a CPU; but then two threads also need two free cores, which a shared machine may not give them, so the cell does not time them.) The times after `~` are this machine's; the asserts hold with wide margins on any machine, busy or idle.
 """
 
 
@@ -177,20 +177,22 @@ def waits_for_device() -> None:  # a thread waiting for its GPU: the GIL is rele
         time.sleep(0.01)
 
 
-speedup, cores = {}, {}
+speedup, cores, times = {}, {}, {}
 for name, work in [("Python-bound work", python_bound), ("waiting, GIL released", waits_for_device)]:
     seq, par = [], []
     for _ in range(5):   # alternate the two, best of 5 each: a burst of other work spoils one round, not one side
         seq.append(run_sequential(work, 2))
         par.append(run_in_threads(work, 2))
-    speedup[name] = min(seq) / min(wall for wall, _ in par)
+    times[name] = (min(seq), min(wall for wall, _ in par))
+    speedup[name] = times[name][0] / times[name][1]
     cores[name] = max(cpu / wall for wall, cpu in par)   # CPU seconds per wall second: cores in use at once
-    print(f"{name:<22} 2 jobs one after the other ~{min(seq) * 1e3:.0f} ms, in 2 threads "
-          f"~{min(wall for wall, _ in par) * 1e3:.0f} ms: speed-up ~{speedup[name]:.2f}x, cores busy ~{cores[name]:.2f}")
-assert cores["Python-bound work"] < 1.2        # the GIL: Python threads never run on two cores at once
+assert cores["Python-bound work"] < 1.2        # the GIL: Python threads never compute on two cores at once
 assert speedup["waiting, GIL released"] > 1.5  # the waits overlap
-print("2 threads of Python use at most 1 core at a time (below 1.2 here; a pair running truly in parallel would "
-      "reach 2); 2 threads that wait overlap their waits (speed-up above 1.5x)")
+print(f"Python-bound work in 2 threads: ~{cores['Python-bound work']:.2f} cores busy at most (asserted below 1.2; "
+      "two threads computing in parallel would keep 2 busy)")
+one_after_the_other, in_threads = times["waiting, GIL released"]
+print(f"waiting in 2 threads: 2 jobs one after the other ~{one_after_the_other * 1e3:.0f} ms, in 2 threads "
+      f"~{in_threads * 1e3:.0f} ms, speed-up ~{speedup['waiting, GIL released']:.2f}x (asserted above 1.5x)")
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
@@ -716,7 +718,7 @@ for n in (2, 3, 4, 8, 16):
 
 The worker below times, for message sizes from 4 bytes to 4 MiB: one message (half of a ping-pong between ranks 0 and 1), one exchange, `dist.all_reduce`, course_lib's copy of section 4's ring, and a parameter server (`course_lib.collectives` has it, written with `send`/`recv`). It also all-reduces, one after the other, the buckets DDP would make for a 2.1 M-parameter MLP. DDP's rule, which section 6 builds by hand: the gradients in reverse order of the parameters, whole tensors, a bucket closed as soon as it holds at least its cap; with the default `bucket_cap_mb=25` (MiB) the cap is 1 MiB for the first bucket and 25 MiB for the others, while a `bucket_cap_mb` you pass caps every bucket. (That is DDP's steady state: its very first step puts every gradient in one bucket and then rebuilds the buckets in the order the gradients arrived, notebook 11 §3.2.)
 
-Each time is the best of 5 rounds over all sizes (one warm-up round first), so a burst of other work on the machine spoils one round, not one size. We use 2 ranks: this machine has 2 cores, and with more processes than cores a message also waits for its receiver to be scheduled, so `α` would measure the operating system's scheduler. With 2 ranks the tree and the parameter server are the same algorithm (one message to rank 0, one back), so only the second is measured.
+Each time is the fastest single call over 5 rounds of all sizes (after a warm-up round), with up to 20 calls per size and round: a call that had to wait for a core, because other work holds the machine, is slower, never faster, so the fastest call is what the link and the software cost. We use 2 ranks: this machine has 2 cores, and with more processes than cores a message also waits for its receiver to be scheduled, so `α` would measure the operating system's scheduler. With 2 ranks the tree and the parameter server are the same algorithm (one message to rank 0, one back), so only the second is measured.
 """
 
 # %% slideshow={"slide_type": "-"}
@@ -752,11 +754,14 @@ OPS = {"message": message, "exchange": exchange, "gloo all_reduce": dist.all_red
 
 
 def seconds_per_call(fn, reps: int) -> float:
+    """The fastest of `reps` calls: a call that had to wait for a core is slower, never faster."""
     dist.barrier()                            # start together
-    t0 = time.perf_counter()
+    best = float("inf")
     for _ in range(reps):
+        t0 = time.perf_counter()
         fn()
-    return (time.perf_counter() - t0) / reps
+        best = min(best, time.perf_counter() - t0)
+    return best
 
 
 def measure(rank: int, world_size: int, sizes: list, buckets: list, rounds: int) -> dict:
@@ -858,7 +863,7 @@ Small messages cost about `α` whatever their size; above `α·β` bytes (the do
 
 ### Predicted against measured
 
-The predictions use only the two fitted lines and the table of steps. Your measured times (after `~`) depend on the machine and on what else it runs; the cell asserts a generous relation: for each algorithm, the measured time is within a factor of 4 of the prediction on average over the sizes (geometric mean), and likewise for DDP's buckets. (The margin is for busy machines, where a process also waits for a core to be free; the factors of the machine that recorded these outputs, a 2-core machine shared with other work, are printed after `~`.)
+The predictions use only the two fitted lines and the table of steps. Your measured times (after `~`) depend on the machine and on what else it runs; the cell asserts a generous relation: for each algorithm, the measured time is within a factor of 8 of the prediction on average over the sizes (geometric mean), and likewise for DDP's buckets. The margin is for busy machines: there a process also waits for a core to be free, at every message, and gloo's own `all_reduce`, which hands each call to a worker thread, suffers most. The factors of the machine that recorded these outputs, a 2-core machine shared with many other jobs, are printed after `~`; on an idle machine expect them closer to 1.
 """
 
 # %% slideshow={"slide_type": "fragment"}
@@ -872,16 +877,17 @@ print(f"{'':>8} | " + " | ".join(f"{'predicted  measured':>25}" for _ in predict
 for i, m in enumerate(sizes):   # both machine-dependent: the prediction comes from this machine's fit
     cells = [f"~{predicted[k][i] * 1e6:.0f} us ~{comm[k][i] * 1e6:.0f} us" for k in predicted]
     print(f"{m:>8} | " + " | ".join(f"{c:>25}" for c in cells))
+margin = 8   # generous: on a busy machine a process also waits for a core, and every measured time grows
 for name in predicted:
     ratios = [c / p for c, p in zip(comm[name], predicted[name])]
     geo = math.exp(sum(math.log(r) for r in ratios) / len(ratios))
-    print(f"{name:<17} measured / predicted: within 4x on average (~{geo:.2f}x)")
-    assert 1 / 4 < geo < 4, (name, geo)
+    print(f"{name:<17} measured / predicted: within {margin}x on average (~{geo:.2f}x)")
+    assert 1 / margin < geo < margin, (name, geo)
 ddp_pred = sum(min(predict_all_reduce(message, b, 2, "ring", exchange=exchange),   # gloo's choice: the
                    predict_all_reduce(message, b, 2, "parameter_server")) for b in buckets)   # quicker one
 print(f"DDP's {len(buckets)} buckets ({sum(buckets) / 2**20:.1f} MiB): predicted ~{ddp_pred * 1e3:.2f} ms, "
-      f"measured ~{comm['buckets'][0] * 1e3:.2f} ms (within 4x)")
-assert 1 / 4 < comm["buckets"][0] / ddp_pred < 4
+      f"measured ~{comm['buckets'][0] * 1e3:.2f} ms (within {margin}x)")
+assert 1 / margin < comm["buckets"][0] / ddp_pred < margin
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
@@ -1222,7 +1228,7 @@ plt.show()
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-Read the chart from left to right: the blue forward, then the orange backward, last layer first. With overlap, each green all-reduce starts as soon as its layer's backward is done and runs under the next layer's backward; only the last bucket's (the first layer's) is left when backward ends. Without overlap, all four wait for the end of backward and run one after the other.
+Read the chart from left to right: the blue forward, then the orange backward, last layer first. A step takes longer than its simulated compute: add the wait after backward, the layers' real math and the hooks' copies, and on a busy machine the time the processes wait for a core (the gaps between the bars). With overlap, each green all-reduce starts as soon as its layer's backward is done and runs under the next layer's backward; only the last bucket's (the first layer's) is left when backward ends. Without overlap, all four wait for the end of backward and run one after the other.
 
 The whole step's saving, printed last, is another matter on a machine as busy as the one that recorded these outputs: smaller than the wait's, and not reliably there. The two processes share two cores with other work, so a step's time moves by tens of milliseconds from one step to the next; and the copies into the buckets (`torch.cat`) and gloo's own copying need those cores too, so with overlap the gaps between the backward layers grow (compare the two charts). On a GPU the copies are kernels, NCCL moves the bytes over its own links, and overlap pays in full. `benchmarks/ddp_overlap.py` measures the spread of both savings over many runs.
 """
@@ -1236,7 +1242,7 @@ The whole step's saving, printed last, is another matter on a machine as busy as
 - A parameter server's link carries `N·S` per step; a ring all-reduce sends `2(N-1)/N·S` per worker, in `2(N-1)` steps (scatter-reduce then all-gather). Both compute the same average; the "effective batch" depends on how the data is split, not on the algorithm.
 - The collectives (`broadcast`, `reduce`, `all_reduce`, `gather`, `all_gather`, `reduce_scatter`, `all_to_all`, `barrier`) run on gloo on CPU; `reduce_scatter` + `all_gather` = `all_reduce`; `all_to_all` sends a different piece to each rank, the exchange expert parallelism is built on.
 - A ring all-reduce from `isend`/`recv` matches `dist.all_reduce`, byte for byte as predicted. Blocking `send`s in a cycle deadlock; `course_lib.launch.run_ranks`'s timeout turns the hang into an error that shows where each rank stopped.
-- Time is `α + m/β` per message, summed over a collective's steps: ring `2(N-1)` steps of `S/N`, an unpipelined binomial tree `2⌈log2 N⌉` of `S`, parameter server `2(N-1)` of `S` on one link. Fitted to gloo here, the model predicts the measured all-reduces and DDP's bucketed communication within a small factor; the same formulas with NVLink's or InfiniBand's figures say that large gradients favour the ring and many ranks with small tensors favour the tree (NCCL's pipelined double binary tree narrows the gap for large tensors).
+- Time is `α + m/β` per message, summed over a collective's steps: ring `2(N-1)` steps of `S/N`, an unpipelined binomial tree `2⌈log2 N⌉` of `S`, parameter server `2(N-1)` of `S` on one link. Fitted to gloo here, the model predicts the measured all-reduces and DDP's bucketed communication within a few times, busy machine included; the same formulas with NVLink's or InfiniBand's figures say that large gradients favour the ring and many ranks with small tensors favour the tree (NCCL's pipelined double binary tree narrows the gap for large tensors).
 - DDP by hand: broadcast rank 0's parameters at construction; a `register_post_accumulate_grad_hook` per trainable parameter (none for a frozen one, one for a tied one) starts an asynchronous all-reduce of the averaged gradient during backward; buckets, filled in reverse registration order and launched in order, cut the number of messages; the step waits for the handles before `optimizer.step()`. All three stages equal `DistributedDataParallel` bit for bit and send its messages (from its second step on). On a simulated device the all-reduces started during backward hide part of their time behind compute, and the step waits less after backward.
 """
 
