@@ -32,9 +32,9 @@ FACTS: dict[str, dict[str, str]] = {
         "data": "one DataLoader; the batch is split in `forward`",
         "batchnorm": "batch statistics per GPU; running statistics kept from GPU 0's replica only (the others are "
         "discarded after each forward: `DataParallel` documentation)",
-        "mixed precision": "`torch.autocast` around the call reaches the replicas' threads only as an on/off flag: each "
-        "thread uses its device's default dtype, so bf16 autocast runs the replicas in fp16 on CUDA; enter "
-        "`torch.autocast(..., dtype=...)` inside `forward` (notebook 09 §1)",
+        "mixed precision": "`torch.autocast` around the call: `parallel_apply` carries only its on/off flag into the "
+        "replicas' threads, each of which uses its device's default dtype, so bf16 autocast runs the replicas in fp16 on "
+        "CUDA; enter `torch.autocast(..., dtype=...)` inside `forward` (notebook 09 §1)",
         "launch": "`python train.py`",
         "status": "not recommended in the PyTorch docs",
     },

@@ -718,7 +718,7 @@ for n in (2, 3, 4, 8, 16):
 
 The worker below times, for message sizes from 4 bytes to 4 MiB: one message (half of a ping-pong between ranks 0 and 1), one exchange, `dist.all_reduce`, course_lib's copy of section 4's ring, and a parameter server (`course_lib.collectives` has it, written with `send`/`recv`). It also all-reduces, one after the other, the buckets DDP would make for a 2.1 M-parameter MLP. DDP's rule, which section 6 builds by hand: the gradients in reverse order of the parameters, whole tensors, a bucket closed as soon as it holds at least its cap; with the default `bucket_cap_mb=25` (MiB) the cap is 1 MiB for the first bucket and 25 MiB for the others, while a `bucket_cap_mb` you pass caps every bucket. (That is DDP's steady state: its very first step puts every gradient in one bucket and then rebuilds the buckets in the order the gradients arrived, notebook 11 §3.2.)
 
-Each time is the fastest single call over 5 rounds of all sizes (after a warm-up round), with up to 20 calls per size and round: a call that had to wait for a core, because other work holds the machine, is slower, never faster, so the fastest call is what the link and the software cost. We use 2 ranks: this machine has 2 cores, and with more processes than cores a message also waits for its receiver to be scheduled, so `α` would measure the operating system's scheduler. With 2 ranks the tree and the parameter server are the same algorithm (one message to rank 0, one back), so only the second is measured.
+Each time is the fastest single call over 5 rounds of all sizes (after a warm-up round), with up to 20 calls per size and round: a call that had to wait for a core, because other work holds the machine, only takes longer, so the quickest call is what the link and the software cost. We use 2 ranks: this machine has 2 cores, and with more processes than cores a message also waits for its receiver to be scheduled, so `α` would measure the operating system's scheduler. With 2 ranks the tree and the parameter server are the same algorithm (one message to rank 0, one back), so only the second is measured.
 """
 
 # %% slideshow={"slide_type": "-"}
@@ -754,7 +754,7 @@ OPS = {"message": message, "exchange": exchange, "gloo all_reduce": dist.all_red
 
 
 def seconds_per_call(fn, reps: int) -> float:
-    """The fastest of `reps` calls: a call that had to wait for a core is slower, never faster."""
+    """The quickest of `reps` calls: waiting for a core can only make a call take longer."""
     dist.barrier()                            # start together
     best = float("inf")
     for _ in range(reps):
@@ -839,15 +839,15 @@ print(f"an exchange of {sizes[-1] // 2**20} MiB costs ~{ratio:.1f}x one message 
 alpha_us, beta_gbs = round(message.alpha * 1e6), round(message.beta / 1e9, 2)   # as printed above
 crossover_kib = alpha_us * 1e-6 * beta_gbs * 1e9 / 1024
 print(f"message: the two regimes meet where m = alpha * beta ~{crossover_kib:.0f} KiB (the rounded values above, "
-      "multiplied; the dotted line): below it a message costs its latency, above it its bytes")
+      "multiplied): below it a message costs its latency, above it its bytes")
 
-fig, ax = plt.subplots(figsize=(6.5, 3.8))
+# %% slideshow={"slide_type": "fragment"}
+fig, ax = plt.subplots(figsize=(6.5, 3.8))   # the numbers are printed above; the plot adds no new ones
 grid = [4 * 2**i for i in range(21)]
 for kind, marker, color in [("message", "o", "tab:blue"), ("exchange", "s", "tab:orange")]:
     ax.plot(sizes, [t * 1e6 for t in comm[kind]], marker, color=color, label=f"{kind}, measured")
     ax.plot(grid, [links[kind].time(m) * 1e6 for m in grid], "-", color=color, alpha=0.6,
             label=f"{kind}: α + m/β fitted")
-ax.axvline(crossover_kib * 1024, color="grey", linestyle=":", label="m = α·β (message)")
 ax.set_xscale("log", base=2)
 ax.set_yscale("log")
 ax.set_xlabel("message size m (bytes)")
@@ -859,7 +859,7 @@ plt.show()
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-Small messages cost about `α` whatever their size; above `α·β` bytes (the dotted line, printed above the plot) the bytes dominate. An exchange (both directions at once) costs the printed ratio times one message: the bytes of both directions go through the same CPU cores, and a machine with more cores can move them in parallel, so your ratio may be lower (the cell asserts only that it is not far below 1). On a full-duplex network it would cost the same as one message. So the ring's steps are predicted with the exchange fit, the parameter server's with the message fit.
+Small messages cost about `α` whatever their size; above `α·β` bytes (printed above the plot: where the blue line bends) the bytes dominate. An exchange (both directions at once) costs the printed ratio times one message: the bytes of both directions go through the same CPU cores, and a machine with more cores can move them in parallel, so your ratio may be lower (the cell asserts only that it is not far below 1). On a full-duplex network it would cost the same as one message. So the ring's steps are predicted with the exchange fit, the parameter server's with the message fit.
 
 ### Predicted against measured
 
@@ -1099,6 +1099,7 @@ def compare(rank: int, world_size: int, cap: float) -> dict:
     runs["count"] = (len(slots), len(trainable(model)))   # weight and bias slots with a gradient; distinct tensors
     return runs
 
+
 # %% slideshow={"slide_type": "fragment"}
 cap = 0.002   # MiB: 2,097 bytes, so that this small model (23,848 bytes of trainable gradients) gets 3 buckets
 runs = run_ranks("_runs/hand_ddp.py:compare", nprocs=2, args=(cap,), timeout=180, echo="none")
@@ -1186,6 +1187,7 @@ def measure(rank: int, world_size: int, pairs: int, width: int, depth: int, forw
             last[hand.overlap] = spans
     return {"rows": rows, "spans": last, "buckets": hand.bucket_sizes}
 
+
 # %% slideshow={"slide_type": "fragment"}
 import statistics
 
@@ -1252,7 +1254,6 @@ The whole step's saving, printed last, is another matter on a machine as busy as
 
 **1.** Write `send_chunk(worker, step, n)`: in scatter-reduce step `step` (0 to `n-2`), which chunk does `worker` send to worker `(worker + 1) % n`? The check runs a ring with your schedule and tests that every chunk ends up summed over all workers.
 """
-
 
 # %% slideshow={"slide_type": "-"}
 from course_lib.exercises.all_reduce import check_bucket_boundaries, check_overlap_hook, check_ring_schedule, check_ring_time

@@ -846,7 +846,7 @@ Notebook 09 §1 took `nn.DataParallel` apart; this notebook ran DDP. Side by sid
 | optimizer | runs once, on GPU 0 | runs on every rank, on identical gradients |
 | data | one DataLoader; the batch is split in `forward` | a `DistributedSampler` shard per rank |
 | BatchNorm | batch statistics per GPU; running statistics kept from GPU 0's replica only (the others are discarded after each forward: `DataParallel` documentation) | batch statistics per rank; running statistics rank 0's, broadcast before forwards (notebook 11 §1); or `SyncBatchNorm` (GPU) for global batch statistics |
-| mixed precision | `torch.autocast` around the call reaches the replicas' threads only as an on/off flag: each thread uses its device's default dtype, so bf16 autocast runs the replicas in fp16 on CUDA; enter `torch.autocast(..., dtype=...)` inside `forward` (notebook 09 §1) | `torch.autocast` and `torch.amp.GradScaler`, as in one process (Apex `amp` of the single-machine post is retired) |
+| mixed precision | `torch.autocast` around the call: `parallel_apply` carries only its on/off flag into the replicas' threads, each of which uses its device's default dtype, so bf16 autocast runs the replicas in fp16 on CUDA; enter `torch.autocast(..., dtype=...)` inside `forward` (notebook 09 §1) | `torch.autocast` and `torch.amp.GradScaler`, as in one process (Apex `amp` of the single-machine post is retired) |
 | launch | `python train.py` | `torchrun` / `mp.spawn` |
 | status | not recommended in the PyTorch docs | the recommended way |
 <!-- END generated -->
