@@ -33,8 +33,8 @@ FACTS: dict[str, dict[str, str]] = {
         "batchnorm": "batch statistics per GPU; running statistics kept from GPU 0's replica only (the others are "
         "discarded after each forward: `DataParallel` documentation)",
         "mixed precision": "`torch.autocast` around the call: `parallel_apply` carries only its on/off flag into the "
-        "replicas' threads, each of which uses its device's default dtype, so bf16 autocast runs the replicas in fp16 on "
-        "CUDA; enter `torch.autocast(..., dtype=...)` inside `forward` (notebook 09 §1)",
+        "replicas' threads, each of which uses its device's default dtype, so bf16 autocast runs the replicas in "
+        "fp16 on CUDA; enter `torch.autocast(..., dtype=...)` inside `forward` (notebook 09 §1)",
         "launch": "`python train.py`",
         "status": "not recommended in the PyTorch docs",
     },
