@@ -12,7 +12,7 @@ PYTEST_NBVAL := --nbval --nbval-current-env --nbval-sanitize-with tests/sanitize
 CHROMIUM ?= /usr/bin/chromium
 NPM_STAMP := node_modules/.package-lock.json
 
-.PHONY: help venv lab test lint test-lib test-notebooks test-portable test-gpu-visible test-load test-browser execute sync slides html lock benchmarks clean
+.PHONY: help venv lab test lint test-lib test-notebooks test-portable test-gpu-visible test-load test-browser test-slurm execute sync slides html lock benchmarks clean
 
 help:
 	@echo "make lab        - create $(VENV), install the pinned environment, open JupyterLab in notebooks/"
@@ -26,6 +26,7 @@ help:
 	@echo "make test-gpu-visible - nbval over every notebook with a CPU-only torch made to report 2 CUDA GPUs"
 	@echo "make test-load  - nbval over every notebook while a CPU hog keeps every core busy"
 	@echo "make test-browser - the real-browser tests (JupyterLab, decks, site) with $(CHROMIUM)"
+	@echo "make test-slurm - the real-Slurm tests: a two-node cluster on this machine (needs slurm-wlm, munge)"
 	@echo "make benchmarks - run every script in benchmarks/ and print its RESULT line"
 	@echo "make lock       - regenerate requirements.lock from a fresh install of pyproject.toml"
 
@@ -107,6 +108,12 @@ test-load: $(STAMP)
 test-browser: $(STAMP)
 	@if command -v npm >/dev/null; then $(MAKE) --no-print-directory $(NPM_STAMP); fi
 	COURSE_BROWSER_TESTS=1 CHROMIUM=$(CHROMIUM) $(BIN)/python -m pytest -p no:cacheprovider --durations=5 tests/browser
+
+# The real-Slurm tests (tests/test_slurm.py): scripts/slurm_cluster.py starts a two-node cluster on this
+# machine (munged, slurmctld, two slurmd, no root), runs torchrun jobs, scancel and a node failure.
+# Without Slurm they skip and say how to install it; COURSE_REQUIRE_SLURM=1 (.ci/run) makes that a failure.
+test-slurm: $(STAMP)
+	COURSE_SLURM_TESTS=1 $(BIN)/python -m pytest -p no:cacheprovider --durations=5 tests/test_slurm.py
 
 # The decks' and site's browser libraries, at the versions package-lock.json pins.
 $(NPM_STAMP): package.json package-lock.json

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["FACTS", "TABLES", "TableSpec", "fact", "table"]
+__all__ = ["CORRECTIONS", "Correction", "FACTS", "TABLES", "TableSpec", "fact", "table"]
 
 # FACTS[technique][field]: one sentence each, in the words every table uses. "shown" is where the course shows it.
 FACTS: dict[str, dict[str, str]] = {
@@ -195,3 +195,58 @@ def table(name: str) -> str:
     lines = ["| " + " | ".join(rows[0]) + " |", "|" + "---|" * len(rows[0])]
     lines += ["| " + " | ".join(r) + " |" for r in rows[1:]]
     return "\n".join(lines).replace("|  |", "| |")
+
+
+@dataclass(frozen=True)
+class Correction:
+    """A statement the course once made (or its sources make) that is false for the PyTorch it runs.
+
+    ``wrong`` is a regular expression for the old wording; ``right`` says what is true; ``shown`` is where a
+    notebook shows it. ``tests/test_consistency.py`` fails when any text source says it again.
+    """
+
+    wrong: str
+    right: str
+    shown: str
+
+
+CORRECTIONS: tuple[Correction, ...] = (
+    Correction(
+        r"(broadcast|sync)\w*[^.]{0,60}buffers[^.]{0,60}(training forward|forward \(in training\)|in training mode)"
+        r"|training forwards?[^.]{0,40}broadcast|forward\**\s*\(in training\)[^.]{0,40}broadcasts?[^.]{0,30}buffers",
+        "DDP broadcasts rank 0's buffers at the start of every forward that follows a forward run with gradients "
+        "enabled, in training and in eval mode alike",
+        "notebook 11 §1",
+    ),
+    Correction(
+        r"divides? by the number of ranks still training",
+        "`join()` divides by the initial world size by default (`divide_by_initial_world_size=True`)",
+        "notebook 11 §4",
+    ),
+    Correction(
+        r"multiples? of 8[^.]{0,80}tensor cores|tensor cores[^.]{0,80}multiples? of 8",
+        "since cuBLAS 11 tensor cores are used whatever the dimensions; alignment and tile/wave quantization "
+        "decide their efficiency",
+        "notebook 07 §5",
+    ),
+    Correction(
+        r"the default `foreach` implementation of Adam",
+        "`foreach` is Adam's default on CUDA, XPU and MTIA; on the CPU the default is the per-tensor loop",
+        "notebook 04 §1",
+    ),
+    Correction(
+        r"copies can overlap with (GPU )?(work|compute)",
+        "`save_on_cpu` copies on the current stream: asynchronous for the host, not overlapped with GPU compute",
+        "notebook 05 §2.2",
+    ),
+    Correction(
+        r"every number is measured on your machine",
+        "every number in the text is printed by a cell you run, or names its source",
+        "notebook 00",
+    ),
+    Correction(
+        r"the same files serve both",
+        "CPU jobs stay on the CPU on a GPU machine; the GPU path is the explicit switch COURSE_DEVICE=cuda",
+        "notebook 00 §4",
+    ),
+)
