@@ -462,7 +462,7 @@ This is why memory-saving techniques look at the whole graph: gradient checkpoin
 """
 ## 7. Save or recompute? A first taste of checkpointing
 
-`Swish` and `SwishSaveSigmoid` compute the same gradient. One keeps 4 bytes per element and evaluates the sigmoid twice; the other keeps 8 bytes per element and evaluates it once. Which is faster? On a CPU each elementwise operation is one pass over all the numbers, so the first thing to count is how many operations each version runs, forward and backward together. `OpCounter` (from `course_lib.checkpointing`; notebook 05 §2.1 uses it again) counts every elementary PyTorch operation that really runs, exactly:
+`Swish` and `SwishSaveSigmoid` compute the same gradient. One keeps 4 bytes per element and evaluates the sigmoid twice; the other keeps 8 bytes per element and evaluates it once. Which one costs more time? On a CPU each elementwise operation is one pass over all the numbers, so the first thing to count is how many operations each version runs, forward and backward together. `OpCounter` (from `course_lib.checkpointing`; notebook 05 §2.1 uses it again) counts every elementary PyTorch operation that really runs, exactly:
 """
 
 
@@ -485,22 +485,22 @@ assert n_ops["plain x * torch.sigmoid(x)"] == 6 and n_ops["F.silu"] == 2
 """
 Our two Functions run 8 and 7 operations: two in forward, and a backward written as five separate PyTorch operations, plus the second sigmoid in the recompute variant. Plain autograd runs 6: two in forward; in backward, the product rule's two multiplications, PyTorch's own `sigmoid_backward`, and one addition that joins the two paths back to `x`. `F.silu` runs 2, one fused kernel each way, and yet it keeps only `x` (4 B/element, §5) and recomputes the sigmoid inside `silu_backward`: **`F.silu` is the recompute variant, fused.**
 
-Now the time of forward + backward. The four versions take turns, 30 rounds, and each keeps its fastest round, so a busy spell of the machine hits them all alike; one thread, for the same reason. The numbers after `~` depend on the machine and on what else it is doing; the relations printed after them are asserted:
+Now the time of forward + backward, with three precautions for a busy machine: one thread; the CPU time of that thread as the clock (`time.thread_time()`, which does not count the time the thread waits for a core while other programs run); and the four versions taking turns, 30 rounds, each keeping its fastest round, so that a busy spell hits them all alike. The numbers after `~` depend on the machine and on what else it is doing; the relations printed after them are asserted:
 """
 
 
 # %% slideshow={"slide_type": "fragment"}
 def fwd_bwd_ms(fns, x, rounds=30):
-    """The fastest forward + backward of each function, in ms; the functions take turns."""
+    """The least CPU time of one forward + backward of each function, in ms; the functions take turns."""
     g = torch.ones_like(x)
     for fn in fns.values():
         torch.autograd.grad(fn(x), x, g)            # warm-up
     best = dict.fromkeys(fns, float("inf"))
     for _ in range(rounds):
         for name, fn in fns.items():
-            start = time.perf_counter()
+            start = time.thread_time()               # CPU time of this thread: waiting for a core is not counted
             torch.autograd.grad(fn(x), x, g)
-            best[name] = min(best[name], time.perf_counter() - start)
+            best[name] = min(best[name], time.thread_time() - start)
     return {name: t * 1e3 for name, t in best.items()}
 
 
@@ -520,7 +520,7 @@ print(f"the two custom Functions, 8 against 7 operations: ~{recompute / ms['cust
 
 # %% [markdown] slideshow={"slide_type": "fragment"}
 """
-So the recompute variant is the slowest of the four here because it runs the most operations, not because recomputing is expensive in itself: `F.silu` recomputes the same sigmoid and beats it. (Memory-hungry plain autograd also beats it, with fewer, partly fused operations.) The one-operation gap between the two custom Functions is real work, but small enough that on a shared machine the timings may rank them either way, so the cell prints that ratio without asserting an order. Nor does the cell assert that `F.silu` is the fastest: under PyTorch's portable kernels (one of the CPUs `make test-portable` simulates), which evaluate each sigmoid without vector instructions, the time follows the number of sigmoids more than the number of operations, and plain autograd can beat `F.silu`, whose `silu` and `silu_backward` each evaluate one. The memory column never moves. Where activation memory limits the batch size (on a GPU, typically), paying one recomputed sigmoid to halve this layer's memory is usually the better deal, which is why `F.silu` works this way, fused into one kernel so that the recomputation costs little.
+So the recompute variant is slower than plain autograd and `F.silu` (both relations asserted) because it runs more operations, not because recomputing is expensive in itself: `F.silu` recomputes the same sigmoid and still beats it, and memory-hungry plain autograd beats it with fewer, partly fused operations. The one-operation gap between the two custom Functions is real work, but small enough that on a shared machine the timings may rank them either way, so the cell prints that ratio without asserting an order. Nor does the cell assert that `F.silu` is the fastest: under PyTorch's portable kernels (one of the CPUs `make test-portable` simulates), which evaluate each sigmoid without vector instructions, the time follows the number of sigmoids more than the number of operations, and plain autograd can beat `F.silu`, whose `silu` and `silu_backward` each evaluate one. The memory column never moves. Where activation memory limits the batch size (on a GPU, typically), paying one recomputed sigmoid to halve this layer's memory is usually the better deal, which is why `F.silu` works this way, fused into one kernel so that the recomputation costs little.
 
 Gradient checkpointing (`torch.utils.checkpoint`, notebook 04) applies the same idea to whole blocks of layers: keep only the block's input, and run its forward again during backward. It is built from the tools of this notebook. The Tensor post's `CheckpointFunction` (still in `torch.utils.checkpoint`, used when you pass `use_reentrant=True`) is an `autograd.Function` whose `forward` runs the block under `no_grad`, so nothing inside is saved, and whose `backward` re-runs it with grad enabled. The variant PyTorch now recommends, `use_reentrant=False`, is built on `saved_tensors_hooks` instead, the same hooks `SavedTensorMeter` listens to.
 """
