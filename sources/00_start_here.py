@@ -138,11 +138,16 @@ if requires_gpu("a matrix multiply on the GPU"):
 """
 ### On a machine with a GPU
 
-Everything else stays on the CPU there too, and prints what you read in the committed notebooks. That is a rule of the course, not luck:
+On a machine with a CUDA GPU, everything outside those guarded cells still runs on the CPU and prints what the committed notebooks show (the `~` numbers aside). That is a rule of the course, not luck:
 
 - **CPU jobs stay on the CPU.** The distributed notebooks start processes with `course_lib.launch`, which hides every GPU from them (`CUDA_VISIBLE_DEVICES=""`) unless a cell asks for one, and their scripts take the device as an argument (`--device cpu` by default) instead of choosing CUDA because one is visible. (CI checks this: it runs every notebook with a CPU-only PyTorch made to report two GPUs, and every cell outside the guarded ones must print exactly the same.)
-- **The GPU path is one switch.** Start JupyterLab with the environment variable `COURSE_DEVICE=cuda` (`COURSE_DEVICE=cuda make lab`) and the training scripts of notebooks 10, 11 and 13 and of the capstone run on your GPUs with NCCL instead: one process per GPU, each bound to its GPU by `LOCAL_RANK`. Their printed numbers then differ from the committed ones (other kernels, other timings); their checks still hold.
+- **The GPU path is one switch.** Start JupyterLab with the environment variable `COURSE_DEVICE=cuda` (`COURSE_DEVICE=cuda make lab`) and the training scripts of notebooks 10, 11 and 13 and of the capstone run on your GPUs with NCCL instead: one process per GPU (a single process on a 1-GPU machine), each bound to its GPU by `LOCAL_RANK`. Their printed numbers then differ from the committed ones (other kernels, other timings); their checks still hold.
 - **Determinism is an opt-in.** `seed_everything(0)` only seeds the random generators (Python's, NumPy's, PyTorch's on the CPU and every GPU): on the CPU that is all the course needs to print the same numbers twice. `seed_everything(0, deterministic=True)` also asks for deterministic kernels (`torch.use_deterministic_algorithms`, cuDNN without autotuning, `CUBLAS_WORKSPACE_CONFIG`): use it on a GPU when you need bit-equal reruns, and know that every timing after it measures the deterministic kernels, which PyTorch's [reproducibility notes](https://pytorch.org/docs/stable/notes/randomness.html) warn may be slower.
+"""
+
+# %% [markdown] slideshow={"slide_type": "fragment"}
+"""
+Where the training scripts run on this machine, as the switch says now:
 """
 
 # %% slideshow={"slide_type": "fragment"}
@@ -213,7 +218,7 @@ The course was built from four blog posts in Chinese, written for older versions
 | **the multi-GPU post** | 详解如何使用Pytorch进行多卡训练 | A detailed guide to multi-GPU training with PyTorch | a complete DDP example, and a "model parallel" example |
 | **the cluster post** | no title in the copy used; it opens: 如何使用PyTorch在GPU叢集上設定分散式神經網路訓練 | (untitled) how to set up distributed neural-network training on a GPU cluster with PyTorch | splitting a model across GPUs, gradient accumulation, DataParallel, DDP, multi-node launching, collectives for logging, `SyncBatchNorm` |
 
-They are referred to as "posts", never as "seeds": in this course a seed is what `seed_everything(0)` sets.
+A notebook that runs a post's code or checks one of its claims names the post this way (for example notebook 08 §3, "The cluster post's accumulation loop, run as written"). They are called "posts", never "seeds": in this course a seed is what `seed_everything(0)` sets.
 """
 
 # %% [markdown] slideshow={"slide_type": "slide"}
