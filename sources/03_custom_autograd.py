@@ -465,7 +465,6 @@ This is why memory-saving techniques look at the whole graph: gradient checkpoin
 `Swish` and `SwishSaveSigmoid` compute the same gradient. One keeps 4 bytes per element and evaluates the sigmoid twice; the other keeps 8 bytes per element and evaluates it once. Which one costs more time? On a CPU each elementwise operation is one pass over all the numbers, so the first thing to count is how many operations each version runs, forward and backward together. `OpCounter` (from `course_lib.checkpointing`; notebook 05 §2.1 uses it again) counts every elementary PyTorch operation that really runs, exactly:
 """
 
-
 # %% slideshow={"slide_type": "fragment"}
 from course_lib.checkpointing import OpCounter
 
