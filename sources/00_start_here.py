@@ -18,7 +18,7 @@ This notebook assumes: you can run Python in Jupyter and have seen `torch.tensor
 
 The first cell reports what this machine has. Its output differs from machine to machine (that is why the test suite does not compare it); the cell after it checks what the course actually needs. Two lines of the report use words that come back often:
 
-- **CPU kernels** names the set of vector instructions PyTorch's own kernels use on this CPU: `AVX512` (instructions that work on 512 bits, 16 float32 numbers, at once), `AVX2` (their 256-bit predecessor, which most laptops have), or `DEFAULT` (portable C++ that runs on any CPU).
+- **CPU kernels** names the set of vector instructions PyTorch's own kernels use on this CPU: `AVX512` (instructions that work on 512 bits, 16 float32 numbers, at once), `AVX2` (their 256-bit predecessor, which most laptops have), or `DEFAULT` (the baseline kernels, which assume none of these extensions and run on any CPU of its architecture).
 - **gloo** is the communication library through which PyTorch processes send each other tensors over the CPU and the network; the distributed notebooks (from 09 on) run on it. Between NVIDIA GPUs its counterpart is **NCCL** (NVIDIA's collective communication library), which notebook 09 §3 compares with gloo.
 """
 

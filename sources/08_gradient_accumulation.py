@@ -452,7 +452,7 @@ print("GradCache, one micro-batch of activations at a time: allclose to the full
 """
 ## 6. Memory and time against the micro-batch size
 
-Why accumulate at all: autograd keeps the activations of the forward pass until `backward()` (notebook 02, section 4), and they grow linearly with the batch. With accumulation only one micro-batch's activations are alive at a time. The parameters, their gradients and the optimizer state do not shrink.
+Why accumulate at all: autograd keeps the activations of the forward pass until `backward()` (notebook 02 §4), and they grow linearly with the batch. With accumulation only one micro-batch's activations are alive at a time. The parameters, their gradients and the optimizer state do not shrink.
 
 We measure the activations a small CNN saves for backward with `SavedTensorMeter` (deterministic: it adds up tensor sizes), for an effective batch of 256 split into micro-batches from 256 down to 2.
 """
@@ -491,7 +491,7 @@ assert fixed == 4 and all(saved[mb] == mb * per_sample + fixed for mb in micro_s
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-The saved activations are exactly proportional to the micro-batch: the same bytes per sample at every size, plus one 4-byte scalar that the cross-entropy loss keeps whatever the batch. Cutting the micro-batch from 256 to 32 divides them by 8, which is the whole point of accumulation.
+The saved activations grow exactly linearly with the micro-batch: the same 24,880 bytes per sample at every size, plus one 4-byte scalar that the cross-entropy loss keeps whatever the batch. Cutting the micro-batch from 256 to 32 divides them by 8 (to within those 4 bytes), which is the whole point of accumulation.
 
 Saved activations are not the whole peak: backward allocates gradients of the activations, temporaries come and go, and the `.grad` buffers stay. `course_lib.memory.measure_peak` reads every allocation and free from the CPU allocator (through `torch.profiler`: the same from run to run on one machine, but it includes the temporary workspace of the kernels, which differs between CPUs, so those peaks are printed after `~`) and reports the highest point of one accumulation step. It counts what the step allocates on top of what existed before it: the parameters, allocated when the model was built, are not in it; the `.grad` buffers are, because `zero_grad(set_to_none=True)` frees them before each step, and they are exactly what the step leaves allocated when it ends. Micro-batches 2 to `k` of a step are identical, so the peak of the first two is the peak of the whole step (checked for one size; it keeps the cell fast).
 """
