@@ -240,14 +240,14 @@ for fn in (LinearFn, LinearAmp, LinearFp32):
 """
 ## 2. Apex's O0–O3, in today's terms
 
-The Tensor post introduces NVIDIA Apex's `amp.initialize(model, optimizer, opt_level="O1")`. Apex's `amp` is legacy: its author moved automatic mixed precision into PyTorch core in 2020 (PyTorch 1.6) and recommends the native API instead ([NVIDIA/apex issue #818](https://github.com/NVIDIA/apex/issues/818)); `apex.amp` is deprecated and needs nothing of yours today. What is worth keeping is the vocabulary, since older code and papers use it:
+The Tensor post introduces NVIDIA Apex's `amp.initialize(model, optimizer, opt_level="O1")`. Apex's `amp` is legacy: its author moved automatic mixed precision into PyTorch core in 2020 (PyTorch 1.6) and recommends the native API instead ([NVIDIA/apex issue #818](https://github.com/NVIDIA/apex/issues/818)); `apex.amp` is deprecated, and nothing in this course needs it. What is worth keeping is the vocabulary, since older code and papers use it:
 
 | Apex level | what it did | today |
 |---|---|---|
 | O0 | pure fp32 | a normal fp32 loop |
 | O1 | per-op casting from allow/deny lists, plus dynamic loss scaling | `torch.autocast` (section 1) + `torch.amp.GradScaler` (notebook 06 §4); with bf16, no scaler (section 3). The recommended path |
 | O2 | the model cast to fp16 except BatchNorm, fp32 master weights, dynamic loss scaling; no per-op lists, so a softmax runs in fp16 too | no one-liner: notebook 06 §5's master weights by hand; in sharded training, FSDP's `MixedPrecisionPolicy` computes in bf16 on fp32 shards (notebook 13 §3) |
-| O3 | pure fp16, "a speed baseline" | `model.half()`: with Adam the loss is NaN from the first step (notebook 06 §5) |
+| O3 | pure fp16, "a speed baseline" | `model.half()`: with Adam the loss is NaN after the first update (notebook 06 §5) |
 """
 
 # %% [markdown] slideshow={"slide_type": "slide"}
@@ -268,7 +268,7 @@ assert gaps[torch.bfloat16] == 8 * gaps[torch.float16]
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-**Range decides who needs a scaler.** Under autocast the matmuls return low-precision activations, so the gradients that flow back through them are low precision too: an fp16 gradient below 2^-25 is 0 (notebook 06 §1). The cell runs notebook 06 §3's trained MLP on 512 images under CPU autocast and counts the activation gradients that are nonzero in fp32 but 0 under autocast: fp16 without a scaler, fp16 with `torch.amp.GradScaler("cpu")` (its scale, 65536, multiplies the loss before `backward()`), and bf16 without one. The fractions come from a trained network's gradients, so they are printed after `~`:
+**Range decides who needs a scaler.** Under autocast the matmuls return low-precision activations, so the gradients that flow back through them are low precision too: an fp16 gradient at or below 2^-25 is 0 (notebook 06 §1). The cell runs notebook 06 §3's trained MLP on 512 images under CPU autocast and counts the activation gradients that are nonzero in fp32 but 0 under autocast: fp16 without a scaler, fp16 with `torch.amp.GradScaler("cpu")` (its default scale, 65536 as notebook 06 §4 prints, multiplies the loss before `backward()`), and bf16 without one. The fractions come from a trained network's gradients, so they are printed after `~`:
 """
 
 
