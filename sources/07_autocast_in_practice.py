@@ -451,7 +451,7 @@ if requires_gpu("peak GPU memory of a training step, fp32 vs bf16 autocast"):
 """
 ## 5. Speed: it depends on the hardware
 
-Mixed precision is fast where the hardware has units for 16-bit math: NVIDIA tensor cores (Volta and later for fp16, Ampere and later for bf16), or CPUs with AVX512-BF16 or AMX. A CPU with only AVX2 has no bf16 arithmetic: PyTorch converts to fp32 and back. So we measure, on this machine: a small matrix product and a larger one, where bf16 units have enough work to pay off, then a training step. Each line prints the time relative to fp32 and the verdict on this CPU; the committed outputs are those of the machine that recorded them (its hardware flags are the first line), and yours may differ, so the tests do not compare these two cells. Where the CPU has bf16 units, the cell also asserts that the larger bf16 product takes less time than fp32's:
+Mixed precision is fast where the hardware has units for 16-bit math: NVIDIA tensor cores (Volta and later for fp16, Ampere and later for bf16), or CPUs with AVX512-BF16 or AMX. A CPU with only AVX2 has no bf16 arithmetic: PyTorch converts to fp32 and back. So we measure, on this machine: a small matrix product and a larger one, where bf16 units have enough work to pay off, then a training step. Each line prints the time relative to fp32 and the verdict on this CPU, "about the same" within 25 % of fp32's time (a busy machine moves a ratio that much); the committed outputs are those of the machine that recorded them (its hardware flags are the second line), and yours may differ, so the tests do not compare these two cells. Where the CPU has bf16 units, the cell also asserts that the larger bf16 product takes less time than fp32's:
 """
 
 # %% slideshow={"slide_type": "fragment"} tags=["nbval-ignore-output"]
@@ -468,7 +468,12 @@ def best_time(fn, repeat=3, number=10):
     return best
 
 
+BAND = 1.25   # a ratio within 25 % of 1 either way is "about the same": a busy machine moves it that much
+
+
 def verdict(ratio):
+    if 1 / BAND < ratio < BAND:
+        return f"x~{ratio:.2f} the fp32 time: about the same as fp32 here"
     return f"x~{ratio:.2f} the fp32 time: {'faster' if ratio < 1 else 'slower'} than fp32 here"
 
 
@@ -477,6 +482,7 @@ try:
 except OSError:
     flags = set()
 bf16_units = bool(flags & {"avx512_bf16", "amx_bf16"}) and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+print(f"verdicts: 'about the same' for a time within {BAND - 1:.0%} of fp32's either way")
 print("CPU capability used by PyTorch:", torch.backends.cpu.get_cpu_capability())
 print("bf16/fp16 hardware flags:", sorted(flags & {"avx512_bf16", "amx_bf16", "avx512_fp16", "amx_fp16"}) or "none",
       "| oneDNN bf16 support:", torch.ops.mkldnn._is_mkldnn_bf16_supported())
@@ -550,7 +556,7 @@ else:
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-Read your own numbers. With bf16 units (AVX512-BF16, AMX) the larger bf16 product takes a fraction of fp32's time, while at 128x128 there is too little work to amortise the conversions and the gain is small or absent; a whole training step of this small MLP gains less still, or nothing, since it adds casts and keeps fp32 work (the loss, the optimizer). Without them, as in the simulated AVX2 run, bf16 is far behind fp32 and autocast makes training much slower. The memory saving of section 4 holds on every CPU (on a GPU, mind section 4's note on CUDA's fp32 ops). `benchmarks/mixed_precision.py` measures memory and step time for a wider model and two batch sizes.
+Read your own numbers. With bf16 units (AVX512-BF16, AMX) the larger bf16 product takes a fraction of fp32's time, while at 128x128 there is too little work to amortise the conversions and the gain is small or absent. A whole training step of this small MLP gains less still, or nothing, since it adds casts and keeps fp32 work (the loss, the optimizer): on a CPU with AVX512-BF16 but no AMX, such as the one that recorded these outputs, its ratio lands on either side of 1 from run to run, which is why the verdict has a band. Without them, as in the simulated AVX2 run, bf16 is far behind fp32 and autocast makes training much slower. The memory saving of section 4 holds on every CPU (on a GPU, mind section 4's note on CUDA's fp32 ops). `benchmarks/mixed_precision.py` measures memory and step time for a wider model and two batch sizes.
 
 A note on the Tensor post's picture of tensor cores ("one matrix multiply per clock, versus one multiply per clock for a CUDA core"): it is the right idea, loosely put. A CUDA core performs one scalar fused multiply-add per clock; a tensor core performs a small matrix multiply-accumulate per clock (4x4x4 on Volta, larger tiles on later GPUs), with fp16/bf16 inputs and fp32 accumulation, the paper's "multiply in fp16, add in fp32".
 
