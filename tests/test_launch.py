@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import textwrap
 import time
@@ -108,23 +109,42 @@ def jobs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return d
 
 
+# Every process these tests launch inherits this session's id (the launcher copies os.environ), so a check for
+# leftovers counts only this session's processes, not those of other jobs on a shared machine.
+SESSION = f"{os.getpid()}-{time.time_ns()}"
+os.environ["COURSE_TEST_LAUNCH_SESSION"] = SESSION
+
+
 def _marked_processes() -> list[int]:
-    """Every live process that carries the launcher's marker, found independently with psutil."""
+    """Every live process of this test session that carries the launcher's marker, found independently with psutil."""
     found = []
     for p in psutil.process_iter(["pid", "status"]):
         try:
             if p.info["status"] == psutil.STATUS_ZOMBIE:
                 continue
-            if "COURSE_LIB_LAUNCH_ID" in p.environ():
+            environ = p.environ()
+            if "COURSE_LIB_LAUNCH_ID" in environ and environ.get("COURSE_TEST_LAUNCH_SESSION") == SESSION:
                 found.append(p.pid)
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             continue
     return found
 
 
+def _of_this_session(pids: list[int]) -> list[int]:
+    needle = f"COURSE_TEST_LAUNCH_SESSION={SESSION}".encode()
+    mine = []
+    for pid in pids:
+        try:
+            if needle in Path(f"/proc/{pid}/environ").read_bytes():
+                mine.append(pid)
+        except OSError:
+            continue
+    return mine
+
+
 def _assert_nothing_left() -> None:
     assert _marked_processes() == []
-    assert launched_processes() == []
+    assert _of_this_session(launched_processes()) == []  # the library's own /proc sweep agrees
     assert psutil.Process().children(recursive=True) == []
 
 
@@ -201,6 +221,7 @@ def test_invalid_arguments_are_refused_before_anything_starts(jobs: Path) -> Non
     _assert_nothing_left()
 
 
+@pytest.mark.slow  # launches a process tree
 def test_run_torchrun_streams_each_rank_and_returns_its_output(jobs: Path, capsys: pytest.CaptureFixture[str]) -> None:
     result = run_torchrun("ok.py", cwd=jobs, timeout=60, echo="live")
     assert isinstance(result, LaunchResult) and result.returncode == 0
@@ -212,6 +233,7 @@ def test_run_torchrun_streams_each_rank_and_returns_its_output(jobs: Path, capsy
     _assert_nothing_left()
 
 
+@pytest.mark.slow  # launches a process tree
 def test_two_torchrun_agents_make_a_two_node_job(jobs: Path) -> None:
     result = run_torchrun("ok.py", cwd=jobs, nnodes=2, nproc_per_node=1, timeout=60, echo="none")
     assert len(result.commands) == 2
@@ -220,6 +242,7 @@ def test_two_torchrun_agents_make_a_two_node_job(jobs: Path) -> None:
     _assert_nothing_left()
 
 
+@pytest.mark.slow  # launches a process tree
 def test_launcher_args_reach_torchrun_and_max_restarts_restarts_every_worker(jobs: Path) -> None:
     with pytest.raises(LaunchError):  # no restart allowed: rank 1's death fails the job
         run_torchrun("fails_once.py", cwd=jobs, timeout=60, echo="none")
@@ -232,6 +255,7 @@ def test_launcher_args_reach_torchrun_and_max_restarts_restarts_every_worker(job
     _assert_nothing_left()
 
 
+@pytest.mark.slow  # launches a process tree
 def test_a_rank_that_raises_gives_its_traceback(jobs: Path) -> None:
     start = time.monotonic()
     with pytest.raises(LaunchError, match="rank 1 failed") as info:
@@ -245,6 +269,7 @@ def test_a_rank_that_raises_gives_its_traceback(jobs: Path) -> None:
     _assert_nothing_left()
 
 
+@pytest.mark.slow  # launches a process tree
 def test_a_rank_that_hangs_in_a_collective_is_killed_at_the_timeout(jobs: Path) -> None:
     start = time.monotonic()
     with pytest.raises(LaunchError, match="did not finish within the timeout of 8 s") as info:
@@ -256,6 +281,7 @@ def test_a_rank_that_hangs_in_a_collective_is_killed_at_the_timeout(jobs: Path) 
     _assert_nothing_left()  # torchrun's workers run in their own sessions: they were found and killed too
 
 
+@pytest.mark.slow  # launches a process tree
 def test_a_busy_port_is_a_clear_error(jobs: Path) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -288,6 +314,7 @@ def test_a_bad_script_path_is_a_clear_error(jobs: Path) -> None:
     _assert_nothing_left()
 
 
+@pytest.mark.slow  # launches a process tree
 def test_run_ranks_returns_each_ranks_value_in_rank_order(jobs: Path, capsys: pytest.CaptureFixture[str]) -> None:
     values = run_ranks(str(jobs / "launch_test_workers.py") + ":add_ranks", 2, (10.0,), timeout=60, echo="grouped")
     assert values == [30.0, 30.0]
@@ -306,6 +333,7 @@ def test_run_ranks_returns_each_ranks_value_in_rank_order(jobs: Path, capsys: py
     _assert_nothing_left()
 
 
+@pytest.mark.slow  # launches a process tree
 def test_run_ranks_names_the_rank_that_raised(jobs: Path) -> None:
     with pytest.raises(LaunchError, match="rank 1 failed") as info:
         run_ranks(str(jobs / "launch_test_workers.py") + ":raise_on_rank_1", 2, timeout=60, echo="none")
@@ -353,6 +381,7 @@ def test_script_rank_prefix_labels_lines_without_a_launcher(jobs: Path) -> None:
     assert result.output(1) == "from one" and result.output(0) == "from zero" and result.output("main") == "plain"
 
 
+@pytest.mark.slow  # launches a process tree
 def test_cpu_jobs_hide_the_gpus_unless_asked(jobs: Path) -> None:
     # every launcher: the processes see no GPU, so a CPU job stays on the CPU on a GPU machine
     assert run_ranks(str(jobs / "launch_test_workers.py") + ":visible_gpus", 2, echo="none") == [("", "")] * 2
