@@ -16,10 +16,7 @@ import pytest
 from nbclient import NotebookClient
 
 from course_lib.manifest import ROOT, notebook_paths
-
-sys.path.insert(0, str(ROOT / "scripts"))
-
-import gpu_cells  # noqa: E402
+from course_tools import gpu_cells
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
@@ -60,6 +57,7 @@ def test_the_cpu_mapping() -> None:
         gpu_cells.on_cpu(src, "xpu")
 
 
+@pytest.mark.slow  # executes notebooks
 @pytest.mark.parametrize("path", WITH_GPU_CELLS, ids=[p.stem for p in WITH_GPU_CELLS])
 def test_gpu_cells_run_on_cpu(path: Path, tmp_path: Path) -> None:
     nb, positions = gpu_cells.dry_run_notebook(path)
@@ -90,8 +88,9 @@ def test_gpu_cells_run_on_cpu(path: Path, tmp_path: Path) -> None:
 def test_gpu_check_script_fails_on_any_error_cell_and_refuses_without_cuda(tmp_path: Path) -> None:
     import subprocess
 
-    import gpu_check
     import nbformat
+
+    from course_tools import gpu_check
 
     nb = nbformat.v4.new_notebook()
     nb.cells = [
