@@ -60,6 +60,7 @@ def test_step_peak_grows_by_one_activation_per_block_and_retains_the_gradients()
     assert peaks[16] - peaks[8] == 8 * unit
 
 
+@pytest.mark.slow  # profiles training steps: over 10 s on a loaded machine
 def test_checkpointing_lowers_the_measured_peak() -> None:
     model = deep_chain(64, 8)
     x = torch.randn(256, 8, requires_grad=True)
