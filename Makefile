@@ -14,7 +14,7 @@ PYTEST_NBVAL := --nbval --nbval-current-env --nbval-sanitize-with tests/sanitize
 CHROMIUM ?= /usr/bin/chromium
 NPM_STAMP := node_modules/.package-lock.json
 
-.PHONY: help venv venv-learner lab test check lint lint-sources test-lib test-notebooks test-portable test-gpu-visible test-load test-browser test-learner-install execute sync generated footprint slides html lock benchmarks clean
+.PHONY: help venv venv-learner lab test check lint lint-sources test-lib test-notebooks test-portable test-gpu-visible test-load test-browser test-slurm test-learner-install execute sync generated footprint slides html lock benchmarks clean
 
 help:
 	@echo "make lab        - create $(VENV), install the pinned learner environment, open JupyterLab in notebooks/"
@@ -30,6 +30,7 @@ help:
 	@echo "make test-gpu-visible - nbval over every notebook with a CPU-only torch made to report 2 CUDA GPUs"
 	@echo "make test-load  - nbval over every notebook while a CPU hog keeps every core busy"
 	@echo "make test-browser - the real-browser tests (JupyterLab, decks, site) with $(CHROMIUM)"
+	@echo "make test-slurm - the real-Slurm tests: a two-node cluster on this machine (needs slurm-wlm, munge)"
 	@echo "make test-learner-install - the learner's install alone in a fresh venv: imports, no dev tools"
 	@echo "make benchmarks - run every script in benchmarks/ and print its RESULT line"
 	@echo "make generated  - rewrite what is generated from course.toml and course_lib.facts (README, guide, tables)"
@@ -145,6 +146,12 @@ test-load: $(DEV_STAMP)
 test-browser: $(DEV_STAMP)
 	@if command -v npm >/dev/null; then $(MAKE) --no-print-directory $(NPM_STAMP); fi
 	COURSE_BROWSER_TESTS=1 CHROMIUM=$(CHROMIUM) $(BIN)/python -m pytest -p no:cacheprovider --durations=5 tests/browser
+
+# The real-Slurm tests (tests/test_slurm.py): scripts/slurm_cluster.py starts a two-node cluster on this
+# machine (munged, slurmctld, two slurmd, no root), runs torchrun jobs, scancel and a node failure.
+# Without Slurm they skip and say how to install it; COURSE_REQUIRE_SLURM=1 (.ci/run) makes that a failure.
+test-slurm: $(DEV_STAMP)
+	COURSE_SLURM_TESTS=1 $(BIN)/python -m pytest -p no:cacheprovider --durations=5 tests/test_slurm.py
 
 # The learner's install, apart from the developer's: a fresh venv from requirements.lock alone (what `make lab`
 # installs), `pip check`, then every module the notebooks and course_lib import, and no developer tool

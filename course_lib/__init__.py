@@ -20,6 +20,10 @@ this package itself exports nothing. One module per job:
 * :mod:`course_lib.timing` — matrix-multiply throughput in TFLOP/s (GPU events or wall clock)
 * :mod:`course_lib.launch` — run ``torchrun``/spawn jobs from a notebook: free port, timeout, no orphans
 * :mod:`course_lib.pipeline` — GPipe schedules, the bubble fraction, Gantt charts
+* :mod:`course_lib.hand_ddp` — ``HandDDP``: DDP by hand (buckets, overlap), the canonical copy of notebook 09's
+* :mod:`course_lib.simulated_compute` — layers that take a known time on a CPU, timelines of compute and communication
+* :mod:`course_lib.hand_fsdp` — ``HandFSDP``: FSDP by hand (gather, free, reduce-scatter), notebook 13's canonical copy
+* :mod:`course_lib.sharded_optim` — ``ShardedOptimizer``: ZeRO-1 around any ``torch.optim`` optimizer
 * :mod:`course_lib.sharding` — ZeRO's memory model: state bytes per rank for DDP and ZeRO-1/2/3
 * :mod:`course_lib.manifest` — the course's notebooks in order, from ``course.toml`` (reading only)
 * :mod:`course_lib.facts` — each comparison fact stated once, and the statements the course corrected
