@@ -126,7 +126,7 @@ def problems() -> list[str]:
 def matching(query: str) -> list[Notebook]:
     """The notebooks a query names: a number (``9``, ``09``), a stem, or a word in the manifest entry."""
     notebooks = course()
-    q = query.strip().lower()
+    q = Path(query.strip()).name.removesuffix(".ipynb").removesuffix(".py").lower()  # a path names its notebook
     if q.isdigit():
         return [n for n in notebooks if int(n.number) == int(q)]
     exact = [n for n in notebooks if n.stem == q]

@@ -33,8 +33,8 @@ def main(argv: list[str] | None = None) -> int:
             print(line)
         return 1 if args.check and stale else 0
     if args.footprint is not None:
-        try:
-            print(footprint(args.footprint), end="")
+        try:  # several words or paths (make footprint with the default NB): one footprint each
+            print("\n".join(footprint(q) for q in args.footprint.split() or [""]), end="")
         except ValueError as e:
             print(e, file=sys.stderr)
             return 2
