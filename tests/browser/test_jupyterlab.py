@@ -22,6 +22,8 @@ import nbformat
 import pytest
 from facts import NOTEBOOKS, NotebookFacts, notebook_facts
 
+pytestmark = pytest.mark.slow  # drives a browser: `make test-browser`, never `make check`
+
 RUN_TIMEOUT_S = 240  # one notebook, all cells; the course's target is < 40 s on 2 cores
 
 OUTPUT = ".jp-NotebookPanel:not(.lm-mod-hidden) .jp-OutputArea-output"
