@@ -130,7 +130,7 @@ make_mlp().load_state_dict(dp.module.state_dict())  # the fix: save or load the 
 print("loading dp.module.state_dict() works")
 
 # %% slideshow={"slide_type": "-"}
-print(run_script(["python", "_runs/dp_without_gpus.py"], timeout=120, echo="none").output("main"))
+print(run_script(["python", "_runs/dp_without_gpus.py"], timeout=600, echo="none").output("main"))
 model = make_mlp()  # the same seeded MLP, in this kernel, for the rest of the section
 loss_fn = nn.CrossEntropyLoss()
 
@@ -513,7 +513,7 @@ def demo(rank: int, world_size: int) -> dict:
 
 
 # %% slideshow={"slide_type": "fragment"}
-results = run_ranks("_runs/collectives.py:demo", nprocs=3, timeout=90, echo="grouped")
+results = run_ranks("_runs/collectives.py:demo", nprocs=3, timeout=600, echo="grouped")
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
@@ -582,7 +582,7 @@ def send_first(rank: int, world_size: int) -> str:
 from course_lib.launch import LaunchError
 
 with expect_error(LaunchError, match="Timed out waiting 2000ms for send operation", quiet=True) as caught:
-    run_ranks("_runs/deadlock.py:send_first", nprocs=2, timeout=60, echo="none")
+    run_ranks("_runs/deadlock.py:send_first", nprocs=2, timeout=600, echo="none")
 lines = str(caught.error).splitlines()
 assert "in send_first" in str(caught.error) and "dist.send(t, dst=other, group=group)" in str(caught.error)
 print("LaunchError: a rank failed inside dist.send(t, dst=other, group=group) with")
@@ -648,7 +648,7 @@ def check(rank: int, world_size: int, sizes: list) -> list:
 
 # %% slideshow={"slide_type": "fragment"}
 sizes = [3, 10, 1000, 65536]
-ring_results = run_ranks("_runs/ring.py:check", nprocs=3, args=(sizes,), timeout=90, echo="grouped")
+ring_results = run_ranks("_runs/ring.py:check", nprocs=3, args=(sizes,), timeout=600, echo="grouped")
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
@@ -799,7 +799,7 @@ ddp_model = nn.Sequential(nn.Linear(64, 1024), nn.ReLU(), nn.Linear(1024, 1024),
                           nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 10))
 buckets = ddp_bucket_bytes(ddp_model)
 sizes = [4 * 4**i for i in range(11)]             # 4 B, 16 B, ..., 4 MiB
-comm = run_ranks("_runs/comm_time.py:measure", nprocs=2, args=(sizes, buckets, 5), timeout=120, echo="none")[0]
+comm = run_ranks("_runs/comm_time.py:measure", nprocs=2, args=(sizes, buckets, 5), timeout=600, echo="none")[0]
 print(f"{sum(p.numel() for p in ddp_model.parameters()):,} parameters -> DDP buckets of {buckets} bytes")
 print(f"measured {len(sizes)} sizes x {len(comm) - 1} operations, and the {len(buckets)} buckets")
 
@@ -1102,7 +1102,7 @@ def compare(rank: int, world_size: int, cap: float) -> dict:
 
 # %% slideshow={"slide_type": "fragment"}
 cap = 0.002   # MiB: 2,097 bytes, so that this small model (23,848 bytes of trainable gradients) gets 3 buckets
-runs = run_ranks("_runs/hand_ddp.py:compare", nprocs=2, args=(cap,), timeout=180, echo="none")
+runs = run_ranks("_runs/hand_ddp.py:compare", nprocs=2, args=(cap,), timeout=600, echo="none")
 rank0 = runs[0]
 ddp = rank0[("DDP", cap)]["params"]
 print(f"4 AdamW steps, 2 ranks; all-reduced bytes per step (DDP counted by a communication hook):")
@@ -1195,7 +1195,7 @@ from course_lib.simulated_compute import hidden_seconds, plot_timeline
 
 width, depth, forward_ms, backward_ms, pairs = 1024, 4, 5, 30, 8
 result = run_ranks("_runs/overlap.py:measure", nprocs=2, args=(pairs, width, depth, forward_ms, backward_ms),
-                   timeout=180, echo="none")[0]
+                   timeout=600, echo="none")[0]
 on, off = result["rows"][True], result["rows"][False]
 
 
