@@ -196,7 +196,7 @@ if __name__ == "__main__":  # started by torchrun or python -m torch.distributed
 # %% slideshow={"slide_type": "-"}
 print(shown(torchrun_command("_runs/ddp_train.py", nproc_per_node=2, master_port=29500, tee=False)))
 single_node = run_torchrun("_runs/ddp_train.py", nproc_per_node=RANKS, args=["--out", "_runs/ddp", "--device", DEVICE],
-                           timeout=120, device=DEVICE)
+                           timeout=600, device=DEVICE)
 print(f"wall time ~{single_node.wall_time:.1f} s")
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
@@ -311,7 +311,7 @@ if __name__ == "__main__":  # python spawn_train.py OUT [DEVICE [WORLD_SIZE]]
     mp.spawn(worker, args=(world_size, free_port(), out, device_type), nprocs=world_size, join=True)
 
 # %% slideshow={"slide_type": "-"}
-spawned = run_script(["python", "_runs/spawn_train.py", "_runs/ddp_spawn", DEVICE, str(RANKS)], timeout=120, device=DEVICE)
+spawned = run_script(["python", "_runs/spawn_train.py", "_runs/ddp_spawn", DEVICE, str(RANKS)], timeout=600, device=DEVICE)
 # map_location="cpu": on the GPU path the checkpoints hold CUDA tensors; here they are compared on the CPU
 a = torch.load("_runs/ddp/checkpoint.pt", map_location="cpu", weights_only=True)
 b = torch.load("_runs/ddp_spawn/checkpoint.pt", map_location="cpu", weights_only=True)
@@ -339,7 +339,7 @@ port = free_port()
 print(shown(torchrun_command("_runs/post_local_rank.py", nproc_per_node=2, module="launch", master_port=port, tee=False), port))
 legacy_cmd = torchrun_command("_runs/post_local_rank.py", nproc_per_node=2, module="launch", master_port=port)
 with expect_error(LaunchError, match="unrecognized arguments: --local-rank=", quiet=True) as seen:
-    run_script(legacy_cmd, timeout=60, echo="none")
+    run_script(legacy_cmd, timeout=600, echo="none")
 argparse_error = next(line for line in str(seen.error).splitlines() if "unrecognized arguments" in line)
 print("LaunchError, the script says:", re.sub(r"rank=\d", "rank=N", argparse_error.split("] ")[-1]))
 
@@ -350,7 +350,7 @@ The training script of section 1 accepts both spellings but reads `LOCAL_RANK` f
 
 # %% slideshow={"slide_type": "-"}
 legacy = run_script(torchrun_command("_runs/ddp_train.py", module="launch", master_port=free_port(), nproc_per_node=RANKS,
-                                     args=["--out", "_runs/ddp_legacy", "--device", DEVICE]), timeout=120, device=DEVICE)
+                                     args=["--out", "_runs/ddp_legacy", "--device", DEVICE]), timeout=600, device=DEVICE)
 notice = next(line for line in legacy.output("agent").splitlines() if "deprecated" in line)
 print("launcher says:", notice[notice.index("FutureWarning"):].strip())
 c = torch.load("_runs/ddp_legacy/checkpoint.pt", map_location="cpu", weights_only=True)
@@ -370,11 +370,11 @@ for node in (0, 1):
     print(f"node {node}:", shown(torchrun_command("_runs/ddp_train.py", nnodes=2, node_rank=node, nproc_per_node=1,
                                                   master_port=port, tee=False, args=["--out", "_runs/ddp_2nodes"]), port))
 two_nodes = run_torchrun("_runs/ddp_train.py", nnodes=2, nproc_per_node=1, master_port=port,
-                         args=["--out", "_runs/ddp_2nodes"], timeout=120)
+                         args=["--out", "_runs/ddp_2nodes"], timeout=600)
 if (DEVICE, RANKS) == ("cpu", 2):
     cpu_ref = a  # section 2's run: 2 CPU processes
 else:  # the GPU path trained section 2 on GPUs: the CPU proofs need a 2-process CPU run of their own
-    run_torchrun("_runs/ddp_train.py", nproc_per_node=2, args=["--out", "_runs/ddp_cpu"], timeout=120, echo="none")
+    run_torchrun("_runs/ddp_train.py", nproc_per_node=2, args=["--out", "_runs/ddp_cpu"], timeout=600, echo="none")
     cpu_ref = torch.load("_runs/ddp_cpu/checkpoint.pt", weights_only=True)
 d = torch.load("_runs/ddp_2nodes/checkpoint.pt", map_location="cpu", weights_only=True)
 assert all(torch.equal(cpu_ref[k], d[k]) for k in cpu_ref)
@@ -681,7 +681,7 @@ def internals(rank, world_size, steps=10):
 # %% slideshow={"slide_type": "-"}
 from ddp_internals import internals
 
-reports = run_ranks(internals, nprocs=2, timeout=120)
+reports = run_ranks(internals, nprocs=2, timeout=600)
 r0 = reports[0]
 assert all(r[key] for r in reports for key in ("differ_before", "equal_after", "grad_is_mean", "no_sync_same_grad"))
 print("initial weights differ across ranks before DDP(model):", r0["differ_before"])
@@ -807,7 +807,7 @@ print(f"[rank{rank}]: torch.distributed.nn imported {when} init_process_group ->
 
 # %% slideshow={"slide_type": "-"}
 port = free_port()
-probe = run_script([["python", "_runs/exit_probe.py", str(rank), str(port)] for rank in (0, 1)], timeout=60)
+probe = run_script([["python", "_runs/exit_probe.py", str(rank), str(port)] for rank in (0, 1)], timeout=600)
 assert "freed the group: True" in probe.output(0) and "freed the group: False" in probe.output(1)
 import inspect
 
