@@ -250,7 +250,9 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-5) -> torch.
     if not x.is_floating_point():
         raise TypeError(f"x must be a floating-point tensor, got {x.dtype}")
     if weight.shape != x.shape[-1:]:
-        raise ValueError(f"weight must have shape {tuple(x.shape[-1:])} (x's last dimension), got {tuple(weight.shape)}")
+        raise ValueError(
+            f"weight must have shape {tuple(x.shape[-1:])} (x's last dimension), got {tuple(weight.shape)}"
+        )
     check_number("eps", eps, finite=True)
     out, _ = _RMSNormFunction.apply(x, weight, eps)
     return out
@@ -471,9 +473,10 @@ def generate(
         logits = model(ids[-model.config.max_seq_len :].unsqueeze(0))[0, -1].float()
         if temperature == 0:
             nxt = logits.argmax().reshape(1)
-        else:
-            probs = torch.softmax(logits / temperature, dim=-1)
-            nxt = torch.multinomial(probs, 1, generator=generator)
+        else:  # inverse CDF: one uniform draw per token, the same sample on every CPU (torch.multinomial's may differ)
+            cdf = torch.softmax(logits / temperature, dim=-1).cumsum(0)
+            u = torch.rand(1, generator=generator, dtype=cdf.dtype, device=cdf.device) * cdf[-1]
+            nxt = torch.searchsorted(cdf, u).clamp_(max=len(cdf) - 1)
         ids = torch.cat((ids, nxt.to(ids.dtype)))
     model.train(was_training)
     return ids
