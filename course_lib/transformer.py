@@ -36,7 +36,7 @@ byte) and ``FlopCounterMode`` (to the FLOP); :mod:`course_lib.sharding` uses the
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
@@ -404,10 +404,20 @@ class Transformer(nn.Module):
 
     @torch.no_grad()
     def init_weights(self, seed: int = 0) -> None:
-        """Re-initialize every parameter from ``seed`` (nothing to do on the meta device)."""
+        """Re-initialize every parameter (and the rotary tables) from ``seed``; nothing to do on the meta device.
+
+        A model built on ``meta`` and moved with ``to_empty(device=...)`` holds uninitialized memory:
+        call this next. The values come from a CPU generator, so they are the same on every device.
+        """
         check_int("seed", seed, minimum=0)
         if self.embed.weight.device.type == "meta":
             return
+        if self.config.tie_embeddings and self.head.weight is not self.embed.weight:
+            self.head.weight = self.embed.weight  # to_empty() allocates the two names separately: tie them again
+        if self.config.positions == "rope":
+            cos, sin = _rope_tables(self.config, self.rope_cos.device)
+            self.rope_cos.copy_(cos)
+            self.rope_sin.copy_(sin)
         g = torch.Generator(device="cpu").manual_seed(seed)
         out_std = 0.02 / math.sqrt(2 * self.config.n_layers)
         for name, p in self.named_parameters():  # a tied head is visited once, as embed.weight
@@ -719,7 +729,3 @@ def mfu(tokens_per_second: float, flops_per_token: float, peak_flops: float) -> 
         if value < 0 or (name == "peak_flops" and value == 0):
             raise ValueError(f"{name} must be {'> 0' if name == 'peak_flops' else '>= 0'}, got {value}")
     return tokens_per_second * flops_per_token / peak_flops
-
-
-def _config_fields() -> tuple[str, ...]:  # for tests: the fields a config has
-    return tuple(f.name for f in fields(TransformerConfig))

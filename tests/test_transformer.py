@@ -326,3 +326,24 @@ def test_flops_formula_values() -> None:
     causal = training_flops_per_token(llama, 4096, causal=True)
     assert full - causal == 6 * 32 * 4096 * 4096
     assert math.isclose(mfu(1000.0, full, 1e15), 1000 * full / 1e15)
+
+
+def test_meta_build_then_to_empty_then_init_equals_a_direct_build() -> None:
+    for config in (NANO, dataclasses.replace(NANO, tie_embeddings=False, positions="learned")):
+        meta = Transformer(config, device="meta")
+        meta.to_empty(device="cpu")
+        meta.init_weights(5)
+        direct = Transformer(config, seed=5)
+        assert (meta.head.weight is meta.embed.weight) == config.tie_embeddings
+        for (name, a), b in zip(meta.state_dict().items(), direct.state_dict().values()):
+            assert torch.equal(a, b), name
+        if config.positions == "rope":
+            assert torch.equal(meta.rope_cos, direct.rope_cos)
+
+
+def test_compiles_with_aot_eager() -> None:
+    model = Transformer(dataclasses.replace(NANO, checkpointing="selective"), seed=0)
+    ids = torch.randint(0, NANO.vocab_size, (2, 8), generator=torch.Generator().manual_seed(0))
+    eager = model.loss(ids, ids)
+    compiled = torch.compile(lambda i, t: model.loss(i, t), backend="aot_eager", fullgraph=True)(ids, ids)
+    assert torch.allclose(eager, compiled)
