@@ -415,9 +415,10 @@ class Transformer(nn.Module):
         if self.config.tie_embeddings and self.head.weight is not self.embed.weight:
             self.head.weight = self.embed.weight  # to_empty() allocates the two names separately: tie them again
         if self.config.positions == "rope":
-            cos, sin = _rope_tables(self.config, self.rope_cos.device)
-            self.rope_cos.copy_(cos)
-            self.rope_sin.copy_(sin)
+            table_cos, table_sin = self.get_buffer("rope_cos"), self.get_buffer("rope_sin")
+            cos, sin = _rope_tables(self.config, table_cos.device)
+            table_cos.copy_(cos)
+            table_sin.copy_(sin)
         g = torch.Generator(device="cpu").manual_seed(seed)
         out_std = 0.02 / math.sqrt(2 * self.config.n_layers)
         for name, p in self.named_parameters():  # a tied head is visited once, as embed.weight
