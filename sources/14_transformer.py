@@ -450,7 +450,7 @@ def crossover(c, p):
     return linear / (c.n_heads * p.itemsize)
 
 
-print(f"s* for tiny (float32): ~{crossover(cfg, torch.float32):.0f} tokens; "
+print(f"s* for tiny (float32): {crossover(cfg, torch.float32):,.0f} tokens; "
       f"for Llama 2 7B (bf16): {crossover(llama, torch.bfloat16):,.0f} tokens")
 
 # %% slideshow={"slide_type": "subslide"}
@@ -665,7 +665,7 @@ print(f"this CPU's float32 matmul peak ~{peak / 1e9:.0f} GFLOP/s (512 x 512 prod
 for name, (c, bsz, seq_len) in runs.items():
     tps, fpt = bsz * seq_len / best[name], training_flops_per_token(c, seq_len)
     share = share_in_products(step_fns[name])
-    print(f"{name:<14}{param_count(c):>10,} parameters, {fpt / 1e6:5.2f} MFLOP/token: ~{tps:,.0f} tokens/s, "
+    print(f"{name:<14}{param_count(c):>10,} parameters, {fpt / 1e6:5.2f} MFLOP/token: ~{tps:.0f} tokens/s, "
           f"MFU ~{mfu(tps, fpt, peak):.0%}; step time in products ~{share:.0%}")
     assert tps > 0 and 0 < share < 1
 
