@@ -6,7 +6,7 @@ Every model so far in the course was an MLP or a small CNN. What practitioners t
 
 By the end you will be able to:
 - build a Llama-style decoder (RMSNorm, rotary positions, causal attention through `scaled_dot_product_attention`, SwiGLU, residuals, a tied head) from one block up, and count its parameters with a formula that gives Llama 2 7B's 6,738,415,616;
-- train it on 2 CPU cores on Python's documentation, and read its loss curve, held-out loss and samples;
+- train it on one CPU core on Python's documentation, and read its loss curve, held-out loss and samples;
 - derive the bytes a block saves for backward from Korthikanti et al. (2022), check the formula to the byte for naive and SDPA attention, and say where the $s^2$ term takes over and what full and selective checkpointing change;
 - count the training FLOPs per token ($6N$ plus attention), check them with `FlopCounterMode`, and turn a measured tokens/s into MFU, here and for a published training run;
 - write attention by hand down to a FlashAttention-2 `autograd.Function` (tiled online softmax forward, recomputing backward), equal to SDPA forward and backward, with O(s) saved bytes instead of O(s²).
@@ -40,8 +40,9 @@ from course_lib.transformer import (
 )
 
 seed_everything(0)
+torch.set_num_threads(1)   # one thread: steadier on a shared 2-core machine, and these small products gain little from two
 notebook_start = time.perf_counter()
-print("torch", torch.__version__.split("+")[0])
+print("torch", torch.__version__.split("+")[0], "| threads:", torch.get_num_threads())
 
 # %% [markdown] slideshow={"slide_type": "slide"}
 r"""
@@ -233,12 +234,12 @@ print(repr(untrained_sample))
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-The training loop is the course's usual one: AdamW (β₂ = 0.95 and weight decay 0.1, as for most language models), a learning rate warmed up for 20 steps and then decayed on a cosine, 300 steps of 32 windows of 64 bytes. The held-out loss is measured on 8 fixed batches every 25 steps. About 10 to 15 seconds on 2 idle cores:
+The training loop is the course's usual one: AdamW (β₂ = 0.95 and weight decay 0.1, as for most language models; `fused=True` updates each parameter in one kernel instead of a dozen), a learning rate warmed up for 20 steps and then decayed on a cosine, 300 steps of 32 windows of 64 bytes. The held-out loss is measured on 8 fixed batches every 25 steps. About 10 to 20 seconds on an idle core:
 """
 
 # %% slideshow={"slide_type": "fragment"}
 STEPS, BATCH, SEQ, LR = 300, 32, 64, 3e-3
-optimizer = torch.optim.AdamW(model.parameters(), lr=LR, betas=(0.9, 0.95), weight_decay=0.1)
+optimizer = torch.optim.AdamW(model.parameters(), lr=LR, betas=(0.9, 0.95), weight_decay=0.1, fused=True)
 batches = torch.Generator().manual_seed(0)
 held_out_batches = [text_batch(corpus.held_out, 16, SEQ, generator=torch.Generator().manual_seed(i)) for i in range(8)]
 
@@ -278,7 +279,7 @@ ax.plot(range(1, STEPS + 1), smoothed, color="tab:blue", label="training loss (2
 ax.plot(*zip(*held_out_curve), ".-", color="tab:orange", label="held-out loss (unseen topics)")
 ax.axhline(math.log(256), ls=":", color="grey", label="uniform guess, ln 256")
 ax.axhline(unigram, ls="--", color="grey", label="byte frequencies only (unigram)")
-ax.set(title="Tiny decoder on Python's documentation, 2 CPU cores", xlabel="training step",
+ax.set(title="Tiny decoder on Python's documentation, one CPU core", xlabel="training step",
        ylabel="cross-entropy (nats per byte)", ylim=(0, 6))
 ax.legend(fontsize=8)
 plt.show()
@@ -613,7 +614,7 @@ Naive attention matches the formula to the FLOP, forward and backward. With SDPA
 
 ### Tokens per second and MFU on this CPU
 
-**MFU** (model FLOPs utilization, Chowdhery et al., 2022) is the model's own FLOPs per second divided by the hardware's peak: tokens/s × FLOPs per token / peak. Recomputation does not count (with it, the ratio is the *hardware* FLOPs utilization, HFU). The peak here is this CPU's own float32 matrix-multiply rate, measured with `course_lib.timing.matmul_tflops`; the step time is the best of a few timed training steps of the tiny model, and of a wider one. Both depend on the machine and on what else it is doing (on a busy machine the ratio of two timings is noisy, and can even exceed 1 when the peak was measured at a busy moment), hence the `~`:
+**MFU** (model FLOPs utilization, Chowdhery et al., 2022) is the model's own FLOPs per second divided by the hardware's peak: tokens/s × FLOPs per token / peak. Recomputation does not count (with it, the ratio is the *hardware* FLOPs utilization, HFU). The peak here is this CPU's own float32 matrix-multiply rate on one core (this notebook runs on one thread), measured with `course_lib.timing.matmul_tflops`; the step time is the best of a few timed training steps of the tiny model, and of a wider one. Both depend on the machine and on what else it is doing (on a busy machine the ratio of two timings is noisy, and can even exceed 1 when the peak was measured at a busy moment), hence the `~`:
 """
 
 # %% slideshow={"slide_type": "fragment"}
@@ -623,7 +624,7 @@ from torch.profiler import ProfilerActivity, profile
 def training_step(c, batch, seq_len):
     """One AdamW training step of a fresh Transformer(c) on a fixed batch, as a function of no arguments."""
     m = Transformer(c, seed=0)
-    opt = torch.optim.AdamW(m.parameters(), lr=1e-3)
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-3, fused=True)
     xb, yb = text_batch(corpus.train, batch, seq_len, generator=torch.Generator().manual_seed(2))
 
     def one_step():
@@ -661,7 +662,7 @@ for _ in range(6):        # interleaved, so that the peak and the steps see the 
     peak = max(peak, matmul_tflops(512, torch.float32, device="cpu", repeats=3) * 1e12)
     for name, fn in step_fns.items():
         best[name] = min(best[name], seconds(fn))
-print(f"this CPU's float32 matmul peak ~{peak / 1e9:.0f} GFLOP/s (512 x 512 products)")
+print(f"this CPU's float32 matmul peak on one thread ~{peak / 1e9:.0f} GFLOP/s (512 x 512 products)")
 for name, (c, bsz, seq_len) in runs.items():
     tps, fpt = bsz * seq_len / best[name], training_flops_per_token(c, seq_len)
     share = share_in_products(step_fns[name])
@@ -969,7 +970,7 @@ r"""
 ## Summary
 
 - The course's transformer (`course_lib.transformer`) is a Llama-style decoder: embedding, blocks of RMSNorm → attention (separate `q_proj`, `k_proj`, `v_proj`, `o_proj`, RoPE, causal SDPA) → residual → RMSNorm → SwiGLU (`gate_proj`, `up_proj`, `down_proj`) → residual, a final norm and a (tied) head. Its parameter count per block is $2h^2 + 2h\,h_{kv} + 3hf + 2h$; the formula gives Llama 2 7B's 6,738,415,616 and equals `sum(p.numel())` for every variant.
-- On 2 CPU cores, 300 steps on Python's documentation bring the held-out loss (unseen topics) well below the byte-frequency baseline, and the samples from noise to documentation-like English.
+- On one CPU core, 300 steps on Python's documentation bring the held-out loss (unseen topics) well below the byte-frequency baseline, and the samples from noise to documentation-like English.
 - One block keeps, per token, $(6h + 2h_{kv})p + 4fp$ bytes plus float32 statistics, and naive attention adds $a\,s\,p$: Korthikanti et al.'s $sbh(34 + 5as/h)$ without dropout, with RMSNorm and SwiGLU. `SavedTensorMeter` agrees to the byte for naive and SDPA attention, float32 and bf16, grouped-query attention, and the whole model with its loss. For Llama 2 7B the $s^2$ term overtakes the rest at 2,400 tokens.
 - Selective recomputation of attention proper removes the $s^2$ term for one more $qk^\top$ and softmax per layer; full checkpointing keeps one width-$h$ tensor per token and block for one more forward of every block (minus its last product: the non-reentrant `checkpoint` stops recomputing once it has what backward needs). `FlopCounterMode` prices both exactly.
 - Training costs $6N + 12Lhs$ FLOPs per token; `FlopCounterMode` confirms it with naive attention, and shows that on the CPU it does not count SDPA at all. MFU = tokens/s × FLOPs per token / peak; Llama 2 7B's published numbers imply about 45 % on A100s.
