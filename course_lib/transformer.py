@@ -154,7 +154,7 @@ class TransformerConfig:
         return self.n_heads if self.n_kv_heads is None else self.n_kv_heads
 
     def describe(self) -> str:
-        """One line with every field that differs from the defaults' kinds, for printing."""
+        """The configuration in one line, for printing."""
         kv = "" if self.kv_heads == self.n_heads else f", {self.kv_heads} kv heads"
         return (
             f"vocab {self.vocab_size}, d_model {self.d_model}, {self.n_layers} layers, {self.n_heads} heads{kv}"
