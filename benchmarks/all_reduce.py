@@ -2,15 +2,15 @@
 
     .venv/bin/python benchmarks/all_reduce.py [--sizes 1024 65536 ...] [--world-sizes 2 4] [--repeats 10]
 
-For each world size (processes on this machine, started with ``course_lib.launch.spawn``) and
+For each world size (processes on this machine, started with ``course_lib.launch.run_ranks``) and
 each tensor size (float32): the median time of one all-reduce (the slowest rank's time, each
 repetition), the bytes each rank sent in the hand-written ring (counted in the code), the ring's
 formula ``2 (N-1)/N * S``, and whether the results equal ``dist.all_reduce``'s (``allclose`` on
 random data, bit-identical on integer-valued data). The ring is course_lib.collectives.ring_all_reduce,
-the copy that notebook 07 writes by hand and checks against it.
+the copy that notebook 09 writes by hand and checks against it.
 
 It also times one message (half a send/recv ping-pong between ranks 0 and 1) at each size, fits
-the alpha-beta model to those times (``course_lib.comm_model.fit_alpha_beta``, as notebook 07 does)
+the alpha-beta model to those times (``course_lib.comm_model.fit_alpha_beta``, as notebook 09 does)
 and prints the ring's predicted time, ``2(N-1) (alpha + S/(N beta))``, next to the measured one.
 
 Prints a table, then one line::
@@ -21,7 +21,7 @@ Prints a table, then one line::
 run (1.0 when N divides the size; sizes here are powers of two). ``time_ratio_vs_gloo``: the
 geometric mean over every run of (ring time) / (dist.all_reduce time). ``ring_time_vs_model``: the
 geometric mean of (ring time) / (alpha-beta prediction); the model assumes full-duplex links, which
-processes sharing a machine's cores are not (notebook 07, section 5), so expect it above 1 here; with
+processes sharing a machine's cores are not (notebook 09, section 5), so expect it above 1 here; with
 more processes than cores (4 on 2 cores) each of the ring's 2(N-1) dependent steps also waits for
 its receiver to be scheduled, and the ratio grows far above 1.
 
@@ -42,11 +42,10 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from course_lib.collectives import ring_all_reduce  # noqa: E402  (the ring notebook 07 writes by hand)
-from course_lib.comm_model import fit_alpha_beta, predict_all_reduce  # noqa: E402
-from course_lib.launch import spawn  # noqa: E402
-from course_lib.saved_tensors import format_bytes  # noqa: E402
+from course_lib.collectives import ring_all_reduce  # the ring notebook 09 writes by hand
+from course_lib.comm_model import fit_alpha_beta, predict_all_reduce
+from course_lib.launch import run_ranks
+from course_lib.saved_tensors import format_bytes
 
 DEFAULT_SIZES = (1024, 16384, 262144, 1048576)  # float32 elements: 4 KiB .. 4 MiB
 
@@ -135,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     print("-" * len(header))
     all_equal, byte_ratios, time_ratios, model_ratios = True, [], [], []
     for n in args.world_sizes:
-        per_rank = spawn(
+        per_rank = run_ranks(
             f"{Path(__file__).resolve()}:worker",
             nprocs=n,
             args=(args.sizes, args.repeats),

@@ -1,20 +1,20 @@
-"""Launch the DDP training script of notebook 08 many times and count the runs that crash at exit.
+"""Launch the DDP training script of notebook 10 many times and count the runs that crash at exit.
 
     python benchmarks/launch_stress.py [--launches 102] [--epochs 1] [--portable] [--script FILE]
 
 The bug this guards against: a gloo job that did all its work, printed its results, and then
 aborted in interpreter shutdown ("terminate called without an active exception", SIGABRT, exit
 code 1 through the launcher). It is a race (a gloo worker thread still dropping a finished
-collective while Python shuts down; see docs/crash_at_exit.md and notebook 08, section 10), so one
+collective while Python shuts down; see docs/crash_at_exit.md and notebook 10, section 10), so one
 launch proves nothing: this script
 starts the training script ``--launches`` times in total, round-robin under ``torchrun``, the legacy
-``python -m torch.distributed.launch`` and ``course_lib.launch.spawn`` (2 processes each), and
+``python -m torch.distributed.launch`` and ``course_lib.launch.run_ranks`` (2 processes each), and
 counts a launch as a crash when it exits nonzero or any process printed "terminate called".
 
-The training script is the one notebook 08 writes to ``_runs/ddp_train.py``, read from the
-notebook's text source (sources/08_ddp_in_practice.py); it is written to a temporary folder, and
-``spawn`` calls its ``train`` function. ``--script FILE`` launches another file instead (to measure
-an old teardown: its ``train`` is the spawn target). ``--portable`` gives the children the
+The training script is the one notebook 10 writes to ``_runs/ddp_train.py``, read from the
+notebook's text source (sources/10_ddp_in_practice.py); it is written to a temporary folder, and
+``run_ranks`` calls its ``train`` function. ``--script FILE`` launches another file instead (to measure
+an old teardown: its ``train`` is the run_ranks target). ``--portable`` gives the children the
 portable-kernel environment the crash was first seen with (ATEN_CPU_CAPABILITY=default
 ONEDNN_MAX_CPU_ISA=SSE41 MKL_ENABLE_INSTRUCTIONS=SSE4_2 OMP_NUM_THREADS=1). The race needs a gloo
 thread to lose the CPU at the wrong moment, so its rate depends on how busy the machine is: a
@@ -33,12 +33,8 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
-
-from course_lib.launch import LaunchError, run_torchrun, spawn  # noqa: E402
-from course_lib.manifest import written_file  # noqa: E402
+from course_lib.launch import LaunchError, run_ranks, run_torchrun
+from course_lib.manifest import written_file
 
 PORTABLE_ENV = {
     "ATEN_CPU_CAPABILITY": "default",
@@ -46,10 +42,10 @@ PORTABLE_ENV = {
     "MKL_ENABLE_INSTRUCTIONS": "SSE4_2",
     "OMP_NUM_THREADS": "1",
 }
-LAUNCHERS = ("torchrun", "launch", "spawn")
+LAUNCHERS = ("torchrun", "launch", "run_ranks")
 
-# The script notebook 08 writes to _runs/ddp_train.py, read from its text source: one copy.
-TRAIN_SCRIPT = written_file("08_ddp_in_practice", "_runs/ddp_train.py")
+# The script notebook 10 writes to _runs/ddp_train.py, read from its text source: one copy.
+TRAIN_SCRIPT = written_file("10_ddp_in_practice", "_runs/ddp_train.py")
 
 
 def one_launch(
@@ -58,9 +54,9 @@ def one_launch(
     """Run the script once; return (exited nonzero, printed 'terminate called', first error line)."""
     text, nonzero = "", False
     try:
-        if launcher == "spawn":
-            # spawn initialises the group, calls train(rank, world_size, epochs, batch_size, lr, out), tears down
-            spawn(
+        if launcher == "run_ranks":
+            # run_ranks initialises the group, calls train(rank, world_size, epochs, batch_size, lr, out), tears down
+            run_ranks(
                 f"{script}:train",
                 2,
                 (epochs, 32, 0.1, str(out)),
@@ -98,20 +94,18 @@ def main(argv: list[str] | None = None) -> int:
         "--portable", action="store_true", help="children use the portable (default-capability) kernels"
     )
     parser.add_argument(
-        "--script", type=Path, default=None, help="launch this training script instead of notebook 08's"
+        "--script", type=Path, default=None, help="launch this training script instead of notebook 10's"
     )
     parser.add_argument(
-        "--launchers", default=",".join(LAUNCHERS), help="comma-separated subset of torchrun,launch,spawn"
+        "--launchers", default=",".join(LAUNCHERS), help="comma-separated subset of torchrun,launch,run_ranks"
     )
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds per launch")
     parser.add_argument("--verbose", action="store_true", help="print one line per crash as it happens")
     args = parser.parse_args(argv)
     launchers = [name.strip() for name in args.launchers.split(",") if name.strip()]
     if args.launches < 1 or args.epochs < 1 or not launchers or any(name not in LAUNCHERS for name in launchers):
-        parser.error("--launches and --epochs must be >= 1, --launchers a subset of torchrun,launch,spawn")
+        parser.error("--launches and --epochs must be >= 1, --launchers a subset of torchrun,launch,run_ranks")
     env = dict(PORTABLE_ENV) if args.portable else {}
-    # the training script imports course_lib: this checkout's, whatever the caller's PYTHONPATH
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH", "")) if p)
     counts = {name: {"launches": 0, "nonzero": 0, "terminate": 0, "crashes": 0, "seconds": 0.0} for name in launchers}
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="launch_stress_") as tmp:
@@ -138,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     wall = time.perf_counter() - start
     total = {key: sum(row[key] for row in counts.values()) for key in ("launches", "nonzero", "terminate", "crashes")}
     print(
-        f"script: {'notebook 08 _runs/ddp_train.py' if args.script is None else args.script}; --epochs {args.epochs}; "
+        f"script: {'notebook 10 _runs/ddp_train.py' if args.script is None else args.script}; --epochs {args.epochs}; "
         f"portable kernels: {'yes' if args.portable else 'no'}; {os.cpu_count()} CPU cores"
     )
     print(

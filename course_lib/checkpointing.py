@@ -88,7 +88,7 @@ def checkpoint_momentum(momentum: float, *, convention: str = "pytorch") -> floa
     (``running = (1 - m) * running + m * x``, PyTorch's ``BatchNorm(momentum=0.1)``);
     the answer is ``1 - sqrt(1 - m)`` (0.0513 for 0.1).
     ``convention="old-weight"``: ``momentum`` weighs the *old* running value
-    (``running = m * running + (1 - m) * x``, as in the seed post and Keras, 0.9); the answer is
+    (``running = m * running + (1 - m) * x``, as in the Tensor post and Keras, 0.9); the answer is
     ``sqrt(m)`` (0.9487 for 0.9). Both describe the same update: ``0.1`` in one is ``0.9`` in the other.
 
     >>> round(checkpoint_momentum(0.1), 4), round(checkpoint_momentum(0.9, convention="old-weight"), 4)

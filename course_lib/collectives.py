@@ -1,10 +1,10 @@
 """The ring all-reduce on real processes: point-to-point messages between ranks of a process group.
 
-Notebook 07 writes this ring by hand (``_runs/ring.py``) and checks, on every rank, that it gives
+Notebook 09 writes this ring by hand (``_runs/ring.py``) and checks, on every rank, that it gives
 the same sums and sends the same bytes as this copy; ``benchmarks/all_reduce.py`` times this copy
 against ``dist.all_reduce``. (``course_lib.allreduce_sim`` is the single-process simulation of the
 same algorithm, used to count bytes and draw the steps.) ``tree_all_reduce`` and
-``parameter_server_all_reduce`` are the two other algorithms whose times notebook 07 measures and
+``parameter_server_all_reduce`` are the two other algorithms whose times notebook 09 measures and
 predicts with ``course_lib.comm_model``.
 """
 

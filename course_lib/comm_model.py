@@ -3,7 +3,7 @@
 One message of ``m`` bytes takes ``alpha + m / beta`` seconds: ``alpha`` is the fixed cost of a
 message (software, system calls, the network's latency), ``beta`` the bandwidth in bytes per second.
 A collective is a sequence of steps, each step one message on the critical path, so its time is the
-sum of its steps' times. Notebook 07 derives this, fits ``alpha`` and ``beta`` for gloo from measured
+sum of its steps' times. Notebook 09 derives this, fits ``alpha`` and ``beta`` for gloo from measured
 send/recv times, and compares the predictions with measured all-reduces;
 :func:`fit_alpha_beta` and :func:`all_reduce_steps` are the canonical versions the notebook checks
 its own lines against, and that its exercise and ``benchmarks/all_reduce.py`` reuse.

@@ -1,29 +1,31 @@
-"""The course's comparison tables, stated once: each fact about a training technique lives here, and the tables
-that restate earlier notebooks are generated from it.
+"""The course's comparison facts and corrections, stated once: each fact about a training technique lives here.
 
-Notebook 08's "DataParallel vs DDP", notebook 10's map of parallelism and notebook 12's decision guide all restate
+Notebook 10's "DataParallel vs DDP", notebook 12's map of parallelism and notebook 17's decision guide all restate
 facts taught earlier. Written out by hand three times, they drifted apart (08 said "ring all-reduce" where 07 shows
 the backend chooses; 10 said data parallelism needs the whole model state on one device, which sharding answers).
-Here a fact is written once, under the technique it belongs to, with the notebook section that shows it; a table is
-a view that picks rows and columns. ``python -m course_lib.manifest --write`` writes the tables into the text sources
-between ``<!-- BEGIN generated: facts-NAME -->`` and ``<!-- END generated -->``; tests/test_manifest.py fails when
-one is stale, tests/test_sources.py when a notebook does not match its source (``make sync``).
+Here a fact is written once, under the technique it belongs to, with the notebook section that shows it.
 
->>> print(table("parallelism").splitlines()[0])
-| | data parallel (DDP) | sharded data parallel (ZeRO, FSDP) | pipeline parallel | tensor parallel |
+The tables are views that pick rows and columns; the repository's tooling renders them as markdown into the text
+sources (``course_tools.generated``, run by ``python -m course_tools.manifest --write``) between
+``<!-- BEGIN generated: facts-NAME -->`` and ``<!-- END generated -->``; tests/test_manifest.py fails when one is
+stale, tests/test_sources.py when a notebook does not match its source (``make sync``). :data:`CORRECTIONS` lists
+what the course corrected, so that no text source says it again (tests/test_consistency.py).
+
+>>> fact("ddp", "launch")
+'`torchrun` / `mp.spawn`'
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["FACTS", "TABLES", "TableSpec", "fact", "table"]
+__all__ = ["CORRECTIONS", "Correction", "FACTS", "fact"]
 
 # FACTS[technique][field]: one sentence each, in the words every table uses. "shown" is where the course shows it.
 FACTS: dict[str, dict[str, str]] = {
     "dp": {
         "name": "`nn.DataParallel`",
-        "processes": "1, a thread per GPU (GIL-bound, notebook 07)",
+        "processes": "1, a thread per GPU (GIL-bound, notebook 09)",
         "machines": "one",
         "per step": "scatter the input, replicate the model, gather the outputs",
         "gradient sync": "reduced onto GPU 0 (its memory and link are the bottleneck), after backward",
@@ -32,7 +34,7 @@ FACTS: dict[str, dict[str, str]] = {
         "batchnorm": "batch statistics per GPU; running statistics kept from GPU 0's replica only (the others are "
         "discarded after each forward: `DataParallel` documentation)",
         "mixed precision": "`torch.autocast` around the call works: `parallel_apply` carries it into each thread "
-        "(notebook 07)",
+        "(notebook 09)",
         "launch": "`python train.py`",
         "status": "not recommended in the PyTorch docs",
     },
@@ -40,16 +42,16 @@ FACTS: dict[str, dict[str, str]] = {
         "name": "`DistributedDataParallel`",
         "processes": "1 per device (GPU or CPU worker)",
         "machines": "one or many (`torchrun --nnodes`)",
-        "per step": "rank 0's buffers broadcast at each forward (`forward_sync_buffers`, notebook 09); parameters stay "
+        "per step": "rank 0's buffers broadcast at each forward (`forward_sync_buffers`, notebook 11); parameters stay "
         "in sync",
-        "gradient sync": "the backend's `all_reduce` (ring or tree: the backend chooses, notebook 07), in buckets, "
+        "gradient sync": "the backend's `all_reduce` (ring or tree: the backend chooses, notebook 09), in buckets, "
         "overlapped with backward",
         "optimizer": "runs on every rank, on identical gradients",
         "data": "a `DistributedSampler` shard per rank",
         "batchnorm": "batch statistics per rank; running statistics rank 0's, broadcast at each forward "
-        "(notebook 09); or `SyncBatchNorm` (GPU) for global batch statistics",
+        "(notebook 11); or `SyncBatchNorm` (GPU) for global batch statistics",
         "mixed precision": "`torch.autocast` and `torch.amp.GradScaler`, as in one process "
-        "(Apex `amp` of seed 001 is retired)",
+        "(Apex `amp` of the single-machine post is retired)",
         "launch": "`torchrun` / `mp.spawn`",
         "status": "the recommended way",
         "split": "the batch; each device holds the whole model, its gradients and optimizer state",
@@ -61,21 +63,21 @@ FACTS: dict[str, dict[str, str]] = {
         "bottleneck": "the model fits, training takes too long, you have several devices",
         "remedy": "DDP (`torchrun`)",
         "cost": "one all-reduce of the gradients per step, mostly overlapped",
-        "shown": "per-rank batch halved (above); notebooks 08, 09",
+        "shown": "per-rank batch halved (above); notebooks 10, 11",
     },
     "sharded": {
         "name": "sharded data parallel (ZeRO, FSDP)",
         "split": "the batch, and the model state: each of N ranks keeps 1/N of the optimizer state (ZeRO-1), "
         "gradients (ZeRO-2) and parameters (ZeRO-3, FSDP)",
         "communicated": "reduce-scatter of gradients + all-gather of parameters: DDP's bytes for ZeRO-1/2, "
-        "1.5x for ZeRO-3 (parameters gathered again for backward; notebook 11)",
+        "1.5x for ZeRO-3 (parameters gathered again for backward; notebook 13)",
         "idle": "little: FSDP prefetches the next all-gather during compute",
         "needs": "one layer's full parameters (ZeRO-3) and the activations fit on one device",
         "use when": "the model state does not fit one device: the first remedy for that",
         "bottleneck": "the parameters + gradients + optimizer state do not fit one device",
         "remedy": "sharded data parallel: ZeRO-1/2 (optimizer state, gradients), then FSDP (`fully_shard`, ZeRO-3)",
         "cost": "more communication (ZeRO-3: 1.5x DDP's bytes); a sharded checkpoint format",
-        "shown": "notebook 11",
+        "shown": "notebook 13",
     },
     "pipeline": {
         "name": "pipeline parallel",
@@ -88,7 +90,7 @@ FACTS: dict[str, dict[str, str]] = {
         "between nodes are slow",
         "remedy": "pipeline (between layers, across nodes) and tensor parallel (inside layers, within a node)",
         "cost": "the bubble; communication inside every layer",
-        "shown": "notebook 10",
+        "shown": "notebook 12",
     },
     "tensor": {
         "name": "tensor parallel",
@@ -108,63 +110,14 @@ FACTS: dict[str, dict[str, str]] = {
         "bottleneck": "the wanted batch does not fit on your one device",
         "remedy": "gradient accumulation",
         "cost": "more, smaller steps; BatchNorm and batch-coupled losses see micro-batches",
-        "shown": "peak down in proportion (above; notebook 06)",
+        "shown": "peak down in proportion (above; notebook 08)",
     },
     "mixed precision": {
         "bottleneck": "memory and speed on a device with bf16/fp16 matrix units",
         "remedy": "mixed precision: bf16 autocast (fp16 + `GradScaler` where bf16 is missing)",
         "cost": "rounding; loss scaling for fp16",
-        "shown": "activations halved (above; notebook 05)",
+        "shown": "activations halved (above; notebook 07)",
     },
-}
-
-
-@dataclass(frozen=True)
-class TableSpec:
-    """A view of :data:`FACTS`: ``by_row=False`` puts techniques in columns and fields in rows."""
-
-    techniques: tuple[str, ...]
-    fields: tuple[tuple[str, str], ...]  # (field in FACTS, its heading in the table)
-    corner: str = ""
-    by_row: bool = False
-    headings: tuple[str, ...] = ()  # column headings instead of the techniques' names
-
-
-TABLES: dict[str, TableSpec] = {
-    "dp-vs-ddp": TableSpec(
-        ("dp", "ddp"),
-        tuple(
-            (f, f.replace("batchnorm", "BatchNorm"))
-            for f in (
-                "processes",
-                "machines",
-                "per step",
-                "gradient sync",
-                "optimizer",
-                "data",
-                "batchnorm",
-                "mixed precision",
-                "launch",
-                "status",
-            )
-        ),
-    ),
-    "parallelism": TableSpec(
-        ("ddp", "sharded", "pipeline", "tensor"),
-        (
-            ("split", "what is split"),
-            ("communicated", "communicated"),
-            ("idle", "idle time"),
-            ("needs", "needs"),
-            ("use when", "use when"),
-        ),
-        headings=("data parallel (DDP)", "sharded data parallel (ZeRO, FSDP)", "pipeline parallel", "tensor parallel"),
-    ),
-    "remedies": TableSpec(
-        ("checkpointing", "accumulation", "mixed precision", "ddp", "sharded", "pipeline"),
-        (("bottleneck", "bottleneck"), ("remedy", "first remedy"), ("cost", "what it costs"), ("shown", "shown")),
-        by_row=True,
-    ),
 }
 
 
@@ -179,19 +132,56 @@ def fact(technique: str, field: str) -> str:
     return FACTS[technique][field]
 
 
-def table(name: str) -> str:
-    """The markdown table ``name`` (one of :data:`TABLES`), built from :data:`FACTS`."""
-    if not isinstance(name, str):
-        raise TypeError(f"table name must be a string, got {type(name).__name__}")
-    if name not in TABLES:
-        raise ValueError(f"no table {name!r}; known: {sorted(TABLES)}")
-    spec = TABLES[name]
-    if spec.by_row:
-        rows = [[heading for _, heading in spec.fields]]
-        rows += [[fact(t, f) for f, _ in spec.fields] for t in spec.techniques]
-    else:
-        rows = [[spec.corner, *(spec.headings or [fact(t, "name") for t in spec.techniques])]]
-        rows += [[heading] + [fact(t, f) for t in spec.techniques] for f, heading in spec.fields]
-    lines = ["| " + " | ".join(rows[0]) + " |", "|" + "---|" * len(rows[0])]
-    lines += ["| " + " | ".join(r) + " |" for r in rows[1:]]
-    return "\n".join(lines).replace("|  |", "| |")
+@dataclass(frozen=True)
+class Correction:
+    """A statement the course once made (or its sources make) that is false for the PyTorch it runs.
+
+    ``wrong`` is a regular expression for the old wording; ``right`` says what is true; ``shown`` is where a
+    notebook shows it. ``tests/test_consistency.py`` fails when any text source says it again.
+    """
+
+    wrong: str
+    right: str
+    shown: str
+
+
+CORRECTIONS: tuple[Correction, ...] = (
+    Correction(
+        r"(broadcast|sync)\w*[^.]{0,60}buffers[^.]{0,60}(training forward|forward \(in training\)|in training mode)"
+        r"|training forwards?[^.]{0,40}broadcast|forward\**\s*\(in training\)[^.]{0,40}broadcasts?[^.]{0,30}buffers",
+        "DDP broadcasts rank 0's buffers at the start of every forward that follows a forward run with gradients "
+        "enabled, in training and in eval mode alike",
+        "notebook 11 §1",
+    ),
+    Correction(
+        r"divides? by the number of ranks still training",
+        "`join()` divides by the initial world size by default (`divide_by_initial_world_size=True`)",
+        "notebook 11 §4",
+    ),
+    Correction(
+        r"multiples? of 8[^.]{0,80}tensor cores|tensor cores[^.]{0,80}multiples? of 8",
+        "since cuBLAS 11 tensor cores are used whatever the dimensions; alignment and tile/wave quantization "
+        "decide their efficiency",
+        "notebook 07 §5",
+    ),
+    Correction(
+        r"the default `foreach` implementation of Adam",
+        "`foreach` is Adam's default on CUDA, XPU and MTIA; on the CPU the default is the per-tensor loop",
+        "notebook 04 §1",
+    ),
+    Correction(
+        r"copies can overlap with (GPU )?(work|compute)",
+        "`save_on_cpu` copies on the current stream: asynchronous for the host, not overlapped with GPU compute",
+        "notebook 05 §2.2",
+    ),
+    Correction(
+        r"every number is measured on your machine",
+        "every number in the text is printed by a cell you run, or names its source",
+        "notebook 00",
+    ),
+    Correction(
+        r"the same files serve both",
+        "CPU jobs stay on the CPU on a GPU machine; the GPU path is the explicit switch COURSE_DEVICE=cuda",
+        "notebook 00 §4",
+    ),
+)

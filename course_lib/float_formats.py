@@ -1,4 +1,4 @@
-"""Floating-point formats bit by bit: the format explorer of the mixed-precision notebook (05).
+"""Floating-point formats bit by bit: the format explorer of the floating-point notebook (06).
 
 For ``torch.float32``, ``torch.float16`` and ``torch.bfloat16``: :func:`float_format` (bit layout
 and limits), :func:`bits_of` / :func:`from_bits` (the bits of a value and back), :func:`round_to`,

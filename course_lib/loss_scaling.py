@@ -1,4 +1,4 @@
-"""Dynamic loss scaling: the course's canonical scaler, the one notebook 05 compares with ``GradScaler``.
+"""Dynamic loss scaling: the course's canonical scaler, the one notebook 06 compares with ``GradScaler``.
 
 Loss scaling exists because of the fp16 format (:mod:`course_lib.float_formats`): small gradients
 underflow to zero unless the loss is multiplied by a large scale before backward.

@@ -7,7 +7,7 @@ up the bytes, counting each underlying storage once: a tensor saved twice, or tw
 of one storage, cost memory once.
 
 :func:`saved_cast_copy_bytes` listens at the same place for one kind of saved tensor: the
-low-precision copies of the weights that ``torch.autocast`` makes (notebook 05).
+low-precision copies of the weights that ``torch.autocast`` makes (notebook 07).
 :func:`format_bytes` prints a byte count for a person.
 
 One storage is one ``(device, address)`` key (:func:`_storage_key`); :mod:`course_lib.memory`

@@ -1,20 +1,27 @@
-"""Run the course's GPU half on a machine with CUDA, and write down what it measured.
+"""Run the whole course on a machine with CUDA GPUs, on its GPU path, and write down what it measured.
 
-    python scripts/gpu_check.py --out gpu_results.md
+    python scripts/gpu_check.py --out gpu_results.md [--layouts 1,2] [--notebooks 10,13]
 
-1. Every notebook that has GPU cells runs top to bottom in a fresh kernel (working directory: a
-   temporary copy of ``notebooks/``), so its ``requires_gpu`` cells run live; what each GPU cell
-   printed, or the error it raised, is recorded. The committed notebooks are not touched.
-2. Every benchmark with a CUDA half runs (``benchmarks/mixed_precision.py``), and its output is
-   recorded with its ``RESULT`` line.
+For each **layout** (how many GPUs are visible: ``1`` is ``CUDA_VISIBLE_DEVICES=0``, ``2`` the first
+two; layouts the machine cannot give are reported as skipped):
 
-The report (markdown) names the GPU, torch and CUDA versions. The script exits 1 if a GPU cell or a
-benchmark failed, 2 if there is no CUDA GPU here (nothing to check: the CPU half is ``make test``).
+1. Every notebook runs top to bottom in a fresh kernel (working directory: a temporary copy of
+   ``notebooks/``) with ``COURSE_DEVICE=cuda``, so the training scripts of the distributed notebooks
+   run on the GPUs with NCCL (one process per GPU) and the ``requires_gpu`` cells run live. **Any
+   cell that raises fails the check, guarded or not.** What each GPU cell printed is recorded, and
+   so are the lines of the GPU-path launches.
+2. Then, once, every benchmark with a CUDA half (``benchmarks/mixed_precision.py``).
+
+The report (markdown) names the GPUs, torch and CUDA versions. Exit status: 0 if everything ran,
+1 if a cell or a benchmark failed, 2 if there is no CUDA GPU here (the CPU half is ``make test``; its
+GPU-visible pass, ``make test-gpu-visible``, checks that a GPU machine prints what the committed
+notebooks show). The committed notebooks are never touched.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import subprocess
 import sys
@@ -25,76 +32,100 @@ from pathlib import Path
 import nbformat
 from nbclient import NotebookClient
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import gpu_cells  # noqa: E402
-
-from course_lib.manifest import ROOT, notebook_paths  # noqa: E402
+from course_lib.manifest import ROOT, notebook_paths
+from course_tools import gpu_cells
 
 CUDA_BENCHMARKS = ["benchmarks/mixed_precision.py"]
 
 
-def cell_report(nb: nbformat.NotebookNode, cells: list[gpu_cells.GpuCell]) -> tuple[list[str], int]:
-    """Markdown lines with what each GPU cell of an executed notebook printed; and how many failed."""
-    lines, failed = [], 0
+def cell_report(nb: nbformat.NotebookNode, cells: list[gpu_cells.GpuCell]) -> list[str]:
+    """Markdown lines with what each GPU cell of an executed notebook printed."""
+    lines = []
     for cell in cells:
         outputs = nb.cells[cell.index].get("outputs", [])
         text = "".join(o.get("text", "") for o in outputs if o.get("output_type") == "stream")
         errors = [o for o in outputs if o.get("output_type") == "error"]
         status = "FAILED" if errors else ("skipped" if "[GPU cell skipped]" in text else "ran")
-        failed += bool(errors)
-        lines += [f"#### cell {cell.index}: {cell.what} ({status})", "```", text.rstrip()]
-        if errors:
-            lines.append(f"{errors[0]['ename']}: {errors[0]['evalue']}")
-        lines += ["```", ""]
-    return lines, failed
+        lines += [f"#### cell {cell.index}: {cell.what} ({status})", "```", text.rstrip(), "```", ""]
+    return lines
 
 
-def run_notebook(path: Path, workdir: Path) -> tuple[list[str], int]:
+def error_cells(nb: nbformat.NotebookNode) -> list[tuple[int, str]]:
+    """(index, 'Ename: value') of every code cell whose outputs hold an error, guarded or not."""
+    found = []
+    for i, cell in enumerate(nb.cells):
+        for out in cell.get("outputs", []) if cell.cell_type == "code" else []:
+            if out.get("output_type") == "error":
+                found.append((i, f"{out['ename']}: {out['evalue']}"[:300]))
+    return found
+
+
+def run_notebook(path: Path, workdir: Path, env: dict[str, str]) -> tuple[list[str], int]:
     nb = nbformat.read(path, as_version=4)
-    client = NotebookClient(
-        nb, kernel_name="python3", timeout=600, allow_errors=True, resources={"metadata": {"path": str(workdir)}}
-    )
-    start = time.perf_counter()
-    client.execute()
-    lines, failed = cell_report(nb, gpu_cells.gpu_cells(path))
-    return [f"### {path.name} (ran in {time.perf_counter() - start:.1f} s)", "", *lines], failed
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)  # the kernel inherits this process's environment
+    try:
+        client = NotebookClient(
+            nb, kernel_name="python3", timeout=900, allow_errors=True, resources={"metadata": {"path": str(workdir)}}
+        )
+        start = time.perf_counter()
+        client.execute()
+        wall = time.perf_counter() - start
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    errors = error_cells(nb)
+    lines = [f"### {path.name} ({'FAILED' if errors else 'ok'}, {wall:.1f} s)", ""]
+    lines += [f"- cell {i} raised {text}" for i, text in errors]
+    lines += cell_report(nb, gpu_cells.gpu_cells(path))
+    return lines, len(errors)
 
 
 def run_benchmark(script: str) -> tuple[list[str], int]:
     proc = subprocess.run([sys.executable, script], cwd=ROOT, capture_output=True, text=True, timeout=1800)
-    return [f"### {script} (exit {proc.returncode})", "```", (proc.stdout + proc.stderr).rstrip(), "```", ""], int(
-        proc.returncode != 0
-    )
+    lines = [f"### {script} (exit {proc.returncode})", "```", (proc.stdout + proc.stderr).rstrip(), "```", ""]
+    return lines, int(proc.returncode != 0)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("gpu_results.md"), help="the report to write")
-    parser.add_argument("--notebooks-only", action="store_true", help="skip the benchmarks")
+    parser.add_argument("--layouts", default="1,2", help="numbers of visible GPUs to run the course with")
+    parser.add_argument("--notebooks", default="", help="comma-separated notebook numbers (default: all)")
+    parser.add_argument("--no-benchmarks", action="store_true", help="skip the benchmarks")
     args = parser.parse_args(argv)
     import torch
 
     if not torch.cuda.is_available():
         print("no CUDA GPU on this machine: nothing to check here (the CPU half is `make test`)", file=sys.stderr)
         return 2
-    names = ", ".join(torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count()))
-    report = [
-        f"# GPU check: {names}",
-        "",
-        f"torch {torch.__version__}, CUDA {torch.version.cuda}, {torch.cuda.device_count()} GPU(s)",
-        "",
-    ]
+    have = torch.cuda.device_count()
+    names = ", ".join(torch.cuda.get_device_name(i) for i in range(have))
+    report = [f"# GPU check: {names}", "", f"torch {torch.__version__}, CUDA {torch.version.cuda}, {have} GPU(s)", ""]
+    wanted = {n.strip() for n in args.notebooks.split(",") if n.strip()}
+    paths = [p for p in notebook_paths() if not wanted or p.name[:2] in wanted]
     failed = 0
-    with tempfile.TemporaryDirectory(prefix="course_gpu_") as tmp:
-        work = Path(tmp) / "notebooks"
-        shutil.copytree(ROOT / "notebooks", work, ignore=shutil.ignore_patterns("_runs", "*.pt"))
-        for path in notebook_paths():
-            if gpu_cells.gpu_cells(path):
-                lines, bad = run_notebook(path, work)
+    for layout in (int(n) for n in args.layouts.split(",")):
+        if layout > have:
+            report += [f"## {layout} GPU(s): skipped, this machine has {have}", ""]
+            continue
+        env = {"COURSE_DEVICE": "cuda", "CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in range(layout))}
+        report += [
+            f"## {layout} GPU(s) visible (COURSE_DEVICE=cuda CUDA_VISIBLE_DEVICES={env['CUDA_VISIBLE_DEVICES']})",
+            "",
+        ]
+        with tempfile.TemporaryDirectory(prefix="course_gpu_") as tmp:
+            work = Path(tmp) / "notebooks"
+            shutil.copytree(ROOT / "notebooks", work, ignore=shutil.ignore_patterns("_runs", "*.pt"))
+            for path in paths:
+                lines, bad = run_notebook(path, work, env)
                 report += lines
                 failed += bad
-                print(f"{path.name}: {bad} GPU cell(s) failed", flush=True)
-    if not args.notebooks_only:
+                print(f"[{layout} GPU] {path.name}: {bad} cell(s) raised", flush=True)
+    if not args.no_benchmarks:
         for script in CUDA_BENCHMARKS:
             lines, bad = run_benchmark(script)
             report += lines

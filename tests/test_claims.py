@@ -25,7 +25,8 @@ _CLAIM = re.compile(
     r"(?<![\w.^/×-])(\d+(?:\.\d+)?)\s?(%|x(?![\w×])|×(?!\s?[\d(]))|(?<![\w`×])[x×]~?(\d+(?:\.\d+)?)(?![\d×])"
 )
 _SOURCE = re.compile(
-    r"\]\(https?:|et al\.|\bnotebooks? \d\d|\bseed \d\d\d|specification|datasheet|benchmarks/|`make test-portable`"
+    r"\]\(https?:|et al\.|\bnotebooks? \d\d|\bthe \w+(-\w+)? post\b|specification|datasheet|benchmarks/"
+    r"|`make test-[\w-]+`"
 )
 _PERCENT = re.compile(r"(?<![\d.])(\d+(?:\.\d+)?)\s?%()")
 _RATIO = re.compile(r"(?<![\d.])(\d+(?:\.\d+)?)\s?[x×]|[x×]~?(\d+(?:\.\d+)?)")
@@ -66,6 +67,44 @@ def unshown_claims(path: Path) -> list[str]:
     return found
 
 
+# "3 of 102 launches", "11 of 23 restarts"; "about 21 s", "1.5 ms": counts and durations are claims too.
+_COUNT = re.compile(r"(?<![\w.])(\d+) of (\d+)\b(?! (?:the|its|them|which|each|these|those)\b)")
+_DURATION = re.compile(r"(?<![\w.^/-])(\d+(?:\.\d+)?)(?:\s?(ms|µs|us|min|minutes|seconds)|\s(s))\b(?![\w(])")
+_PRINTED_DURATION = re.compile(r"(\d+(?:\.\d+)?)\s?(ms|µs|us|s|min|minutes|seconds)\b")
+
+
+def unshown_counts_and_durations(path: Path) -> list[str]:
+    """Sentences with "N of M" or a duration that nothing in the notebook prints, and that name no source."""
+    nb = nbformat.read(path, as_version=4)
+    shown = _shown(nb)
+    durations = [(float(v), unit) for v, unit in _PRINTED_DURATION.findall(shown)]
+    found = []
+    for i, cell in enumerate(nb.cells):
+        if cell.cell_type != "markdown":
+            continue
+        for sentence in _SENTENCE.split(cell.source):
+            if _SOURCE.search(sentence):
+                continue
+            for m in _COUNT.finditer(sentence):
+                n, total = m.groups()
+                if not re.search(rf"(?<!\d){n}\s?(?:of|/)\s?{total}(?!\d)", shown):
+                    found.append(f"cell {i}: {m.group(0)!r} in: {sentence.strip()[:160]}")
+            for m in _DURATION.finditer(sentence):
+                value, unit = float(m.group(1)), m.group(2) or m.group(3)
+                if not any(u == unit and abs(v - value) <= max(0.15 * value, 0.05) for v, u in durations):
+                    found.append(f"cell {i}: {m.group(0)!r} in: {sentence.strip()[:160]}")
+    return found
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_every_count_and_duration_in_the_text_is_shown_or_sourced(path: Path) -> None:
+    claims = unshown_counts_and_durations(path)
+    assert not claims, (
+        "counts ('3 of 102') and durations ('about 21 s') that no cell prints and no source backs:\n"
+        + "\n".join(claims)
+    )
+
+
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_every_number_in_the_text_is_shown_or_sourced(path: Path) -> None:
     claims = unshown_claims(path)
@@ -87,3 +126,16 @@ def test_the_check_catches_an_unshown_number_and_accepts_a_shown_or_cited_one(tm
     nbformat.write(nb, path)
     claims = unshown_claims(path)
     assert len(claims) == 1 and "'100x'" in claims[0]
+
+
+def test_the_check_catches_unshown_counts_and_durations(tmp_path: Path) -> None:
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [
+        nbformat.v4.new_markdown_cell("11 of 23 restarts failed. The first compile takes about 21 s."),
+        nbformat.v4.new_markdown_cell("3 of 102 launches crashed; a step takes 1.5 ms."),
+        nbformat.v4.new_code_cell("print(...)", outputs=[nbformat.v4.new_output("stream", text="3/102, ~1.4 ms\n")]),
+    ]
+    path = tmp_path / "nb.ipynb"
+    nbformat.write(nb, path)
+    claims = unshown_counts_and_durations(path)
+    assert len(claims) == 2 and "'11 of 23'" in claims[0] and "'21 s'" in claims[1]

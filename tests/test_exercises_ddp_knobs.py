@@ -1,4 +1,4 @@
-"""Notebook 09's exercise checks accept right answers and reject wrong ones with a useful hint."""
+"""Notebook 11's exercise checks accept right answers and reject wrong ones with a useful hint."""
 
 from __future__ import annotations
 

@@ -23,7 +23,10 @@ def test_seed_everything_makes_every_generator_repeat() -> None:
     assert _draw() != first
 
 
-def test_seed_everything_turns_on_deterministic_algorithms() -> None:
+def test_seed_everything_turns_on_deterministic_algorithms_only_when_asked() -> None:
+    torch.use_deterministic_algorithms(False)
+    seed_everything(0)
+    assert not torch.are_deterministic_algorithms_enabled()  # seeding alone changes no global switch
     seed_everything(0, deterministic=True)
     assert torch.are_deterministic_algorithms_enabled()
     assert torch.is_deterministic_algorithms_warn_only_enabled()
@@ -89,3 +92,62 @@ def test_environment_report_describes_this_machine() -> None:
     assert any(line.startswith("PyTorch") and torch.__version__ in line for line in lines)
     if not torch.cuda.is_available():
         assert any("GPU cells will be skipped" in line for line in lines)
+
+
+def test_simulated_gpus_never_count_as_usable(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from course_lib.device import gpu_count, gpus_simulated
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setenv("COURSE_SIMULATED_GPUS", "2")
+    assert gpus_simulated() and gpu_count() == 0 and not gpu_available()
+    assert requires_gpu("a simulated GPU") is False
+    assert "this machine has 0" in capsys.readouterr().out  # the same line as on a CPU-only machine
+    assert best_device().type == "cpu"
+    monkeypatch.delenv("COURSE_SIMULATED_GPUS")
+    assert not gpus_simulated() and gpu_count() == 2 and gpu_available(2)
+
+
+def test_course_device_is_cpu_unless_the_switch_asks_for_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
+    from course_lib.device import backend_for, course_device, course_ranks
+
+    monkeypatch.delenv("COURSE_DEVICE", raising=False)
+    assert course_device() == "cpu" and course_ranks(2) == 2
+    monkeypatch.setenv("COURSE_DEVICE", " CPU ")
+    assert course_device() == "cpu"
+    monkeypatch.setenv("COURSE_DEVICE", "tpu")
+    with pytest.raises(ValueError, match=r"COURSE_DEVICE must be one of \('cpu', 'cuda'\), got 'tpu'"):
+        course_device()
+    monkeypatch.setenv("COURSE_DEVICE", "cuda")
+    if not gpu_available():
+        with pytest.raises(ValueError, match="no usable CUDA GPU"):
+            course_device()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.delenv("COURSE_SIMULATED_GPUS", raising=False)
+    assert course_device() == "cuda"
+    assert course_ranks(2) == 1  # one process per GPU: a 1-GPU machine runs the job as one process
+    with pytest.raises(ValueError, match=">= 1"):
+        course_ranks(0)
+    assert backend_for("cpu") == "gloo" and backend_for("cuda") == "nccl"
+    with pytest.raises(ValueError, match="device must be one of"):
+        backend_for("gpu")
+
+
+def test_cpu_hog_runs_the_command_under_load_and_leaves_nothing_behind() -> None:
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import psutil
+
+    script = Path(__file__).resolve().parents[1] / "scripts" / "cpu_hog.py"
+    cmd = [sys.executable, str(script), "--procs", "2", "--max-seconds", "30", "--", sys.executable, "-c"]
+    ok = subprocess.run([*cmd, "import sys; sys.exit(3)"], capture_output=True, text=True, timeout=60)
+    assert ok.returncode == 3 and "2 busy process(es)" in ok.stdout  # the command's exit code passes through
+    me = psutil.Process()
+    assert not [p for p in me.children(recursive=True) if "cpu_hog" in " ".join(p.cmdline())]
+    bad = subprocess.run([sys.executable, str(script), "--procs", "0", "--", "true"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "--procs must be >= 1" in bad.stderr

@@ -3,7 +3,7 @@
 Import a check from its notebook's module (``from course_lib.exercises.graphs import check_fresh_grad``):
 
 * ``core`` — ``exercise``, ``CheckResult``, ``NotDone``, ``Wrong`` and helpers every check uses
-* ``start`` (00), ``tensors`` (01), ``graphs`` (02), ``custom_autograd`` (03), ``checkpointing`` (04),
-  ``mixed_precision`` (05), ``accumulation`` (06), ``all_reduce`` (07), ``ddp`` (08),
-  ``ddp_knobs`` (09), ``model_parallel`` (10), ``sharding`` (11), ``capstone`` (12), ``transformer`` (14)
+* ``start`` (00), ``tensors`` (01), ``graphs`` (02), ``custom_autograd`` (03), ``checkpointing`` (04, 05),
+  ``mixed_precision`` (06, 07), ``accumulation`` (08), ``all_reduce`` (09), ``ddp`` (10),
+  ``ddp_knobs`` (11), ``model_parallel`` (12), ``sharding`` (13), ``transformer`` (14), ``capstone`` (17)
 """

@@ -1,4 +1,4 @@
-"""Checks for notebook 06 (gradient accumulation)."""
+"""Checks for notebook 08 (gradient accumulation)."""
 
 from __future__ import annotations
 

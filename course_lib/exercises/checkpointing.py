@@ -36,7 +36,7 @@ def check_bn_momentum(corrected_momentum: Any) -> str:
             continue
         if math.isclose(got, math.sqrt(m), rel_tol=1e-6):
             raise Wrong(
-                "sqrt(m) is the seed's recipe, right only where momentum weighs the OLD value; "
+                "sqrt(m) is the Tensor post's recipe, right only where momentum weighs the OLD value; "
                 "PyTorch's weighs the NEW batch statistic"
             )
         if math.isclose(got, math.sqrt(1 - m), rel_tol=1e-6):

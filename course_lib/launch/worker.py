@@ -1,4 +1,4 @@
-"""The entry point of a :func:`~course_lib.launch.spawn` child process: load the function, join the
+"""The entry point of a :func:`~course_lib.launch.run_ranks` child process: load the function, join the
 group, run, write the result, and tear down so that the process exits cleanly."""
 
 from __future__ import annotations
@@ -10,9 +10,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+__all__ = ["worker_main"]
 
-def _spawn_worker_main() -> None:
-    """Entry point of a :func:`spawn` child: ``python -c ... spec.pkl rank``."""
+
+def worker_main() -> None:
+    """Entry point of a :func:`~course_lib.launch.run_ranks` child: ``python -c ... spec.pkl rank``.
+
+    Internal: ``run_ranks`` starts each child with ``from course_lib.launch.worker import worker_main; worker_main()``.
+    """
     import gc
     import importlib
     import importlib.util
@@ -59,6 +64,12 @@ def _spawn_worker_main() -> None:
         import torch.distributed.nn  # noqa: F401
 
         group = spec["init_method"] != "none"
+        import torch
+
+        device_id = None
+        if spec["device"] == "cuda":
+            device_id = torch.device("cuda", rank)  # one GPU per rank: LOCAL_RANK == rank on this one machine
+            torch.cuda.set_device(device_id)
         if group:
             url = "env://" if spec["init_method"] == "env" else f"tcp://127.0.0.1:{spec['port']}"
             dist.init_process_group(
@@ -67,6 +78,7 @@ def _spawn_worker_main() -> None:
                 rank=rank,
                 world_size=ws,
                 timeout=timedelta(seconds=max(spec["timeout"], 1.0)),
+                device_id=device_id,
             )
         try:
             value = fn(rank, ws, *args)

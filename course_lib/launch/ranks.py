@@ -1,4 +1,9 @@
-"""Run a function in fresh processes with a process group ready, and return what each rank returns."""
+"""Run a function in fresh processes with a process group ready, and return what each rank returns.
+
+Named ``run_ranks`` (not ``spawn``) on purpose: ``torch.multiprocessing.spawn`` calls ``fn(i, *args)``
+in processes it starts and leaves the process group to ``fn``; this one starts fresh interpreters,
+initialises the group for ``fn`` and returns every rank's value.
+"""
 
 from __future__ import annotations
 
@@ -10,12 +15,12 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from .checks import _check_cwd, _check_positive_int, _check_timeout
-from .engine import _run
-from .ports import _master_port
+from .checks import check_cwd, check_device, check_positive_int, check_timeout
+from .engine import run_processes
+from .ports import rendezvous_port
 from .results import LaunchError
 
-__all__ = ["spawn"]
+__all__ = ["run_ranks"]
 
 
 def _target_spec(fn: Any) -> tuple[str, str, str | None]:
@@ -48,13 +53,14 @@ def _target_spec(fn: Any) -> tuple[str, str, str | None]:
     return str(module), qualname, source
 
 
-def spawn(
+def run_ranks(
     fn: Callable[..., Any] | str,
     nprocs: int = 2,
     args: Sequence[Any] = (),
     *,
     timeout: float = 60.0,
     backend: str = "gloo",
+    device: str = "cpu",
     init_method: str = "env",
     master_port: int | None = None,
     env: Mapping[str, str] | None = None,
@@ -69,17 +75,34 @@ def spawn(
     does it) and destroys it afterwards. ``args`` and the return values must be picklable.
     ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT`` are set in
     every process either way.
+
+    ``device="cpu"`` (the default) hides every GPU from the processes (``CUDA_VISIBLE_DEVICES=""``),
+    so a CPU job stays on the CPU on a GPU machine too. ``device="cuda"`` gives rank ``r`` the GPU
+    ``r`` (``torch.cuda.set_device`` and ``init_process_group(device_id=...)``, before ``fn`` runs);
+    it needs one GPU per rank and is refused otherwise. ``backend="nccl"`` needs ``device="cuda"``.
     """
-    nprocs = _check_positive_int("nprocs", nprocs)
+    nprocs = check_positive_int("nprocs", nprocs)
     if backend not in ("gloo", "nccl", "mpi"):
         raise ValueError(f"backend must be 'gloo', 'nccl' or 'mpi', got {backend!r}")
+    device = check_device(device)
+    if backend == "nccl" and device != "cuda":
+        raise ValueError("backend='nccl' runs collectives between GPUs: pass device='cuda' (one GPU per rank)")
+    if device == "cuda":
+        from ..device import gpu_count
+
+        have = gpu_count()
+        if nprocs > have:
+            raise ValueError(
+                f"device='cuda' binds one GPU per rank: {nprocs} ranks need {nprocs} GPUs, this machine has {have}"
+                " (two ranks on one GPU is what NCCL refuses as 'Duplicate GPU detected')"
+            )
     if init_method not in ("env", "tcp", "none"):
         raise ValueError(f"init_method must be 'env', 'tcp' or 'none', got {init_method!r}")
     if isinstance(args, (str, bytes)) or not isinstance(args, Sequence):
         raise TypeError("args must be a tuple or list of extra arguments for fn")
-    timeout = _check_timeout(timeout)
+    timeout = check_timeout(timeout)
     module, name, path = _target_spec(fn)
-    master_port = _master_port(master_port)
+    master_port = rendezvous_port(master_port)
     try:
         payload = pickle.dumps(tuple(args))
     except Exception as e:  # noqa: BLE001 - say what could not be pickled
@@ -91,6 +114,7 @@ def spawn(
             "path": path,
             "payload": payload,
             "backend": backend,
+            "device": device,
             "init_method": init_method,
             "world_size": nprocs,
             "port": master_port,
@@ -100,16 +124,17 @@ def spawn(
         }
         spec_file = Path(tmp) / "spec.pkl"
         spec_file.write_bytes(pickle.dumps(spec))
-        boot = "from course_lib.launch.worker import _spawn_worker_main; _spawn_worker_main()"
+        boot = "from course_lib.launch.worker import worker_main; worker_main()"
         commands = [[sys.executable, "-c", boot, str(spec_file), str(rank)] for rank in range(nprocs)]
-        result = _run(
+        result = run_processes(
             commands,
             [f"rank {r}" for r in range(nprocs)],
             list(range(nprocs)),
             timeout=timeout,
             env=env,
-            cwd=_check_cwd(cwd),
+            cwd=check_cwd(cwd),
             echo=echo,
+            device=device,
             error_dir=Path(tmp),
         )
         results = []

@@ -1,6 +1,6 @@
 # %% [markdown] slideshow={"slide_type": "slide"}
 """
-# 07 · Data parallelism and all-reduce
+# 09 · Data parallelism and all-reduce
 
 Data parallelism runs the same model on several devices, each on its own slice of the data, and averages the gradients so that every copy takes the same step. The averaging is a *collective* operation, and how it moves bytes decides how well training scales. This notebook takes apart PyTorch's old one-process answer, `nn.DataParallel`, then builds the communication that `DistributedDataParallel` relies on: parameter server versus ring all-reduce, the collectives of `torch.distributed` run for real in several processes, and a ring all-reduce written by hand.
 
@@ -11,13 +11,14 @@ By the end you will be able to:
 - write a ring all-reduce from point-to-point `isend`/`recv` and check it against `dist.all_reduce`, and see the deadlock that blocking sends cause;
 - turn bytes into time: fit the latency-bandwidth (α-β) model to measured gloo messages, predict ring, tree and parameter-server all-reduces and a DDP step's bucketed communication, and compare with measurements.
 
-This notebook assumes: notebook 06 (gradients add up over samples; accumulation), and that you can run a training step. Processes are started with `course_lib.launch.spawn`; section 3 says what it does when it is first used (notebook 08 adds `torchrun`).
+This notebook assumes: notebook 08 (gradients add up over samples; accumulation), and that you can run a training step. Processes are started with `course_lib.launch.run_ranks`; section 3 says what it does when it is first used (notebook 10 adds `torchrun`).
 """
 
 # %% slideshow={"slide_type": "-"}
 import copy
 import inspect
 import math
+import os
 import sys
 import threading
 import time
@@ -37,15 +38,22 @@ from course_lib.allreduce_sim import (
     ring_bytes_formula,
 )
 from course_lib.data import digits
-from course_lib.device import gpu_available, requires_gpu
+from course_lib.device import requires_gpu
 from course_lib.errors import expect_error
-from course_lib.launch import spawn
+from course_lib.launch import run_ranks, run_script
 from course_lib.seeding import seed_everything
 
 seed_everything(0)
 torch.set_num_threads(1)   # one thread: steadier timings on a shared 2-core machine
 train, test = digits()
-print(f"GPUs visible: {torch.cuda.device_count()}; digits: {len(train)} training images")
+os.makedirs("_runs", exist_ok=True)  # scratch folder for the scripts this notebook writes (git ignores it)
+print(f"digits: {len(train)} training images")
+
+
+def make_mlp() -> nn.Module:
+    seed_everything(0)
+    return nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 10))
+
 
 # %% [markdown] slideshow={"slide_type": "slide"}
 """
@@ -75,33 +83,44 @@ print("and when device_ids is empty it only calls: self.module(*inputs, **kwargs
 ### On a machine without GPUs, DataParallel is the module itself
 
 With no GPU, `DataParallel` sets `device_ids = []` (even if you pass some) and its forward is a plain call of the wrapped module: one call, on the whole batch, no threads. The only visible change is the `module.` prefix it adds to every key of the `state_dict`, a classic source of "missing keys" errors when a checkpoint saved from a wrapped model is loaded into a bare one.
+
+The demonstration runs as a small **CPU job** (a script started by `course_lib.launch.run_script`, which hides every GPU from the processes it starts), so it shows the no-GPU behaviour on every machine, yours included if it has GPUs: the rule of this course is that CPU jobs stay on the CPU unless asked.
 """
 
-
 # %% slideshow={"slide_type": "fragment"}
+# %%writefile _runs/dp_without_gpus.py
+"""DataParallel on a machine without GPUs. Run as a CPU job: course_lib.launch hides any GPU from it."""
+import torch
+from torch import nn
+
+from course_lib.data import digits
+from course_lib.errors import expect_error
+from course_lib.seeding import seed_everything
+
+
 def make_mlp() -> nn.Module:
     seed_everything(0)
     return nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 10))
 
 
 model = make_mlp()
-if gpu_available():
-    print("This machine has a GPU: DataParallel would scatter to it; see the GPU cell at the end of this section.")
-else:
-    calls = []
-    model.register_forward_hook(lambda mod, inputs, output: calls.append(tuple(inputs[0].shape)))
-    dp = nn.DataParallel(model, device_ids=[0, 1])
-    x = train.flat()[:96]
-    out = dp(x)
-    assert dp.device_ids == [] and calls == [(96, 64)]          # one call, on the whole batch
-    torch.testing.assert_close(out, model(x))
-    print(f"device_ids={dp.device_ids} (asked for [0, 1]); the module ran once, on the whole batch of shape {calls[0]}")
-dp = nn.DataParallel(model)
+calls = []
+model.register_forward_hook(lambda mod, inputs, output: calls.append(tuple(inputs[0].shape)))
+dp = nn.DataParallel(model, device_ids=[0, 1])
+x = digits()[0].flat()[:96]
+out = dp(x)
+assert dp.device_ids == [] and calls == [(96, 64)]  # one call, on the whole batch
+torch.testing.assert_close(out, model(x))
+print(f"device_ids={dp.device_ids} (asked for [0, 1]); the module ran once, on the whole batch of shape {calls[0]}")
 print("state_dict keys:", list(dp.state_dict())[:2], "vs", list(model.state_dict())[:2])
 with expect_error(RuntimeError, match="Missing key"):
     make_mlp().load_state_dict(dp.state_dict())
-make_mlp().load_state_dict(dp.module.state_dict())   # the fix: save or load the wrapped module's state
+make_mlp().load_state_dict(dp.module.state_dict())  # the fix: save or load the wrapped module's state
 print("loading dp.module.state_dict() works")
+
+# %% slideshow={"slide_type": "-"}
+print(run_script(["python", "_runs/dp_without_gpus.py"], timeout=120, echo="none").output("main"))
+model = make_mlp()  # the same seeded MLP, in this kernel, for the rest of the section
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
@@ -446,13 +465,14 @@ print(f"{per_worker[0].numel()} gradient numbers: ring average == parameter-serv
 
 `torch.distributed` gives each process a **rank** in a **world** of `world_size` processes, connected by a backend: `gloo` on CPUs (and GPUs), `nccl` between NVIDIA GPUs, `mpi` where PyTorch was built with it. Every process must call the same collectives in the same order; a call returns when this rank's part is done, which usually means waiting for the others.
 
-A function defined in a notebook cell cannot run in a freshly started process (the new process cannot import the notebook), so the worker code is written to a file with `%%writefile`, into `_runs/` (git ignores it), and launched with `course_lib.launch.spawn`. What it does, since the rest of the course relies on it:
+A function defined in a notebook cell cannot run in a freshly started process (the new process cannot import the notebook), so the worker code is written to a file with `%%writefile`, into `_runs/` (git ignores it), and launched with `course_lib.launch.run_ranks`. What it does, since the rest of the course relies on it:
 
-- `spawn("file.py:fn", nprocs=N, args=...)` starts `N` fresh Python processes. Each one gets the environment variables that `torch.distributed`'s `env://` initialization reads (`MASTER_ADDR=127.0.0.1`, `MASTER_PORT` set to a port that was free a moment ago, `RANK`, `WORLD_SIZE`), calls `dist.init_process_group("gloo")`, imports `file.py` and calls `fn(rank, world_size, *args)`; then it tears the group down (`barrier`, `destroy_process_group`) and sends `fn`'s return value back (pickled). `spawn` returns the list of values in rank order.
+- `run_ranks("file.py:fn", nprocs=N, args=...)` starts `N` fresh Python processes. Each one gets the environment variables that `torch.distributed`'s `env://` initialization reads (`MASTER_ADDR=127.0.0.1`, `MASTER_PORT` set to a port that was free a moment ago, `RANK`, `WORLD_SIZE`), calls `dist.init_process_group("gloo")`, imports `file.py` and calls `fn(rank, world_size, *args)`; then it tears the group down (`barrier`, `destroy_process_group`) and sends `fn`'s return value back (pickled). `run_ranks` returns the list of values in rank order. (It is not `torch.multiprocessing.spawn`, which calls `fn(i, *args)`, leaves the process group to `fn` and returns nothing: notebook 10 uses that one.)
+- The processes see **no GPU** (`CUDA_VISIBLE_DEVICES=""`): these are CPU jobs, and on a machine with GPUs they stay CPU jobs and print what you see here. `device="cuda"` is the opt-in: one GPU per rank, bound before `fn` runs.
 - While they run, it shows each rank's printed lines (grouped by rank in a notebook, so the committed output does not depend on which process printed first).
 - It never leaves a process behind: after `timeout` seconds, or as soon as one rank fails, it kills every process it started and raises `LaunchError`, naming the rank that failed and quoting its traceback, or, on a timeout, each rank's last printed line. Section 4 uses that to show a deadlock without hanging the notebook.
 
-Notebook 08 runs the same kind of worker under `torchrun`, PyTorch's own launcher.
+Notebook 10 runs the same kind of worker under `torchrun`, PyTorch's own launcher.
 """
 
 # %% slideshow={"slide_type": "-"}
@@ -532,7 +552,7 @@ def demo(rank: int, world_size: int) -> dict:
 
 
 # %% slideshow={"slide_type": "fragment"}
-results = spawn("_runs/collectives.py:demo", nprocs=3, timeout=90, echo="grouped")
+results = run_ranks("_runs/collectives.py:demo", nprocs=3, timeout=90, echo="grouped")
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
@@ -556,7 +576,7 @@ print(f"all {N} ranks agree with the definitions; reduce_scatter gave {[r['reduc
 Notes on the current API, checked on PyTorch 2.13:
 - gloo supports `reduce_scatter` and `ReduceOp.AVG`. Older PyTorch raised `RuntimeError: ProcessGroupGloo does not support reduce_scatter`; support came in 2025 (pytorch/pytorch#149869) as a simple implementation, one all-reduce per rank, so on gloo it is there for correctness and testing, not speed.
 - The variants that work on one flat buffer instead of a list of tensors, `dist.reduce_scatter_tensor` and `dist.all_gather_into_tensor`, are what sharded training uses on GPUs, and most current tutorials show them; in 2.13 both are marked deprecated (a `FutureWarning`) in favour of `dist.reduce_scatter_single` and `dist.all_gather_single` (checked in the cell after this list).
-- `reduce_scatter` followed by `all_gather` **is** an all-reduce (checked above on every rank): that is exactly the ring's two phases, and what sharded training (ZeRO, FSDP; notebook 11) splits apart to keep only a shard of the gradients and optimizer state per rank.
+- `reduce_scatter` followed by `all_gather` **is** an all-reduce (checked above on every rank): that is exactly the ring's two phases, and what sharded training (ZeRO, FSDP; notebook 13) splits apart to keep only a shard of the gradients and optimizer state per rank.
 """
 
 # %% slideshow={"slide_type": "fragment"}
@@ -573,7 +593,7 @@ for old, new in [("reduce_scatter_tensor", "reduce_scatter_single"), ("all_gathe
 
 `dist.isend`/`dist.irecv` (non-blocking) and `dist.send`/`dist.recv` (blocking) move one tensor between two ranks. With them, the ring of section 2 becomes real code, one process per worker: each step, send one chunk to the right and receive one from the left.
 
-The send must not block before the receive is posted. On gloo a blocking `send` returns only once the neighbour has posted the matching receive, so if every rank calls `send` first, each waits for its neighbour, in a cycle: a deadlock, even for a 10-float tensor. Below, 2 ranks each `send` 10 floats to the other before receiving. Nothing would ever return. `spawn`'s own timeout would end it, but that clock starts with the processes (a few seconds of `import torch` on a busy machine); instead the sends run in a process group created with a 2-second timeout (`dist.new_group(timeout=...)`), so gloo itself gives up inside `send`, and `spawn` reports the failed rank with its traceback. (Some MPI libraries buffer small messages, which is why such code can seem to work elsewhere.)
+The send must not block before the receive is posted. On gloo a blocking `send` returns only once the neighbour has posted the matching receive, so if every rank calls `send` first, each waits for its neighbour, in a cycle: a deadlock, even for a 10-float tensor. Below, 2 ranks each `send` 10 floats to the other before receiving. Nothing would ever return. `run_ranks`'s own timeout would end it, but that clock starts with the processes (a few seconds of `import torch` on a busy machine); instead the sends run in a process group created with a 2-second timeout (`dist.new_group(timeout=...)`), so gloo itself gives up inside `send`, and `run_ranks` reports the failed rank with its traceback. (Some MPI libraries buffer small messages, which is why such code can seem to work elsewhere.)
 """
 
 # %% slideshow={"slide_type": "-"}
@@ -598,7 +618,7 @@ def send_first(rank: int, world_size: int) -> str:
 from course_lib.launch import LaunchError
 
 with expect_error(LaunchError, match="Timed out waiting 2000ms for send operation", quiet=True) as caught:
-    spawn("_runs/deadlock.py:send_first", nprocs=2, timeout=60, echo="none")
+    run_ranks("_runs/deadlock.py:send_first", nprocs=2, timeout=60, echo="none")
 lines = str(caught.error).splitlines()
 assert "in send_first" in str(caught.error) and "dist.send(t, dst=other, group=group)" in str(caught.error)
 print("LaunchError: a rank failed inside dist.send(t, dst=other, group=group) with")
@@ -664,7 +684,7 @@ def check(rank: int, world_size: int, sizes: list) -> list:
 
 # %% slideshow={"slide_type": "fragment"}
 sizes = [3, 10, 1000, 65536]
-ring_results = spawn("_runs/ring.py:check", nprocs=3, args=(sizes,), timeout=90, echo="grouped")
+ring_results = run_ranks("_runs/ring.py:check", nprocs=3, args=(sizes,), timeout=90, echo="grouped")
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
@@ -729,7 +749,7 @@ for n in (2, 3, 4, 8, 16):
 """
 ### One launch measures everything
 
-The worker below times, for message sizes from 4 bytes to 4 MiB: one message (half of a ping-pong between ranks 0 and 1), one exchange, `dist.all_reduce`, course_lib's copy of section 4's ring, and a parameter server (`course_lib.collectives` has it, written with `send`/`recv`). It also all-reduces, one after the other, the buckets DDP would make for a 2.1 M-parameter MLP (notebook 08 explains DDP's buckets; the rule, in short: the gradients in reverse order of the parameters, a bucket closed as soon as it holds at least 1 MiB for the first, 25 MiB for the others).
+The worker below times, for message sizes from 4 bytes to 4 MiB: one message (half of a ping-pong between ranks 0 and 1), one exchange, `dist.all_reduce`, course_lib's copy of section 4's ring, and a parameter server (`course_lib.collectives` has it, written with `send`/`recv`). It also all-reduces, one after the other, the buckets DDP would make for a 2.1 M-parameter MLP (notebook 10 explains DDP's buckets; the rule, in short: the gradients in reverse order of the parameters, a bucket closed as soon as it holds at least 1 MiB for the first, 25 MiB for the others).
 
 Each time is the best of 5 rounds over all sizes (one warm-up round first), so a burst of other work on the machine spoils one round, not one size. We use 2 ranks: this machine has 2 cores, and with more processes than cores a message also waits for its receiver to be scheduled, so `α` would measure the operating system's scheduler. With 2 ranks the tree and the parameter server are the same algorithm (one message to rank 0, one back), so only the second is measured.
 """
@@ -809,7 +829,7 @@ ddp_model = nn.Sequential(nn.Linear(64, 1024), nn.ReLU(), nn.Linear(1024, 1024),
                           nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 10))
 buckets = ddp_bucket_bytes(ddp_model)
 sizes = [4 * 4**i for i in range(11)]             # 4 B, 16 B, ..., 4 MiB
-comm = spawn("_runs/comm_time.py:measure", nprocs=2, args=(sizes, buckets, 5), timeout=120, echo="none")[0]
+comm = run_ranks("_runs/comm_time.py:measure", nprocs=2, args=(sizes, buckets, 5), timeout=120, echo="none")[0]
 print(f"{sum(p.numel() for p in ddp_model.parameters()):,} parameters -> DDP buckets of {buckets} bytes")
 print(f"measured {len(sizes)} sizes x {len(comm) - 1} operations, and the {len(buckets)} buckets")
 
@@ -939,7 +959,7 @@ print(f"64 KiB on {n_many} ranks over NVLink-like links: tree {predict_all_reduc
 - It is slow because of the GIL, the per-step model copy and the load on GPU 0. It does support autocast today (the thread-local state is carried into the worker threads). Prefer DDP, even on one machine.
 - A parameter server's link carries `N·S` per step; a ring all-reduce sends `2(N-1)/N·S` per worker, in `2(N-1)` steps (scatter-reduce then all-gather). Both compute the same average; the "effective batch" depends on how the data is split, not on the algorithm.
 - The collectives (`broadcast`, `reduce`, `all_reduce`, `gather`, `all_gather`, `reduce_scatter`, `barrier`) run on gloo on CPU; `reduce_scatter` + `all_gather` = `all_reduce`.
-- A ring all-reduce from `isend`/`recv` matches `dist.all_reduce`, byte for byte as predicted. Blocking `send`s in a cycle deadlock; `course_lib.launch.spawn`'s timeout turns the hang into an error that shows where each rank stopped.
+- A ring all-reduce from `isend`/`recv` matches `dist.all_reduce`, byte for byte as predicted. Blocking `send`s in a cycle deadlock; `course_lib.launch.run_ranks`'s timeout turns the hang into an error that shows where each rank stopped.
 - Time is `α + m/β` per message, summed over a collective's steps: ring `2(N-1)` steps of `S/N`, tree `2⌈log2 N⌉` of `S`, parameter server `2(N-1)` of `S` on one link. Fitted to gloo here, the model predicts the measured all-reduces and DDP's bucketed communication within a small factor; the same formulas with NVLink's or InfiniBand's figures say that large gradients favour the ring and many ranks with small tensors favour the tree.
 """
 

@@ -1,8 +1,8 @@
 # %% [markdown] slideshow={"slide_type": "slide"}
 """
-# 12 · Capstone: one training script, every technique, measured
+# 17 · Capstone: one training script, every technique, measured
 
-The course's techniques, side by side in one real training script: bf16 mixed precision (notebook 05), activation checkpointing (04), gradient accumulation (06) and DistributedDataParallel (07–08). Each is a flag; the notebook launches the script (one plain process, then `torchrun` with two processes), collects what each combination costs and saves, and turns the numbers into a decision guide. It closes with a cheat sheet: the seeds' APIs next to today's, each replacement run.
+The course's techniques, side by side in one real training script: bf16 mixed precision (notebooks 06–07), activation checkpointing (04–05), gradient accumulation (08) and DistributedDataParallel (09–11). Each is a flag; the notebook launches the script (one plain process, then `torchrun` with two processes), collects what each combination costs and saves, and turns the numbers into a decision guide. It closes with a cheat sheet: the source posts' APIs next to today's, each replacement run.
 
 By the end you will be able to:
 - combine autocast, checkpointing, accumulation and DDP in one training loop without changing what it computes;
@@ -10,7 +10,7 @@ By the end you will be able to:
 - pick the technique for a bottleneck (activation memory, batch size, model size, time);
 - translate old PyTorch code (`Variable`, `saved_variables`, `apex.amp`, `torch.cuda.amp`, `torch.distributed.launch`, `--local_rank`, ...) into the current API.
 
-This notebook assumes: notebooks 04–11. It runs on 2 CPU cores (the numbers are this machine's; timings are marked `~`). No GPU needed.
+This notebook assumes: notebooks 04–13. It runs on 2 CPU cores (the numbers are this machine's; timings are marked `~`). No GPU needed.
 """
 
 # %% slideshow={"slide_type": "-"}
@@ -26,14 +26,13 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-from course_lib.device import best_device
 from course_lib.errors import expect_error
 from course_lib.launch import run_script, run_torchrun
 from course_lib.seeding import seed_everything
 
 seed_everything(0)
 os.makedirs("_runs", exist_ok=True)  # scratch folder for the scripts this notebook writes (git ignores it)
-print(f"torch {torch.__version__.split('+')[0]}, gloo: {dist.is_gloo_available()}, CUDA GPUs: {torch.cuda.device_count()}")
+print(f"torch {torch.__version__.split('+')[0]}, gloo: {dist.is_gloo_available()}")
 
 # %% [markdown] slideshow={"slide_type": "slide"}
 """
@@ -41,10 +40,10 @@ print(f"torch {torch.__version__.split('+')[0]}, gloo: {dist.is_gloo_available()
 
 A residual MLP (4 blocks, each `Linear(64→256) → ReLU → Linear(256→64)`, wider inside as in a transformer) on the digits (1,438 training images, 359 test). Every configuration trains **30 optimizer steps on the same global batches of 512 samples**, so they compute the same thing:
 
-- `--accum K`: each step is K micro-batches of 512/K, each loss divided by K (notebook 06);
-- `--ddp`: each of the ranks takes its share of the global batch; DDP averages the gradients; with accumulation the first K-1 micro-batches run under `no_sync()` (notebook 08);
+- `--accum K`: each step is K micro-batches of 512/K, each loss divided by K (notebook 08);
+- `--ddp`: each of the ranks takes its share of the global batch; DDP averages the gradients; with accumulation the first K-1 micro-batches run under `no_sync()` (notebook 10);
 - `--checkpoint`: each block keeps only its input and recomputes its inside during backward (`use_reentrant=False`, notebook 04);
-- `--amp`: the forward runs under `torch.autocast("cpu", dtype=torch.bfloat16)`; bf16 has float32's exponent range, so no loss scaling is needed (notebook 05).
+- `--amp`: the forward runs under `torch.autocast("cpu", dtype=torch.bfloat16)`; bf16 has float32's exponent range, so no loss scaling is needed (notebook 07 §3).
 
 It measures the **peak memory** of one warm step with `course_lib.memory.measure_peak` (the allocator's record: parameters' gradients, saved activations, temporaries), the **median step time**, and the **test accuracy** at the end. Under DDP it reports the worst rank. Each process uses one thread, so one process and two DDP ranks compare fairly on two cores.
 """
@@ -249,7 +248,7 @@ What the table shows. Memory is the allocator's record, the same on every run; f
 
 - **Checkpointing** cuts the peak: each block's 4×-wide inside is no longer kept for backward. It costs a second forward of each block: about a third more compute for large layers, and far more on this tiny model, where every `checkpoint` call's fixed cost (stashing the RNG state, running the block's Python again) is comparable to the block's arithmetic. Notebook 04 measures and models that overhead; here it shows plainly in the step-time column.
 - **Accumulation** cuts the activation part of the peak in proportion to the micro-batch (a quarter of the batch, a quarter of the activations); the gradients and the step's temporaries stay. It pays with more, smaller, less efficient matmuls.
-- **bf16 autocast** halves the saved activations. Whether it is also faster depends on the hardware. The machine that recorded these outputs has bf16 matrix units (AVX-512 BF16 and AMX; notebook 00 names it), and there the `amp` rows ran faster than float32. A CPU without them emulates bf16 arithmetic through float32 plus conversions and runs it slower (notebook 05 §10 measures both). On a GPU with tensor cores it is the one technique here that also speeds the step up. Notebook 00's environment report shows which CPU kernels your machine dispatches to.
+- **bf16 autocast** halves the saved activations. Whether it is also faster depends on the hardware. The machine that recorded these outputs has bf16 matrix units (AVX-512 BF16 and AMX; notebook 00 names it), and there the `amp` rows ran faster than float32. A CPU without them emulates bf16 arithmetic through float32 plus conversions and runs it slower (notebook 07 §5 measures both). On a GPU with tensor cores it is the one technique here that also speeds the step up. Notebook 00's environment report shows which CPU kernels your machine dispatches to.
 - **DDP** halves each rank's share of the batch, so each rank's activation memory drops too, but its model, gradients and optimizer state are full copies. It is the only technique here whose aim is speed: each of two processes does half the work, plus one all-reduce per step. Whether that shows here depends on whether the two cores are free: other processes on the machine compete for them.
 - **Accuracy is the same** for every float32 configuration: they compute the same gradients up to rounding. bf16 rounds more and may differ in the last digit.
 """
@@ -277,11 +276,11 @@ Find the bottleneck first (notebook 04's memory measurement, a profiler for time
 | bottleneck | first remedy | what it costs | shown |
 |---|---|---|---|
 | activations do not fit (deep or wide model, long sequences) | activation checkpointing (selective: recompute the cheap ops) | up to one extra forward per step (about +30% compute at scale; more for small layers, notebook 04) | peak down, step slower (above; notebook 04) |
-| the wanted batch does not fit on your one device | gradient accumulation | more, smaller steps; BatchNorm and batch-coupled losses see micro-batches | peak down in proportion (above; notebook 06) |
-| memory and speed on a device with bf16/fp16 matrix units | mixed precision: bf16 autocast (fp16 + `GradScaler` where bf16 is missing) | rounding; loss scaling for fp16 | activations halved (above; notebook 05) |
-| the model fits, training takes too long, you have several devices | DDP (`torchrun`) | one all-reduce of the gradients per step, mostly overlapped | per-rank batch halved (above); notebooks 08, 09 |
-| the parameters + gradients + optimizer state do not fit one device | sharded data parallel: ZeRO-1/2 (optimizer state, gradients), then FSDP (`fully_shard`, ZeRO-3) | more communication (ZeRO-3: 1.5x DDP's bytes); a sharded checkpoint format | notebook 11 |
-| sharding is not enough: one layer's parameters or activations do not fit, or links between nodes are slow | pipeline (between layers, across nodes) and tensor parallel (inside layers, within a node) | the bubble; communication inside every layer | notebook 10 |
+| the wanted batch does not fit on your one device | gradient accumulation | more, smaller steps; BatchNorm and batch-coupled losses see micro-batches | peak down in proportion (above; notebook 08) |
+| memory and speed on a device with bf16/fp16 matrix units | mixed precision: bf16 autocast (fp16 + `GradScaler` where bf16 is missing) | rounding; loss scaling for fp16 | activations halved (above; notebook 07) |
+| the model fits, training takes too long, you have several devices | DDP (`torchrun`) | one all-reduce of the gradients per step, mostly overlapped | per-rank batch halved (above); notebooks 10, 11 |
+| the parameters + gradients + optimizer state do not fit one device | sharded data parallel: ZeRO-1/2 (optimizer state, gradients), then FSDP (`fully_shard`, ZeRO-3) | more communication (ZeRO-3: 1.5x DDP's bytes); a sharded checkpoint format | notebook 13 |
+| sharding is not enough: one layer's parameters or activations do not fit, or links between nodes are slow | pipeline (between layers, across nodes) and tensor parallel (inside layers, within a node) | the bubble; communication inside every layer | notebook 12 |
 <!-- END generated -->
 
 They combine: the last single-process row uses three at once and has the smallest peak, and the big training runs use all of them together.
@@ -289,9 +288,9 @@ They combine: the last single-process row uses three at once and has the smalles
 
 # %% [markdown] slideshow={"slide_type": "slide"}
 """
-## 5. Cheat sheet: the seeds' APIs and today's
+## 5. Cheat sheet: the source posts' APIs and today's
 
-| the seeds write | PyTorch 2.13 | why |
+| the source posts write | PyTorch 2.13 | why |
 |---|---|---|
 | `Variable(x, requires_grad=True)` | `x.requires_grad_()` or `torch.tensor(..., requires_grad=True)` | `Variable` merged into `Tensor` in 0.4; it now just returns a tensor |
 | `ctx.saved_variables` | `ctx.saved_tensors` | deprecated alias, warns |
@@ -302,7 +301,7 @@ They combine: the last single-process row uses three at once and has the smalles
 | `python -m torch.distributed.launch --nproc_per_node=N` | `torchrun --nproc_per_node=N` | the old launcher is deprecated |
 | `parser.add_argument("--local_rank")` | `int(os.environ["LOCAL_RANK"])` | torchrun passes no argument; the old launcher now passes `--local-rank` |
 | `nn.DataParallel(model)` | `DistributedDataParallel` | one process per device, no GIL, multi-node |
-| `dist.allreduce`, `dist.allgather` | `dist.all_reduce`, `dist.all_gather` | the seeds' names never existed |
+| `dist.allreduce`, `dist.allgather` | `dist.all_reduce`, `dist.all_gather` | the source posts' names never existed |
 | `init_process_group("nccl")` everywhere | `"gloo"` on CPU, `"nccl"` on GPUs | NCCL needs CUDA |
 | `x.cuda()`, `model.cuda(0)` | `x.to(device)` with `device = torch.device(...)` | runs on any device |
 | `torch.load(path)` | `torch.load(path, weights_only=True)` (the default since 2.6) | unpickling arbitrary objects runs code |
@@ -353,7 +352,7 @@ assert out.dtype == torch.bfloat16 and model[0].weight.dtype == torch.float32
 print(f"bf16 autocast: activations {out.dtype}, weights {model[0].weight.dtype}, no scaler")
 
 opt.zero_grad()
-scaler = torch.amp.GradScaler("cpu")  # float16 needs loss scaling (notebook 05)
+scaler = torch.amp.GradScaler("cpu")  # float16 needs loss scaling (notebook 06)
 with torch.autocast("cpu", dtype=torch.float16):
     out = model(xb)
     loss = F.cross_entropy(out, yb)
@@ -383,9 +382,9 @@ print("checkpoint without use_reentrant warns:", str(caught[0].message).split(".
 checkpoint(block, xc, use_reentrant=False).sum().backward()
 print("checkpoint(..., use_reentrant=False): gradient of the input", tuple(xc.grad.shape))
 
-device = best_device()
-moved = model.to(device)  # instead of .cuda()
-print("model.to(best_device()) ->", next(moved.parameters()).device)
+device = torch.device("cpu")  # a choice; a script takes it as an argument, e.g. --device cuda
+moved = model.to(device)  # instead of .cuda(): the same line runs on any device
+print("model.to(device) ->", next(moved.parameters()).device)
 
 torch.save(model.state_dict(), "_runs/cheat_sheet_model.pt")
 state = torch.load("_runs/cheat_sheet_model.pt", weights_only=True)
@@ -410,7 +409,7 @@ print("dist.all_reduce / dist.all_gather exist; allreduce / allgather do not")
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-The rest of the table ran in section 2: `torchrun` instead of `torch.distributed.launch`, `LOCAL_RANK` from the environment instead of `--local_rank` (asserted on rank 1's output), DDP instead of `DataParallel`, gloo on CPU. Notebook 08 shows the legacy launcher failing on the seeds' `--local_rank`.
+The rest of the table ran in section 2: `torchrun` instead of `torch.distributed.launch`, `LOCAL_RANK` from the environment instead of `--local_rank` (asserted on rank 1's output), DDP instead of `DataParallel`, gloo on CPU. Notebook 10 shows the legacy launcher failing on the source posts' `--local_rank`.
 """
 
 # %% [markdown] slideshow={"slide_type": "slide"}
@@ -427,7 +426,7 @@ The rest of the table ran in section 2: `torchrun` instead of `torch.distributed
 """
 ## Exercises
 
-1. Write `effective_batch(micro, accum, world)`: how many samples go into one optimizer step with micro-batches of `micro`, `accum` accumulation steps and `world` DDP ranks. Combine two rules you have met: one optimizer step adds up the gradients of `accum` micro-batches (notebook 06), and DDP averages the gradients of every rank's batch (notebooks 07–08).
+1. Write `effective_batch(micro, accum, world)`: how many samples go into one optimizer step with micro-batches of `micro`, `accum` accumulation steps and `world` DDP ranks. Combine two rules you have met: one optimizer step adds up the gradients of `accum` micro-batches (notebook 08), and DDP averages the gradients of every rank's batch (notebooks 09–10).
 2. Fill in `choice`: for each bottleneck, the first technique to try, one of `TECHNIQUES`.
 """
 
@@ -453,5 +452,5 @@ print(check_technique_choice(choice))
 - PyTorch docs: [Automatic mixed precision](https://pytorch.org/docs/stable/amp.html), [torch.utils.checkpoint](https://pytorch.org/docs/stable/checkpoint.html), [DistributedDataParallel](https://pytorch.org/docs/stable/generated/torch.nn.parallel.DistributedDataParallel.html), [torchrun](https://pytorch.org/docs/stable/elastic/run.html), [torch.load and weights_only](https://pytorch.org/docs/stable/generated/torch.load.html), [PyTorch 0.4 migration guide (Variable and Tensor merged)](https://pytorch.org/blog/pytorch-0_4_0-migration-guide/).
 - P. Micikevicius et al., *Mixed Precision Training*, ICLR 2018, [arXiv:1710.03740](https://arxiv.org/abs/1710.03740).
 - T. Chen et al., *Training Deep Nets with Sublinear Memory Cost*, 2016, [arXiv:1604.06174](https://arxiv.org/abs/1604.06174).
-- S. Rajbhandari et al., *ZeRO: Memory Optimizations Toward Training Trillion Parameter Models*, SC 2020, [arXiv:1910.02054](https://arxiv.org/abs/1910.02054) (sharding: notebook 11).
+- S. Rajbhandari et al., *ZeRO: Memory Optimizations Toward Training Trillion Parameter Models*, SC 2020, [arXiv:1910.02054](https://arxiv.org/abs/1910.02054) (sharding: notebook 13).
 """

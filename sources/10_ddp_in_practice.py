@@ -1,8 +1,8 @@
 # %% [markdown] slideshow={"slide_type": "slide"}
 """
-# 08 · DDP in practice: launching, sharding, checkpoints, and why it is correct
+# 10 · DDP in practice: launching, sharding, checkpoints, and why it is correct
 
-Notebook 07 ran the collectives by hand. Here the same machinery trains a model: one training script, launched **for real** from this notebook in every way people launch it (`torch.multiprocessing.spawn`, `torchrun`, the legacy `python -m torch.distributed.launch`, and two `torchrun` agents forming a two-node job), on CPU processes talking over gloo. Each process's output streams into the cell, prefixed with its rank.
+Notebook 09 ran the collectives by hand. Here the same machinery trains a model: one training script, launched **for real** from this notebook in every way people launch it (`torch.multiprocessing.spawn`, `torchrun`, the legacy `python -m torch.distributed.launch`, and two `torchrun` agents forming a two-node job), on CPU processes talking over gloo. Each process's output streams into the cell, prefixed with its rank.
 
 By the end you will be able to:
 - launch a DDP script with `mp.spawn`, `torchrun` (one node or several) and recognise the legacy launcher, and say why a worker defined in a notebook cell cannot be spawned;
@@ -11,7 +11,7 @@ By the end you will be able to:
 - explain what DDP does inside (parameter broadcast, gradient buckets, overlap) and measure `bucket_cap_mb` and `no_sync`.
 - recognise a hang in a collective and a crash at exit (`terminate called without an active exception`), and write the teardown that prevents the crash.
 
-This notebook assumes: notebook 06 (gradient accumulation) and 07 (all-reduce and the collectives), and a training loop you could write yourself. No GPU: every distributed run here is CPU processes with the gloo backend; GPU-only cells say what they skipped.
+This notebook assumes: notebook 08 (gradient accumulation) and 09 (all-reduce and the collectives), and a training loop you could write yourself. No GPU: every distributed run here is CPU processes with the gloo backend, also on a machine with GPUs; GPU-only cells say what they skipped. On a GPU machine, `COURSE_DEVICE=cuda` (notebook 00) runs the training script on GPUs with NCCL instead, one process per GPU.
 """
 
 # %% slideshow={"slide_type": "-"}
@@ -28,8 +28,8 @@ import torch.nn as nn
 from torch.utils.data import DistributedSampler
 
 from course_lib.errors import expect_error
-from course_lib.device import requires_gpu
-from course_lib.launch import (LaunchError, child_stderr, free_port, port_in_use, run_script, run_torchrun, spawn,
+from course_lib.device import course_device, course_ranks, requires_gpu
+from course_lib.launch import (LaunchError, child_stderr, free_port, port_in_use, run_ranks, run_script, run_torchrun,
                                torchrun_command)
 from course_lib.seeding import seed_everything
 
@@ -44,7 +44,9 @@ def shown(cmd, port=None):
 seed_everything(0)
 os.makedirs("_runs", exist_ok=True)  # scratch folder for the scripts this notebook writes (git ignores it)
 sys.path.insert(0, os.path.abspath("_runs"))
-print(f"torch {torch.__version__.split('+')[0]}, gloo available: {dist.is_gloo_available()}, CUDA GPUs: {torch.cuda.device_count()}")
+DEVICE = course_device()  # "cpu", unless COURSE_DEVICE=cuda asks for the GPU path (notebook 00)
+RANKS = course_ranks(2)  # 2 processes on the CPU; on the GPU path one per GPU, at most 2
+print(f"torch {torch.__version__.split('+')[0]}, gloo available: {dist.is_gloo_available()}")
 
 # %% [markdown] slideshow={"slide_type": "slide"}
 """
@@ -52,7 +54,7 @@ print(f"torch {torch.__version__.split('+')[0]}, gloo available: {dist.is_gloo_a
 
 One file, written by the next cell so you can read all of it. It is launcher-agnostic: `torchrun` and the legacy launcher set `RANK`, `LOCAL_RANK`, `WORLD_SIZE`, `MASTER_ADDR` and `MASTER_PORT` in each process's environment, and `init_process_group()` with the default `init_method="env://"` reads them; `mp.spawn` calls `train(rank, world_size)` after initialising the group itself (section 3).
 
-What to look for, in order: **backend choice** (nccl for GPUs, gloo for CPUs); **seeding**; **rank-0-only I/O behind `dist.barrier()`** (rank 0 "downloads" the data, the others wait, then all read it); **`DistributedSampler`** and **`set_epoch`**; **metrics summed with `all_reduce`** (every rank must call it); the **checkpoint** written by rank 0 and loaded by everyone with `torch.load(weights_only=True)`; a final check that the parameters are **equal on every rank**. `log()` prefixes each line with `[rankN]:` so the launcher can sort the output by rank.
+What to look for, in order: **device and backend, chosen by an argument** (`--device cpu`, the default, trains on CPU processes over gloo; `--device cuda` binds each process to the GPU numbered by its `LOCAL_RANK` and uses NCCL); **seeding**; **rank-0-only I/O behind `dist.barrier()`** (rank 0 "downloads" the data, the others wait, then all read it); **`DistributedSampler`** and **`set_epoch`**; **metrics summed with `all_reduce`** (every rank must call it); the **checkpoint** written by rank 0 and loaded by everyone with `torch.load(weights_only=True)`; a final check that the parameters are **equal on every rank**. `log()` prefixes each line with `[rankN]:` so the launcher can sort the output by rank.
 """
 
 # %% slideshow={"slide_type": "-"}
@@ -90,11 +92,10 @@ def make_model():
     return nn.Sequential(nn.Flatten(), nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 10))
 
 
-def train(rank, world_size, epochs=2, batch_size=32, lr=0.1, out="_runs/ddp"):
-    use_cuda = torch.cuda.is_available()
-    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank))) if use_cuda else torch.device("cpu")
-    # The same seed on every rank: the same initial weights (DDP also broadcasts rank 0's) and the same
-    # sampler seed. Randomness that should differ per rank (augmentation) would add the rank to the seed.
+def train(rank, world_size, epochs=2, batch_size=32, lr=0.1, out="_runs/ddp", device=torch.device("cpu")):
+    # The same seed on every rank: the same initial weights (DDP also broadcasts rank 0's). It does not
+    # decide the sampler's order: that comes from the sampler's own seed= and set_epoch (section 7 shows
+    # it). Randomness that should differ per rank (augmentation) would add the rank to the seed.
     seed_everything(0)
 
     # Rank-0-only I/O: one process fetches/prepares, the others wait at the barrier, then everyone reads.
@@ -109,9 +110,9 @@ def train(rank, world_size, epochs=2, batch_size=32, lr=0.1, out="_runs/ddp"):
 
     sampler = DistributedSampler(dataset, shuffle=True, seed=0)  # rank and world size come from the group
     loader = DataLoader(dataset, batch_size=batch_size, sampler=sampler)
-    plain = DataLoader(dataset, batch_size=batch_size)  # seed 002's loader: no sampler (counted, not loaded)
+    plain = DataLoader(dataset, batch_size=batch_size)  # the multi-GPU post's loader: no sampler (counted, not loaded)
     log(f"without a DistributedSampler this rank would train on {sum(map(len, plain.batch_sampler))} samples per epoch")
-    model = DDP(make_model().to(device), device_ids=[device.index] if use_cuda else None)
+    model = DDP(make_model().to(device), device_ids=[device.index] if device.type == "cuda" else None)
     opt = torch.optim.SGD(model.parameters(), lr=lr)
 
     for epoch in range(epochs):
@@ -152,12 +153,18 @@ if __name__ == "__main__":  # started by torchrun or python -m torch.distributed
     parser.add_argument("--out", default="_runs/ddp")
     # Only the legacy launcher passes this (as --local-rank since torch 2.0); torchrun does not. Accept both spellings.
     parser.add_argument("--local-rank", "--local_rank", type=int, default=None)
+    # The device is a choice, never "cuda if torch.cuda.is_available()": a CPU job stays a CPU job on a GPU machine.
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     args = parser.parse_args()
     local_rank = int(os.environ["LOCAL_RANK"])  # what both launchers set: use this, not the argument
-    backend = "nccl" if torch.cuda.is_available() else "gloo"
-    if backend == "nccl":
-        torch.cuda.set_device(local_rank)
-    dist.init_process_group(backend)  # init_method="env://": MASTER_ADDR/PORT, RANK, WORLD_SIZE from the environment
+    if args.device == "cuda":  # one GPU per process, chosen by LOCAL_RANK; NCCL between them
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+        dist.init_process_group("nccl", device_id=device)  # device_id: bound now, NCCL connects eagerly
+    else:
+        device = torch.device("cpu")
+        dist.init_process_group("gloo")  # init_method="env://": MASTER_ADDR/PORT, RANK, WORLD_SIZE from the environment
+    backend = dist.get_backend()
     r, n = dist.get_rank(), dist.get_world_size()
     log(f"backend={backend} RANK={r} LOCAL_RANK={local_rank} WORLD_SIZE={n} GROUP_RANK={os.environ.get('GROUP_RANK')}")
     # Teardown, in this order. (1) train() returns: the DDP model, its reducer, the optimizer and the
@@ -168,7 +175,7 @@ if __name__ == "__main__":  # started by torchrun or python -m torch.distributed
     # "terminate called without an active exception".
     world = weakref.ref(dist.group.WORLD)
     try:
-        train(r, n, epochs=args.epochs, out=args.out)
+        train(r, n, epochs=args.epochs, out=args.out, device=device)
         dist.barrier()
     finally:
         dist.destroy_process_group()
@@ -185,19 +192,20 @@ if __name__ == "__main__":  # started by torchrun or python -m torch.distributed
 
 # %% slideshow={"slide_type": "-"}
 print(shown(torchrun_command("_runs/ddp_train.py", nproc_per_node=2, master_port=29500, tee=False)))
-single_node = run_torchrun("_runs/ddp_train.py", nproc_per_node=2, args=["--out", "_runs/ddp"], timeout=120)
+single_node = run_torchrun("_runs/ddp_train.py", nproc_per_node=RANKS, args=["--out", "_runs/ddp", "--device", DEVICE],
+                           timeout=120, device=DEVICE)
 print(f"wall time ~{single_node.wall_time:.1f} s")
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-Read the output against the script. Without a `DistributedSampler` (seed 002's loader) each rank would train on all **1,438** images, every epoch: N ranks, N copies of the same epoch. With it both ranks saw **719** of the 1,438 images per epoch (disjoint halves), their epoch-1 indices differ from epoch 0's because of `set_epoch`, the loss and accuracy printed by rank 0 are over all **1,438** samples because `all_reduce` summed the two ranks' counts, and both ranks hold identical parameters at the end.
+Read the output against the script. Without a `DistributedSampler` (the multi-GPU post's loader) each rank would train on all **1,438** images, every epoch: N ranks, N copies of the same epoch. With it both ranks saw **719** of the 1,438 images per epoch (disjoint halves), their epoch-1 indices differ from epoch 0's because of `set_epoch`, the loss and accuracy printed by rank 0 are over all **1,438** samples because `all_reduce` summed the two ranks' counts, and both ranks hold identical parameters at the end.
 """
 
 # %% slideshow={"slide_type": "-"}
-for rank in (0, 1):
+for rank in range(RANKS):  # RANKS is 2 here (on a 1-GPU machine's GPU path: 1, and the shard is the whole set)
     assert "without a DistributedSampler this rank would train on 1438 samples" in single_node.output(rank)
-    assert "719 samples" in single_node.output(rank)
-    assert "parameters identical on all 2 ranks: True" in single_node.output(rank)
+    assert f"{1438 // RANKS} samples" in single_node.output(rank)
+    assert f"parameters identical on all {RANKS} ranks: True" in single_node.output(rank)
 assert "over 1438 samples" in single_node.output(0)
 print("checked: 1438 per rank without the sampler, disjoint halves of 719 with it, metrics over 1438, identical parameters")
 
@@ -258,11 +266,10 @@ if requires_gpu("fork after CUDA initialisation fails in the child"):
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-So the spawn entry point lives in a file, guarded by `if __name__ == "__main__":` (each spawned child imports the file; without the guard every child would spawn again). It initialises the group itself, here with `init_method="tcp://host:port"` instead of environment variables, on a free port. The world size is a number we choose: the seeds' `torch.cuda.device_count()` is **0** on this machine, and `mp.spawn(..., nprocs=0)` silently does nothing at all.
+So the spawn entry point lives in a file, guarded by `if __name__ == "__main__":` (each spawned child imports the file; without the guard every child would spawn again). It initialises the group itself, here with `init_method="tcp://host:port"` instead of environment variables, on a free port. The world size is a number we choose: the source posts pass `nprocs=torch.cuda.device_count()`, which is **0** on a machine without GPUs, and `mp.spawn(..., nprocs=0)` silently does nothing at all:
 """
 
 # %% slideshow={"slide_type": "-"}
-print("torch.cuda.device_count() here:", torch.cuda.device_count())
 assert mp.spawn(worker, nprocs=0) is None  # no process, no error, no training
 print("mp.spawn(nprocs=0) returned at once, having trained nothing")
 
@@ -270,6 +277,7 @@ print("mp.spawn(nprocs=0) returned at once, having trained nothing")
 # %%writefile _runs/spawn_train.py
 import sys
 
+import torch
 import torch.distributed as dist
 import torch.distributed.nn  # noqa: F401  (before init_process_group: see the note in ddp_train.py)
 import torch.multiprocessing as mp
@@ -278,23 +286,32 @@ from course_lib.launch import free_port
 from ddp_train import train  # importable: this file's folder is on sys.path
 
 
-def worker(rank, world_size, port, out):
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
+def worker(rank, world_size, port, out, device_type):
+    url = f"tcp://127.0.0.1:{port}"
+    if device_type == "cuda":  # the GPU path: GPU `rank` for process `rank`, NCCL
+        device = torch.device("cuda", rank)
+        torch.cuda.set_device(device)
+        dist.init_process_group("nccl", init_method=url, rank=rank, world_size=world_size, device_id=device)
+    else:
+        device = torch.device("cpu")
+        dist.init_process_group("gloo", init_method=url, rank=rank, world_size=world_size)
     try:
-        train(rank, world_size, epochs=2, out=out)  # the DDP model and the last collectives' tensors die with train()
+        train(rank, world_size, epochs=2, out=out, device=device)  # the DDP model and the last collectives' tensors die with train()
         dist.barrier()  # every rank done communicating
     finally:
         dist.destroy_process_group()  # the last reference: gloo's threads are joined here, not at interpreter exit
 
 
-if __name__ == "__main__":
-    world_size = 2  # a choice, not torch.cuda.device_count() (0 on a CPU machine)
-    mp.spawn(worker, args=(world_size, free_port(), sys.argv[1]), nprocs=world_size, join=True)
+if __name__ == "__main__":  # python spawn_train.py OUT [DEVICE [WORLD_SIZE]]
+    out, device_type = sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else "cpu"
+    world_size = int(sys.argv[3]) if len(sys.argv) > 3 else 2  # a choice, not torch.cuda.device_count()
+    mp.spawn(worker, args=(world_size, free_port(), out, device_type), nprocs=world_size, join=True)
 
 # %% slideshow={"slide_type": "-"}
-spawned = run_script(["python", "_runs/spawn_train.py", "_runs/ddp_spawn"], timeout=120)
-a = torch.load("_runs/ddp/checkpoint.pt", weights_only=True)
-b = torch.load("_runs/ddp_spawn/checkpoint.pt", weights_only=True)
+spawned = run_script(["python", "_runs/spawn_train.py", "_runs/ddp_spawn", DEVICE, str(RANKS)], timeout=120, device=DEVICE)
+# map_location="cpu": on the GPU path the checkpoints hold CUDA tensors; here they are compared on the CPU
+a = torch.load("_runs/ddp/checkpoint.pt", map_location="cpu", weights_only=True)
+b = torch.load("_runs/ddp_spawn/checkpoint.pt", map_location="cpu", weights_only=True)
 assert all(torch.equal(a[k], b[k]) for k in a)
 print(f"mp.spawn + tcp:// gives the same weights as torchrun + env://, bit for bit; wall time ~{spawned.wall_time:.1f} s")
 
@@ -302,11 +319,11 @@ print(f"mp.spawn + tcp:// gives the same weights as torchrun + env://, bit for b
 """
 ## 4. The legacy `python -m torch.distributed.launch` and `--local_rank`
 
-PyTorch 2.13 still ships `torch.distributed.launch`, deprecated in favour of `torchrun`. Unlike `torchrun` it passes the local rank as a **command-line argument**, and since PyTorch 2.0 it spells it `--local-rank=N`. The seeds' scripts parse `--local_rank` (underscore), so as written they now die in `argparse`:
+PyTorch 2.13 still ships `torch.distributed.launch`, deprecated in favour of `torchrun`. Unlike `torchrun` it passes the local rank as a **command-line argument**, and since PyTorch 2.0 it spells it `--local-rank=N`. The source posts' scripts parse `--local_rank` (underscore), so as written they now die in `argparse`:
 """
 
 # %% slideshow={"slide_type": "-"}
-# %%writefile _runs/seed_local_rank.py
+# %%writefile _runs/post_local_rank.py
 import argparse
 
 parser = argparse.ArgumentParser()
@@ -316,8 +333,8 @@ print("local rank", args.local_rank)
 
 # %% slideshow={"slide_type": "-"}
 port = free_port()
-print(shown(torchrun_command("_runs/seed_local_rank.py", nproc_per_node=2, module="launch", master_port=port, tee=False), port))
-legacy_cmd = torchrun_command("_runs/seed_local_rank.py", nproc_per_node=2, module="launch", master_port=port)
+print(shown(torchrun_command("_runs/post_local_rank.py", nproc_per_node=2, module="launch", master_port=port, tee=False), port))
+legacy_cmd = torchrun_command("_runs/post_local_rank.py", nproc_per_node=2, module="launch", master_port=port)
 with expect_error(LaunchError, match="unrecognized arguments: --local-rank=", quiet=True) as seen:
     run_script(legacy_cmd, timeout=60, echo="none")
 argparse_error = next(line for line in str(seen.error).splitlines() if "unrecognized arguments" in line)
@@ -329,11 +346,11 @@ The training script of section 1 accepts both spellings but reads `LOCAL_RANK` f
 """
 
 # %% slideshow={"slide_type": "-"}
-legacy = run_script(torchrun_command("_runs/ddp_train.py", module="launch", master_port=free_port(),
-                                     args=["--out", "_runs/ddp_legacy"]), timeout=120)
+legacy = run_script(torchrun_command("_runs/ddp_train.py", module="launch", master_port=free_port(), nproc_per_node=RANKS,
+                                     args=["--out", "_runs/ddp_legacy", "--device", DEVICE]), timeout=120, device=DEVICE)
 notice = next(line for line in legacy.output("agent").splitlines() if "deprecated" in line)
 print("launcher says:", notice[notice.index("FutureWarning"):].strip())
-c = torch.load("_runs/ddp_legacy/checkpoint.pt", weights_only=True)
+c = torch.load("_runs/ddp_legacy/checkpoint.pt", map_location="cpu", weights_only=True)
 assert all(torch.equal(a[k], c[k]) for k in a)
 print("same weights as torchrun: True")
 
@@ -341,7 +358,7 @@ print("same weights as torchrun: True")
 """
 ## 5. Multi-node, for real: two `torchrun` agents
 
-On two machines you type one command on each, identical except `--node_rank`; they meet at `--master_addr:--master_port` (a port on node 0). Here both "machines" are this one, so the master address is `127.0.0.1`. With `--nnodes=2 --nproc_per_node=1` the world size is 2, so the job must produce exactly the weights of section 2.
+On two machines you type one command on each, identical except `--node_rank`; they meet at `--master_addr:--master_port` (a port on node 0). Here both "machines" are this one, so the master address is `127.0.0.1`. With `--nnodes=2 --nproc_per_node=1` the world size is 2, so the job must produce exactly the weights of section 2. (This one stays on the CPU even on the GPU path: each "node" runs its only process as `LOCAL_RANK=0`, which on two real machines is GPU 0 of each, but on one machine would put both processes on the same GPU, which NCCL refuses.)
 """
 
 # %% slideshow={"slide_type": "-"}
@@ -351,8 +368,13 @@ for node in (0, 1):
                                                   master_port=port, tee=False, args=["--out", "_runs/ddp_2nodes"]), port))
 two_nodes = run_torchrun("_runs/ddp_train.py", nnodes=2, nproc_per_node=1, master_port=port,
                          args=["--out", "_runs/ddp_2nodes"], timeout=120)
-d = torch.load("_runs/ddp_2nodes/checkpoint.pt", weights_only=True)
-assert all(torch.equal(a[k], d[k]) for k in a)
+if (DEVICE, RANKS) == ("cpu", 2):
+    cpu_ref = a  # section 2's run: 2 CPU processes
+else:  # the GPU path trained section 2 on GPUs: the CPU proofs need a 2-process CPU run of their own
+    run_torchrun("_runs/ddp_train.py", nproc_per_node=2, args=["--out", "_runs/ddp_cpu"], timeout=120, echo="none")
+    cpu_ref = torch.load("_runs/ddp_cpu/checkpoint.pt", weights_only=True)
+d = torch.load("_runs/ddp_2nodes/checkpoint.pt", map_location="cpu", weights_only=True)
+assert all(torch.equal(cpu_ref[k], d[k]) for k in cpu_ref)
 assert "GROUP_RANK=1" in two_nodes.output(1)
 print(f"2 nodes x 1 process = 1 node x 2 processes, bit for bit; wall time ~{two_nodes.wall_time:.1f} s")
 
@@ -378,16 +400,16 @@ srun torchrun --nnodes="$SLURM_NNODES" --nproc_per_node=4 \
      --rdzv-backend=c10d --rdzv-endpoint="$head:29500" --rdzv-id="$SLURM_JOB_ID" train.py
 ```
 
-The elastic rendezvous is also what lets a job restart after a failure (`--max-restarts`) or run on a varying number of nodes (`--nnodes=MIN:MAX`); notebook 09 §5 kills a rank and restarts a job for real. The SLURM script is reference material: SLURM starts one `torchrun` per node (`srun`), and the first node's host name serves as the rendezvous endpoint.
+The elastic rendezvous is also what lets a job restart after a failure (`--max-restarts`) or run on a varying number of nodes (`--nnodes=MIN:MAX`); notebook 11 §5 kills a rank and restarts a job for real. The SLURM script is reference material: SLURM starts one `torchrun` per node (`srun`), and the first node's host name serves as the rendezvous endpoint.
 
-Seed 003's two-node commands say `--nnodes=1` on both nodes (each would then form its own one-node job, and node 1's `--node_rank=1` is out of range) and glue `--node_rank=0--master_port` together; the cell below checks that our generator gets both right.
+The cluster post's two-node commands say `--nnodes=1` on both nodes (each would then form its own one-node job, and node 1's `--node_rank=1` is out of range) and glue `--node_rank=0--master_port` together; the cell below checks that our generator gets both right.
 """
 
 # %% slideshow={"slide_type": "-"}
 cmd = torchrun_command("train.py", nnodes=2, node_rank=1, nproc_per_node=4, master_addr="10.0.0.1", master_port=1234, tee=False)
 assert "--nnodes=2" in cmd and "--node_rank=1" in cmd and "--master_port=1234" in cmd
 with expect_error(ValueError, match="node_rank must be"):
-    torchrun_command("train.py", nnodes=1, node_rank=1)  # seed 003's second node
+    torchrun_command("train.py", nnodes=1, node_rank=1)  # the cluster post's second node
 print("node 1 of 2:", shown(cmd))
 elastic = torchrun_command("train.py", nnodes=2, nproc_per_node=4, master_addr="10.0.0.1", master_port=29500,
                            rdzv="c10d", tee=False)
@@ -398,7 +420,7 @@ print("elastic rendezvous, the same on every node:", shown(elastic))
 """
 ## 6. `init_process_group`: what it does, `env://` versus `tcp://`, and the fixed port
 
-`init_process_group` **returns** once every rank has joined (the seed says the process is destroyed when it completes: it is not, it goes on with a live group until `destroy_process_group()`). A one-process group in this kernel shows it, and shows the seeds' fixed `MASTER_PORT=29500` failing the moment something else holds the port (another job, or one that did not exit):
+`init_process_group` **returns** once every rank has joined (the Tensor post says the process is destroyed when it completes: it is not, it goes on with a live group until `destroy_process_group()`). A one-process group in this kernel shows it, and shows the source posts' fixed `MASTER_PORT=29500` failing the moment something else holds the port (another job, or one that did not exit):
 """
 
 # %% slideshow={"slide_type": "-"}
@@ -421,13 +443,13 @@ for key in ("MASTER_ADDR", "MASTER_PORT"):
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-**Backend choice.** `gloo` runs collectives on CPU tensors (and on GPU tensors, slowly); `nccl` runs them GPU-to-GPU and is the choice for CUDA training; `mpi` needs PyTorch built against MPI. Use `"nccl" if torch.cuda.is_available() else "gloo"`, as the script does.
+**Backend choice.** `gloo` runs collectives on CPU tensors (and on GPU tensors, slowly); `nccl` runs them GPU-to-GPU and is the choice for CUDA training (a CUDA build of PyTorch has it); `mpi` needs PyTorch built against MPI. Choose it with the device, and choose the device on purpose (the script's `--device`): `"nccl" if torch.cuda.is_available() else "gloo"` looks convenient, but it turns every CPU job on a GPU machine into a GPU job, with one GPU needed per process. Notebook 11 §6 shows the device-generic forms of current PyTorch (`torch.accelerator`, `device_id=`, `init_process_group()` without a backend).
 
-**SyncBatchNorm.** `nn.SyncBatchNorm.convert_sync_batchnorm(model)` swaps every BatchNorm for one whose batch statistics are all-reduced over the ranks (seed 003's advice). DDP accepts it only for GPU modules; on CPU it refuses at construction:
+**SyncBatchNorm.** `nn.SyncBatchNorm.convert_sync_batchnorm(model)` swaps every BatchNorm for one whose batch statistics are all-reduced over the ranks (the cluster post's advice). DDP accepts it only for GPU modules; on CPU it refuses at construction:
 """
 
 # %% slideshow={"slide_type": "-"}
-print("backends here: gloo", dist.is_gloo_available(), "| nccl", dist.is_nccl_available(), "| mpi", dist.is_mpi_available())
+print("gloo available:", dist.is_gloo_available())  # nccl: on CUDA builds only, so not printed here
 bn_model = nn.Sequential(nn.Linear(8, 8), nn.BatchNorm1d(8))
 sync_model = nn.SyncBatchNorm.convert_sync_batchnorm(bn_model)
 print("converted:", type(sync_model[1]).__name__)
@@ -453,7 +475,7 @@ if requires_gpu("SyncBatchNorm inside DDP (one-process NCCL group)"):
 """
 ## 7. `DistributedSampler`: shards, `set_epoch`, padding
 
-The sampler needs only `num_replicas` and `rank` (taken from the process group when not given), so it can be studied right here. Without `set_epoch`, every epoch replays the same order (the seeds copy a training seed to all ranks but never call it):
+The sampler needs only `num_replicas` and `rank` (taken from the process group when not given), so it can be studied right here. Without `set_epoch`, every epoch replays the same order (the source posts copy a training seed to all ranks but never call it):
 """
 
 # %% slideshow={"slide_type": "-"}
@@ -498,7 +520,7 @@ _ = seed_everything(0)  # back to the notebook's seed
 """
 ## 8. Proof: 2-process DDP = 1 process on the full batch
 
-Each DDP step, rank *r* computes the mean loss over its 32 samples and DDP **averages** the two ranks' gradients. With equal shard sizes that average is the gradient of the mean loss over the 64-sample global batch (notebook 06: mean of equal means). So one process that trains on the *union* of the two ranks' batches, in the same order, must end with the same weights, up to float rounding (the sums are taken in another order). The reference below rebuilds the ranks' batches from the same `DistributedSampler`s.
+Each DDP step, rank *r* computes the mean loss over its 32 samples and DDP **averages** the two ranks' gradients. With equal shard sizes that average is the gradient of the mean loss over the 64-sample global batch (notebook 08: mean of equal means). So one process that trains on the *union* of the two ranks' batches, in the same order, must end with the same weights, up to float rounding (the sums are taken in another order). The reference below rebuilds the ranks' batches from the same `DistributedSampler`s.
 """
 
 # %% slideshow={"slide_type": "-"}
@@ -523,20 +545,20 @@ for epoch in range(2):
         F.cross_entropy(ref(x_all[idx]), y_all[idx]).backward()
         opt.step()
 
-worst = max((ref.state_dict()[k] - a[k]).abs().max().item() for k in a)
-assert all(torch.allclose(ref.state_dict()[k], a[k], atol=1e-5) for k in a)
+worst = max((ref.state_dict()[k] - cpu_ref[k]).abs().max().item() for k in cpu_ref)
+assert all(torch.allclose(ref.state_dict()[k], cpu_ref[k], atol=1e-5) for k in cpu_ref)
 assert worst < 1e-6
 print(f"DDP (2 processes) vs 1 process on the 64-sample global batch: allclose, largest difference < 1e-6 (~{worst:.0e})")
 seed_everything(0)
-assert not all(torch.allclose(make_model().state_dict()[k], a[k], atol=1e-3) for k in a), "training did move the weights"
+assert not all(torch.allclose(make_model().state_dict()[k], cpu_ref[k], atol=1e-3) for k in cpu_ref), "training did move the weights"
 
 # %% [markdown] slideshow={"slide_type": "slide"}
 """
 ## 9. Inside DDP: broadcast, buckets, overlap, `no_sync`
 
-- **Construction** broadcasts rank 0's parameters and buffers to every rank, so the replicas start equal even when each rank initialised differently (the seeds' "same seed or wrong gradients" is too strong: the global seed still matters for dropout and augmentation, not for the initial weights, and not for the sampler's order, which only its `seed=` argument and `set_epoch` decide, §7).
-- **Every forward** (in training) broadcasts rank 0's **buffers** again, BatchNorm's running statistics for instance, so DDP is not silent between steps: notebook 09 §1 shows what that does to the statistics, and why a forward through the DDP model on rank 0 alone hangs.
-- **Backward**: DDP registers a hook on every parameter. Gradients are grouped into **buckets** of about `bucket_cap_mb` (default 25 MiB), filled in reverse layer order (whole tensors, so a bucket closes once it *reaches* the cap, possibly well over it: notebook 09 §3.2 predicts the counts below exactly); as soon as a bucket is full its all-reduce starts, **overlapping** communication with the rest of the backward pass. Fewer, bigger buckets mean fewer messages; smaller buckets start communicating earlier.
+- **Construction** broadcasts rank 0's parameters and buffers to every rank, so the replicas start equal even when each rank initialised differently (the source posts' "same seed or wrong gradients" is too strong: the global seed still matters for dropout and augmentation, not for the initial weights, and not for the sampler's order, which only its `seed=` argument and `set_epoch` decide, §7).
+- **Every forward** (in training) broadcasts rank 0's **buffers** again, BatchNorm's running statistics for instance, so DDP is not silent between steps: notebook 11 §1 shows what that does to the statistics, and why a forward through the DDP model on rank 0 alone hangs.
+- **Backward**: DDP registers a hook on every parameter. Gradients are grouped into **buckets** of about `bucket_cap_mb` (default 25 MiB), filled in reverse layer order (whole tensors, so a bucket closes once it *reaches* the cap, possibly well over it: notebook 11 §3.2 predicts the counts below exactly); as soon as a bucket is full its all-reduce starts, **overlapping** communication with the rest of the backward pass. Fewer, bigger buckets mean fewer messages; smaller buckets start communicating earlier.
 - **`no_sync()`**: inside it, backward only accumulates local gradients; the next backward outside it all-reduces the sum. For k-step accumulation that is one all-reduce instead of k.
 
 The worker below checks each point in a real 2-process job and times the step on rank 0.
@@ -656,7 +678,7 @@ def internals(rank, world_size, steps=10):
 # %% slideshow={"slide_type": "-"}
 from ddp_internals import internals
 
-reports = spawn(internals, nprocs=2, timeout=120)
+reports = run_ranks(internals, nprocs=2, timeout=120)
 r0 = reports[0]
 assert all(r[key] for r in reports for key in ("differ_before", "equal_after", "grad_is_mean", "no_sync_same_grad"))
 print("initial weights differ across ranks before DDP(model):", r0["differ_before"])
@@ -678,15 +700,15 @@ What 2 cores allow: the two processes share two cores with their own compute, so
 
 # %% [markdown] slideshow={"slide_type": "slide"}
 """
-## 10. What goes wrong: the hang in seed 003, and a crash after the work is done
+## 10. What goes wrong: the hang in the cluster post, and a crash after the work is done
 
 ### 10.1 Metrics with collectives: every rank calls every collective
 
-Logging a loss averaged over ranks needs a collective, and **every rank must call every collective**, in the same order. Seed 003 reduces the loss inside `if args.local_rank == 0:`, so rank 0 waits in `reduce` for a rank 1 that never comes: a hang, not an error. The launcher's timeout turns it into one, and kills both processes.
+Logging a loss averaged over ranks needs a collective, and **every rank must call every collective**, in the same order. The cluster post reduces the loss inside `if args.local_rank == 0:`, so rank 0 waits in `reduce` for a rank 1 that never comes: a hang, not an error. The launcher's timeout turns it into one, and kills both processes.
 """
 
 # %% slideshow={"slide_type": "-"}
-# %%writefile _runs/seed003_logging.py
+# %%writefile _runs/cluster_post_logging.py
 import time
 
 import torch
@@ -699,7 +721,7 @@ def get_reduced_loss(loss, dest_rank):
     return loss_tensor
 
 
-def seed_003_logging(rank, world_size):
+def cluster_post_logging(rank, world_size):
     loss = torch.tensor(float(rank + 1))
     if rank == 0:  # as in the seed: only rank 0 calls reduce -> waits forever
         return get_reduced_loss(loss, 0).item()
@@ -709,12 +731,12 @@ def seed_003_logging(rank, world_size):
 
 # %% slideshow={"slide_type": "-"}
 with expect_error(LaunchError, match="did not finish within the timeout of 4 s") as hung:
-    spawn("_runs/seed003_logging.py:seed_003_logging", nprocs=2, timeout=4, echo="none")
+    run_ranks("_runs/cluster_post_logging.py:cluster_post_logging", nprocs=2, timeout=4, echo="none")
 print("reason:", hung.error.reason)
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-The fix: call the collective on every rank, print on one. `reduce` leaves the sum on `dst` only; `all_reduce` leaves it everywhere (what the training script uses, so that every rank could, e.g., stop early on the same condition). The names are `dist.all_reduce` and `dist.all_gather`, not the seed's `allreduce`/`allgather`:
+The fix: call the collective on every rank, print on one. `reduce` leaves the sum on `dst` only; `all_reduce` leaves it everywhere (what the training script uses, so that every rank could, e.g., stop early on the same condition). The names are `dist.all_reduce` and `dist.all_gather`, not the cluster post's `allreduce`/`allgather`:
 """
 
 # %% slideshow={"slide_type": "-"}
@@ -778,28 +800,20 @@ assert "freed the group: True" in probe.output(0) and "freed the group: False" i
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-The fix, in the training script of section 1 and in `course_lib.launch.spawn`'s workers, is two habits:
+The fix, in the training script of section 1 and in `course_lib.launch.run_ranks`'s workers, is two habits:
 
 - **`import torch.distributed.nn` before `init_process_group`**, so its defaults capture no group;
 - **tear down in order**: let `train()` return, so the DDP model, its reducer, the optimizer and the last collectives' tensors die with its frame (keep none in a global); then `dist.barrier()`; then `dist.destroy_process_group()`, which now drops the last reference and joins gloo's threads while Python is fully alive. The script then checks with a weak reference that the group is gone and warns on stderr if something still holds it.
 
-With both, a rank ends its script with one thread instead of four (the main thread, two gloo workers and gloo's network loop), so nothing is left to race with shutdown. `benchmarks/launch_stress.py` launches the script 102 times under `torchrun`, the legacy launcher and `spawn`: with the old teardown 3 of 102 launches crashed this way, with the fixed one none (`RESULT launches=102 crashes=0`). Hiding the crash with `os._exit(0)` after the work (what `course_lib.launch` did before) also works, but skips every `atexit` handler and buffer flush; the import order is the fix.
+With both, a rank ends its script with one thread instead of four (the main thread, two gloo workers and gloo's network loop), so nothing is left to race with shutdown. `benchmarks/launch_stress.py` launches the script 102 times under `torchrun`, the legacy launcher and `run_ranks`: with the old teardown 3 of 102 launches crashed this way, with the fixed one none (`RESULT launches=102 crashes=0`). Hiding the crash with `os._exit(0)` after the work (what `course_lib.launch` did before) also works, but skips every `atexit` handler and buffer flush; the import order is the fix.
 """
 
 # %% [markdown] slideshow={"slide_type": "slide"}
 """
 ## 11. DataParallel versus DistributedDataParallel
 
-`nn.DataParallel` is one process with one thread per GPU: each step it scatters the batch, **replicates the model** from GPU 0 to the others, runs the replicas in threads, gathers the outputs on GPU 0 and reduces the gradients there (notebook 07). Without GPUs it does nothing at all: it calls the wrapped module.
+`nn.DataParallel` is one process with one thread per GPU: each step it scatters the batch, **replicates the model** from GPU 0 to the others, runs the replicas in threads, gathers the outputs on GPU 0 and reduces the gradients there. Without GPUs it does nothing at all: it calls the wrapped module (notebook 09 §1 shows both).
 """
-
-# %% slideshow={"slide_type": "-"}
-seed_everything(0)
-net = make_model()
-dp = nn.DataParallel(net)
-xb = x_all[:8]
-assert dp.device_ids == [] and torch.equal(dp(xb), net(xb))
-print("DataParallel on CPU: device_ids =", dp.device_ids, "-> plain module call, same output")
 
 # %% slideshow={"slide_type": "-"}
 if requires_gpu("DataParallel over 2 GPUs", count=2):
@@ -811,14 +825,14 @@ if requires_gpu("DataParallel over 2 GPUs", count=2):
 <!-- BEGIN generated: facts-dp-vs-ddp -->
 | | `nn.DataParallel` | `DistributedDataParallel` |
 |---|---|---|
-| processes | 1, a thread per GPU (GIL-bound, notebook 07) | 1 per device (GPU or CPU worker) |
+| processes | 1, a thread per GPU (GIL-bound, notebook 09) | 1 per device (GPU or CPU worker) |
 | machines | one | one or many (`torchrun --nnodes`) |
-| per step | scatter the input, replicate the model, gather the outputs | rank 0's buffers broadcast at each forward (`forward_sync_buffers`, notebook 09); parameters stay in sync |
-| gradient sync | reduced onto GPU 0 (its memory and link are the bottleneck), after backward | the backend's `all_reduce` (ring or tree: the backend chooses, notebook 07), in buckets, overlapped with backward |
+| per step | scatter the input, replicate the model, gather the outputs | rank 0's buffers broadcast at each forward (`forward_sync_buffers`, notebook 11); parameters stay in sync |
+| gradient sync | reduced onto GPU 0 (its memory and link are the bottleneck), after backward | the backend's `all_reduce` (ring or tree: the backend chooses, notebook 09), in buckets, overlapped with backward |
 | optimizer | runs once, on GPU 0 | runs on every rank, on identical gradients |
 | data | one DataLoader; the batch is split in `forward` | a `DistributedSampler` shard per rank |
-| BatchNorm | batch statistics per GPU; running statistics kept from GPU 0's replica only (the others are discarded after each forward: `DataParallel` documentation) | batch statistics per rank; running statistics rank 0's, broadcast at each forward (notebook 09); or `SyncBatchNorm` (GPU) for global batch statistics |
-| mixed precision | `torch.autocast` around the call works: `parallel_apply` carries it into each thread (notebook 07) | `torch.autocast` and `torch.amp.GradScaler`, as in one process (Apex `amp` of seed 001 is retired) |
+| BatchNorm | batch statistics per GPU; running statistics kept from GPU 0's replica only (the others are discarded after each forward: `DataParallel` documentation) | batch statistics per rank; running statistics rank 0's, broadcast at each forward (notebook 11); or `SyncBatchNorm` (GPU) for global batch statistics |
+| mixed precision | `torch.autocast` around the call works: `parallel_apply` carries it into each thread (notebook 09) | `torch.autocast` and `torch.amp.GradScaler`, as in one process (Apex `amp` of the single-machine post is retired) |
 | launch | `python train.py` | `torchrun` / `mp.spawn` |
 | status | not recommended in the PyTorch docs | the recommended way |
 <!-- END generated -->
@@ -826,9 +840,9 @@ if requires_gpu("DataParallel over 2 GPUs", count=2):
 
 # %% [markdown] slideshow={"slide_type": "slide"}
 """
-## 12. What the seeds got wrong, checked above
+## 12. What the source posts got wrong, checked above
 
-| seed says | PyTorch 2.13 does | shown in |
+| the source posts say | PyTorch 2.13 does | shown in |
 |---|---|---|
 | `python -m torch.distributed.launch` with `--local_rank` in argparse | deprecated launcher passes `--local-rank`: argparse fails; read `LOCAL_RANK` | §4 |
 | world size = `torch.cuda.device_count()` | 0 on a CPU machine: `mp.spawn(nprocs=0)` trains nothing | §3 |
@@ -838,11 +852,11 @@ if requires_gpu("DataParallel over 2 GPUs", count=2):
 | `mp.set_start_method('spawn')` before `mp.spawn` | redundant: `mp.spawn` always spawns (and warns if asked to fork) | §3 |
 | `rank = gpu` with `world_size = num_gpus * nodes` | wrong on node 1: rank = node_rank × nproc_per_node + local_rank | exercise 1 |
 | same seed everywhere "or the gradients are wrong" | DDP broadcasts rank 0's weights; call `set_epoch` for a new order each epoch | §7, §9 |
-| a DDP `DataLoader` without a `DistributedSampler` (seed 002) | every rank trains on the whole dataset | §2 |
+| a DDP `DataLoader` without a `DistributedSampler` (the multi-GPU post) | every rank trains on the whole dataset | §2 |
 | `--nnodes=1` on both nodes, `--node_rank=0--master_port=1234` | `--nnodes=2`, with a space | §5 |
 | reduce the loss only `if local_rank == 0` | a hang: every rank calls every collective | §10.1 |
-| checkpoint saved only `if not os.path.exists(dir)` (indentation) | saves once, never again: `os.makedirs(exist_ok=True)` then save | §1 (the fix; the seed's version is not run) |
-| Apex `amp.initialize` | Apex is not needed: `torch.autocast` + `torch.amp.GradScaler` | notebook 05 (asserted here) |
+| checkpoint saved only `if not os.path.exists(dir)` (indentation) | saves once, never again: `os.makedirs(exist_ok=True)` then save | §1 (the fix; the Tensor post's version is not run) |
+| Apex `amp.initialize` | Apex is not needed: `torch.autocast` + `torch.amp.GradScaler` | notebook 07 (asserted here) |
 """
 
 # %% [markdown] slideshow={"slide_type": "slide"}
@@ -852,7 +866,7 @@ if requires_gpu("DataParallel over 2 GPUs", count=2):
 - Launch with `torchrun` (one command per node, `--nnodes`, `--node_rank`, a master address and port); `mp.spawn` needs an importable worker in a file with a `__main__` guard; `python -m torch.distributed.launch` still exists in 2.13 but is deprecated and passes `--local-rank` (use `LOCAL_RANK`).
 - In the script: backend by device, `init_process_group()` (env:// from the launcher, or tcp://), `DistributedSampler` + `set_epoch`, rank-0 I/O behind a barrier, rank-0 checkpoint loaded everywhere with `weights_only=True`, collectives called by every rank.
 - DDP is exact: 2 processes on half-batches end allclose to one process on the full batch, and bit-identical across ranks and across launchers.
-- Inside: broadcast at construction, rank 0's buffers broadcast at every forward, bucketed all-reduce overlapped with backward, `no_sync()` to skip all-reduces during accumulation. Notebook 09 opens DDP's other settings, its failures, and restarts.
+- Inside: broadcast at construction, rank 0's buffers broadcast at every forward, bucketed all-reduce overlapped with backward, `no_sync()` to skip all-reduces during accumulation. Notebook 11 opens DDP's other settings, its failures, and restarts.
 - A clean exit: import `torch.distributed.nn` before `init_process_group`, let the DDP model die with `train()`, then `barrier()` and `destroy_process_group()`; otherwise gloo's threads can outlive the script and abort it with `terminate called without an active exception`.
 """
 
@@ -860,7 +874,7 @@ if requires_gpu("DataParallel over 2 GPUs", count=2):
 """
 ## Exercises
 
-1. Seed 002 sets `rank = gpu` with `world_size = num_gpus * nodes`. Write `global_rank(node_rank, local_rank, nproc_per_node)`.
+1. The multi-GPU post sets `rank = gpu` with `world_size = num_gpus * nodes`. Write `global_rank(node_rank, local_rank, nproc_per_node)`.
 2. Write `shard(n, world_size, rank)` returning the indices `DistributedSampler(range(n), num_replicas=world_size, rank=rank, shuffle=False)` gives that rank, padding included.
 3. With accumulation over `k` micro-batches in a DDP loop of `n_micro` micro-batches, write `syncs(n_micro, k)`: for each micro-batch, `True` when its backward must run outside `no_sync()`.
 """

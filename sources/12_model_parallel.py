@@ -1,17 +1,17 @@
 # %% [markdown] slideshow={"slide_type": "slide"}
 """
-# 10 · Model and pipeline parallelism: splitting one model across devices
+# 12 · Model and pipeline parallelism: splitting one model across devices
 
-Data parallelism (notebooks 07–08) copies the whole model to every device. When the model itself does not fit, it has to be **split**: by layers (pipeline parallelism) or inside a layer (tensor parallelism). Here a model is split for real across two CPU processes that pass activations forward and gradients backward with point-to-point messages, and the idle time this creates is drawn, computed and measured.
+Data parallelism (notebooks 09–10) copies the whole model to every device. When the model itself does not fit, it has to be **split**: by layers (pipeline parallelism) or inside a layer (tensor parallelism). Here a model is split for real across two CPU processes that pass activations forward and gradients backward with point-to-point messages, and the idle time this creates is drawn, computed and measured.
 
 By the end you will be able to:
-- split a model across devices (the seed's `split_gpus` network) and explain why the naive split keeps only one device busy at a time;
+- split a model across devices (the cluster post's `split_gpus` network) and explain why the naive split keeps only one device busy at a time;
 - write a two-stage pipeline by hand with `dist.send` / `dist.recv` and prove it trains exactly like one process;
 - schedule micro-batches GPipe-style, draw the schedule, compute the bubble `(p-1)/(m+p-1)` and measure it;
-- use PyTorch's own `torch.distributed.pipelining`, and say what seed 002's second "model parallel" example really does;
+- use PyTorch's own `torch.distributed.pipelining`, and say what the multi-GPU post's second "model parallel" example really does;
 - split a `Linear` layer by columns and by rows (tensor parallelism) and choose between data, pipeline and tensor parallelism.
 
-This notebook assumes: notebooks 02 (autograd graphs), 06 (gradient accumulation: micro-batches whose gradients add up) and 08 (launching processes, gloo). No GPU needed: the stages are CPU processes; the one cell for two real GPUs says what it skipped.
+This notebook assumes: notebooks 02 (autograd graphs), 08 (gradient accumulation: micro-batches whose gradients add up) and 10 (launching processes, gloo). No GPU needed: the stages are CPU processes; the one cell for two real GPUs says what it skipped.
 """
 
 # %% slideshow={"slide_type": "-"}
@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from course_lib.data import digits
 from course_lib.device import requires_gpu
 from course_lib.errors import expect_error
-from course_lib.launch import free_port, spawn
+from course_lib.launch import free_port, run_ranks
 from course_lib.pipeline import Task, bubble_fraction, gpipe_schedule, idle_fraction, min_micro_batches, plot_gantt
 from course_lib.seeding import seed_everything
 
@@ -37,19 +37,19 @@ os.makedirs("_runs", exist_ok=True)  # scratch folder for the scripts this noteb
 sys.path.insert(0, os.path.abspath("_runs"))
 train_split, _ = digits()
 x_all, y_all = train_split.flat(), train_split.y  # 1438 digit images as 64-pixel vectors, labels 0..9
-print(f"torch {torch.__version__.split('+')[0]}, gloo: {dist.is_gloo_available()}, CUDA GPUs: {torch.cuda.device_count()}, data {tuple(x_all.shape)}")
+print(f"torch {torch.__version__.split('+')[0]}, gloo: {dist.is_gloo_available()}, data {tuple(x_all.shape)}")
 
 # %% [markdown] slideshow={"slide_type": "slide"}
 """
 ## 1. Splitting a model across devices
 
-Seed 003's first case: the model is too big for one GPU, so put `module1` on GPU 0 and `module2` on GPU 1, and move the activation between them in `forward`. Written with device arguments instead of the seed's hard-coded `.cuda(0)` / `.cuda(1)`, the same class runs on two GPUs or, with both devices `"cpu"`, here:
+The cluster post's first case: the model is too big for one GPU, so put `module1` on GPU 0 and `module2` on GPU 1, and move the activation between them in `forward`. Written with device arguments instead of the post's hard-coded `.cuda(0)` / `.cuda(1)`, the same class runs on two GPUs or, with both devices `"cpu"`, here:
 """
 
 
 # %% slideshow={"slide_type": "-"}
 class TwoDeviceNet(nn.Module):
-    """Seed 003's split_gpus network: first half on dev0, second half on dev1."""
+    """The cluster post's split_gpus network: first half on dev0, second half on dev1."""
 
     def __init__(self, dev0="cpu", dev1="cpu"):
         super().__init__()
@@ -114,9 +114,9 @@ Real model parallelism across machines (or across GPUs without a shared address 
 3. rank 1 **sends `a.grad`** back; rank 0 receives it and calls `out.backward(grad)`: the chain rule across the process boundary;
 4. each rank steps its own optimizer on its own parameters.
 
-The file also splits the batch into `n_micro` micro-batches (section 3); with `n_micro=1` it is the plain split. Each micro-batch loss is scaled by its share of the batch so that the gradients add up to those of the full-batch mean (notebook 06).
+The file also splits the batch into `n_micro` micro-batches (section 3); with `n_micro=1` it is the plain split. Each micro-batch loss is scaled by its share of the batch so that the gradients add up to those of the full-batch mean (notebook 08).
 
-Notebook 07 warned that a blocking gloo `dist.send` waits until the receiver has posted its `recv`, and that a ring of ranks that all send first deadlocks. Here plain blocking `send` is safe because the messages never form a cycle: in the forward, rank 1 starts by posting its `recv` and rank 0 sends; in the backward, rank 0 posts its `recv` and rank 1 sends. At every moment one side is receiving, so every `send` finds its partner. A chain of `p` stages keeps that property (each stage receives from the previous one before it sends to the next); the deadlock needs every rank to send before any receives.
+Notebook 09 warned that a blocking gloo `dist.send` waits until the receiver has posted its `recv`, and that a ring of ranks that all send first deadlocks. Here plain blocking `send` is safe because the messages never form a cycle: in the forward, rank 1 starts by posting its `recv` and rank 0 sends; in the backward, rank 0 posts its `recv` and rank 1 sends. At every moment one side is receiving, so every `send` finds its partner. A chain of `p` stages keeps that property (each stage receives from the previous one before it sends to the next); the deadlock needs every rank to send before any receives.
 """
 
 # %% slideshow={"slide_type": "-"}
@@ -239,14 +239,14 @@ def measure_both(rank, world_size, micro_list=(1, 2, 4, 8)):
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-The reference is one process training the whole model on the same batch. `spawn` (from `course_lib.launch`) starts two processes with a gloo group and returns what each rank's function returns.
+The reference is one process training the whole model on the same batch. `run_ranks` (from `course_lib.launch`) starts two processes with a gloo group and returns what each rank's function returns.
 """
 
 # %% slideshow={"slide_type": "-"}
 from mp_stages import make_model, split
 
 x_batch, y_batch = x_all[:256], y_all[:256]
-two = spawn("_runs/mp_stages.py:train", nprocs=2, args=(x_batch, y_batch, 5, (1, 4)), timeout=120)
+two = run_ranks("_runs/mp_stages.py:train", nprocs=2, args=(x_batch, y_batch, 5, (1, 4)), timeout=120)
 
 ref = make_model()
 opt = torch.optim.SGD(ref.parameters(), lr=0.1)
@@ -311,7 +311,7 @@ Now the real thing: the two processes of section 2 run GPipe steps for `m = 1, 2
 """
 
 # %% slideshow={"slide_type": "-"}
-both = spawn("_runs/mp_stages.py:measure_both", nprocs=2, timeout=120)
+both = run_ranks("_runs/mp_stages.py:measure_both", nprocs=2, timeout=120)
 sim = [both[rank]["simulated"] for rank in (0, 1)]
 real = [both[rank]["real"] for rank in (0, 1)]
 
@@ -409,7 +409,7 @@ def api_step(rank, world_size, x, y, n_micro=4):
 
 
 # %% slideshow={"slide_type": "-"}
-api = spawn("_runs/pp_api.py:api_step", nprocs=2, args=(x_batch, y_batch, 4), timeout=120)
+api = run_ranks("_runs/pp_api.py:api_step", nprocs=2, args=(x_batch, y_batch, 4), timeout=120)
 for rank in (0, 1):
     for k, g in api[rank]["grads"].items():
         assert torch.allclose(g, ref_grads[k], atol=1e-6)
@@ -482,19 +482,19 @@ The API also has a tracing front end, `pipeline(module, mb_args, split_spec={...
 
 # %% [markdown] slideshow={"slide_type": "slide"}
 """
-## 5. Seed 002's second "model parallel" example: what it really does
+## 5. The multi-GPU post's second "model parallel" example: what it really does
 
-Seed 002 presents a second script as model parallelism: a `Net` made of three `SubNet`s, and one process per sub-network started with `mp.Process(target=train, args=(i, args))`. Read what each process does:
+The multi-GPU post presents a second script as model parallelism: a `Net` made of three `SubNet`s, and one process per sub-network started with `mp.Process(target=train, args=(i, args))`. Read what each process does:
 
 - it calls `init_process_group(..., rank=subnet_id)` and `torch.cuda.set_device(subnet_id)`: `subnet_id` only picks a GPU;
 - it builds **the whole** `Net()` and moves all of it to that GPU: every process holds all three sub-networks;
 - it trains on its own `DataLoader` with its own optimizer and **never communicates**: no send, no receive, no all-reduce, no DDP.
 
-So it is neither model parallelism (nothing is split; each device needs memory for the whole model) nor data parallelism (the replicas are never synchronised): it is *N independent trainings* of the same architecture that drift apart. The process group it initialises is never used. Below, the same script on CPU and gloo, with the seed's layer sizes:
+So it is neither model parallelism (nothing is split; each device needs memory for the whole model) nor data parallelism (the replicas are never synchronised): it is *N independent trainings* of the same architecture that drift apart. The process group it initialises is never used. Below, the same script on CPU and gloo, with the post's layer sizes:
 """
 
 # %% slideshow={"slide_type": "-"}
-# %%writefile _runs/seed002_second.py
+# %%writefile _runs/multigpu_post_second.py
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -521,7 +521,7 @@ class Net(nn.Module):
 
 
 def train(subnet_id, world_size, steps=3):
-    # the group is already initialised by the launcher, as the seed's init_process_group would do
+    # the group is already initialised by the launcher, as the multi-GPU post's init_process_group would do
     torch.set_num_threads(1)
     torch.manual_seed(0)                       # even with the same initial weights ...
     model = Net()                              # the WHOLE model, in every process
@@ -539,11 +539,11 @@ def train(subnet_id, world_size, steps=3):
 
 
 # %% slideshow={"slide_type": "-"}
-seed2 = spawn("_runs/seed002_second.py:train", nprocs=2, timeout=120)
+post2 = run_ranks("_runs/multigpu_post_second.py:train", nprocs=2, timeout=120)
 for rank in (0, 1):
-    print(f"rank {rank}: holds {seed2[rank]['subnets']} of 3 sub-networks, {seed2[rank]['n_params']:,} parameters (the whole model)")
-drift = (seed2[0]["weights"] - seed2[1]["weights"]).abs().max().item()
-assert seed2[0]["n_params"] == seed2[1]["n_params"] == 1024 * 512 + 512 + 512 * 256 + 256 + 256 * 100 + 100
+    print(f"rank {rank}: holds {post2[rank]['subnets']} of 3 sub-networks, {post2[rank]['n_params']:,} parameters (the whole model)")
+drift = (post2[0]["weights"] - post2[1]["weights"]).abs().max().item()
+assert post2[0]["n_params"] == post2[1]["n_params"] == 1024 * 512 + 512 + 512 * 256 + 256 + 256 * 100 + 100
 assert drift > 0
 print(f"after 3 steps the two copies differ by up to {drift:.4f}: two unrelated trainings, not one model")
 
@@ -580,7 +580,7 @@ print("init_process_group gave up:", type(waited.error).__name__, "-", str(waite
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-What model parallelism of that `Net` would be: sub-network 0 in process 0, sub-networks 1–2 in process 1, the 512-wide activation sent forward and its gradient sent back, exactly the protocol of section 2. What data parallelism of it would be: wrap the model in `DistributedDataParallel` (notebook 08). The seed's script does neither.
+What model parallelism of that `Net` would be: sub-network 0 in process 0, sub-networks 1–2 in process 1, the 512-wide activation sent forward and its gradient sent back, exactly the protocol of section 2. What data parallelism of it would be: wrap the model in `DistributedDataParallel` (notebook 10). The multi-GPU post's script does neither.
 """
 
 # %% [markdown] slideshow={"slide_type": "slide"}
@@ -642,24 +642,24 @@ print("tensor-parallel API present:", all(callable(f) for f in (ColwiseParallel,
 | | data parallel (DDP) | sharded data parallel (ZeRO, FSDP) | pipeline parallel | tensor parallel |
 |---|---|---|---|---|
 | what is split | the batch; each device holds the whole model, its gradients and optimizer state | the batch, and the model state: each of N ranks keeps 1/N of the optimizer state (ZeRO-1), gradients (ZeRO-2) and parameters (ZeRO-3, FSDP) | the layers, in consecutive stages | each layer's weight matrices |
-| communicated | all gradients, once per step (all-reduce, 2(N-1)/N of their bytes per rank) | reduce-scatter of gradients + all-gather of parameters: DDP's bytes for ZeRO-1/2, 1.5x for ZeRO-3 (parameters gathered again for backward; notebook 11) | activations at the cuts, forward and back (point-to-point) | activations inside every layer (all-reduce / all-gather) |
+| communicated | all gradients, once per step (all-reduce, 2(N-1)/N of their bytes per rank) | reduce-scatter of gradients + all-gather of parameters: DDP's bytes for ZeRO-1/2, 1.5x for ZeRO-3 (parameters gathered again for backward; notebook 13) | activations at the cuts, forward and back (point-to-point) | activations inside every layer (all-reduce / all-gather) |
 | idle time | little: the last bucket's all-reduce and the optimizer step are exposed; stragglers make every rank wait | little: FSDP prefetches the next all-gather during compute | the bubble, `(p-1)/(m+p-1)` of the step (`(p-1)/m` of the ideal compute) | none, but communication on the critical path of every layer |
 | needs | the model, its gradients and optimizer state fit on one device | one layer's full parameters (ZeRO-3) and the activations fit on one device | a batch big enough for `m ≫ p` micro-batches; balanced stages | very fast links: one node, NVLink |
 | use when | the model state fits: the first choice | the model state does not fit one device: the first remedy for that | sharding is not enough: across nodes with slow links; very deep models | single layers too big, or activations per layer; within a node |
 <!-- END generated -->
 
-The columns are in the order in which to reach for them. Before any of these, the single-device savings of notebooks 04–06 (checkpointing, mixed precision, accumulation) often make the model fit. When the model *state* is what does not fit, sharding it over the data-parallel ranks (ZeRO, FSDP: notebook 11) comes next: it keeps data parallelism's simple program and cuts no layer. Pipeline and tensor parallelism come in when sharding is not enough, or for speed at scale. Large runs combine them. "3-D parallelism" meant tensor parallel inside a node, pipeline across nodes and data parallel over copies of the whole. Today's runs add sharded data parallelism (FSDP, or HSDP: sharded within a node, replicated across nodes), sequence and context parallelism (the sequence split across devices, for long inputs) and expert parallelism (a mixture-of-experts layer's experts on different devices), hence "4-D" and "5-D" parallelism.
+The columns are in the order in which to reach for them. Before any of these, the single-device savings of notebooks 04–08 (checkpointing, mixed precision, accumulation) often make the model fit. When the model *state* is what does not fit, sharding it over the data-parallel ranks (ZeRO, FSDP: notebook 13) comes next: it keeps data parallelism's simple program and cuts no layer. Pipeline and tensor parallelism come in when sharding is not enough, or for speed at scale. Large runs combine them. "3-D parallelism" meant tensor parallel inside a node, pipeline across nodes and data parallel over copies of the whole. Today's runs add sharded data parallelism (FSDP, or HSDP: sharded within a node, replicated across nodes), sequence and context parallelism (the sequence split across devices, for long inputs) and expert parallelism (a mixture-of-experts layer's experts on different devices), hence "4-D" and "5-D" parallelism.
 """
 
 # %% [markdown] slideshow={"slide_type": "slide"}
 """
 ## Summary
 
-- Splitting a model across devices (seed 003's `split_gpus`) saves memory but not time: naively only one of `p` devices works at a time, idle `(p-1)/p`.
+- Splitting a model across devices (the cluster post's `split_gpus`) saves memory but not time: naively only one of `p` devices works at a time, idle `(p-1)/p`.
 - Across processes a split is a message protocol: activations forward with `send`, `∂loss/∂activation` backward, `out.backward(grad)` on the sender. Two processes trained exactly like one (allclose gradients and parameters), with half the parameters each.
 - Micro-batches (GPipe) shrink the bubble to `(p-1)/(m+p-1)`; measured on two processes it follows the formula plus a per-micro-batch cost, so `m` has an optimum; on two shared CPU cores real compute does not follow it at all.
 - `torch.distributed.pipelining` (`PipelineStage`, `ScheduleGPipe`, `Schedule1F1B`, ...) runs on CPU/gloo and gave the full-batch gradients.
-- Seed 002's "model parallel" script builds the whole model in every process and never communicates: independent trainings. `retain_graph=True` there only wastes memory.
+- The multi-GPU post's "model parallel" script builds the whole model in every process and never communicates: independent trainings. `retain_graph=True` there only wastes memory.
 - Tensor parallelism splits a `Linear` by outputs (concatenate) or inputs (sum), exactly; it communicates inside every layer.
 """
 

@@ -1,8 +1,8 @@
 # %% [markdown] slideshow={"slide_type": "slide"}
 """
-# 09 · DDP's knobs, hangs and restarts
+# 11 · DDP's knobs, hangs and restarts
 
-Notebook 08 launched DDP and proved it exact. This one opens the settings and the failures people meet next: what DDP does **between** steps (it is not silent), the parameters a step does not use, what the gradient buckets cost in memory and how they are formed, compressing the all-reduce, ranks that run out of batches, tools that find a hang, and a job that **restarts after a crash** and must end exactly where an uninterrupted one does. Every claim is shown by real gloo processes on this CPU; each hang is bounded to a second or two.
+Notebook 10 launched DDP and proved it exact. This one opens the settings and the failures people meet next: what DDP does **between** steps (it is not silent), the parameters a step does not use, what the gradient buckets cost in memory and how they are formed, compressing the all-reduce, ranks that run out of batches, tools that find a hang, and a job that **restarts after a crash** and must end exactly where an uninterrupted one does. Every claim is shown by real gloo processes on this CPU; each hang is bounded to a second or two.
 
 By the end you will be able to:
 - say what DDP does at every forward (it broadcasts rank 0's buffers), what that does to BatchNorm statistics, and why evaluating on rank 0 alone through the DDP model hangs;
@@ -11,7 +11,7 @@ By the end you will be able to:
 - train on uneven inputs with `join()`, and find a hang with `monitored_barrier`, `TORCH_DISTRIBUTED_DEBUG` and timeouts;
 - write a training script that `torchrun --max-restarts` can restart: the whole training state saved and restored, checked bit for bit against an uninterrupted run.
 
-This notebook assumes: notebook 08 (a DDP script, `torchrun`, `DistributedSampler`, the teardown), notebook 07 (the collectives), and notebook 04 (activation checkpointing). No GPU: every job is two CPU processes on gloo.
+This notebook assumes: notebook 10 (a DDP script, `torchrun`, `DistributedSampler`, the teardown), notebook 09 (the collectives), and notebook 04 (activation checkpointing). No GPU: every job is two CPU processes on gloo.
 """
 
 # %% slideshow={"slide_type": "-"}
@@ -26,7 +26,8 @@ import torch.distributed.run
 import torch.nn as nn
 
 from course_lib.errors import expect_error
-from course_lib.launch import LaunchError, free_port, run_torchrun, spawn
+from course_lib.device import requires_gpu
+from course_lib.launch import LaunchError, free_port, run_ranks, run_script, run_torchrun
 from course_lib.seeding import seed_everything
 
 seed_everything(0)
@@ -38,7 +39,7 @@ print(f"torch {torch.__version__.split('+')[0]}, gloo available: {dist.is_gloo_a
 """
 ## 1. Between steps: DDP broadcasts rank 0's buffers at every forward
 
-Notebook 08 showed the broadcast at construction: every rank starts from rank 0's parameters **and buffers**. It does not stop there. By default, at the start of **every** forward of a training loop DDP broadcasts rank 0's buffers (BatchNorm's `running_mean`, `running_var`, `num_batches_tracked`) to every other rank. The flag is `broadcast_buffers=True`; PyTorch 2.13 deprecates it in favour of `forward_sync_buffers` (default `True`). Two consequences:
+Notebook 10 showed the broadcast at construction: every rank starts from rank 0's parameters **and buffers**. It does not stop there. By default, at the start of **every** forward of a training loop DDP broadcasts rank 0's buffers (BatchNorm's `running_mean`, `running_var`, `num_batches_tracked`) to every other rank. The flag is `broadcast_buffers=True`; PyTorch 2.13 deprecates it in favour of `forward_sync_buffers` (default `True`). Two consequences:
 
 - the running statistics that end up in the model are **rank 0's**: whatever rank 1 accumulated from its own batches is overwritten at its next forward, and what it keeps is rank 0's statistics plus one update from its last batch;
 - the broadcast is a **collective**: a forward through the DDP model on rank 0 alone (a rank-0-only validation loop) waits for a rank 1 that never comes. `model.eval()` does not prevent it: DDP broadcasts at the start of any forward that follows a forward run with gradients enabled (under `torch.no_grad()` it skips the broadcast only from the second such forward on).
@@ -112,7 +113,7 @@ def buffers(rank, world_size):
 # %% slideshow={"slide_type": "-"}
 from ddp_buffers import buffers
 
-reports = spawn(buffers, nprocs=2, timeout=60)
+reports = run_ranks(buffers, nprocs=2, timeout=60)
 print(f"{'':>22} {'rank 0':>18} {'rank 1':>18}   (running_mean[:2])")
 for sync in (True, False):
     print(f"forward_sync_buffers={sync}")
@@ -129,7 +130,7 @@ print("\nDDP(..., broadcast_buffers=True) warns:", r0["warning"].split(" IMPORTA
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-Rank 0's statistics come from rank 0's data only: with the default, what ends up in the saved model is what **one** rank's shard saw, smoothed over steps. That is usually fine when every rank's data comes from the same distribution (the point of a shuffled `DistributedSampler`). Where the batch statistics must cover the global batch, `SyncBatchNorm` all-reduces them during the forward (GPU modules only: notebook 08 §6 shows DDP refusing it on CPU); where each rank must keep its own buffers, `forward_sync_buffers=False` (note the warning: unlike the old `broadcast_buffers=False`, it still broadcasts once at construction).
+Rank 0's statistics come from rank 0's data only: with the default, what ends up in the saved model is what **one** rank's shard saw, smoothed over steps. That is usually fine when every rank's data comes from the same distribution (the point of a shuffled `DistributedSampler`). Where the batch statistics must cover the global batch, `SyncBatchNorm` all-reduces them during the forward (GPU modules only: notebook 10 §6 shows DDP refusing it on CPU); where each rank must keep its own buffers, `forward_sync_buffers=False` (note the warning: unlike the old `broadcast_buffers=False`, it still broadcasts once at construction).
 
 Now the hang. Rank 0 calls the DDP model in evaluation mode, under `no_grad`, while rank 1 does something else:
 """
@@ -141,7 +142,7 @@ assert "Timed out" in r0["eval_error"] and r0["eval_wait"] >= 1.0 and r0["module
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-With the default 30-minute timeout (section 4) that forward would sit for half an hour. The fixes: evaluate through **`ddp.module`** (the wrapped model: no collective at all) on the rank that evaluates, or evaluate through the DDP model on **every** rank (each on its shard of the validation set, metrics summed with `all_reduce` as in 08). A rank-0-only `torch.save(ddp.module.state_dict())` is safe: saving is not a forward.
+With the default 30-minute timeout (section 4) that forward would sit for half an hour. The fixes: evaluate through **`ddp.module`** (the wrapped model: no collective at all) on the rank that evaluates, or evaluate through the DDP model on **every** rank (each on its shard of the validation set, metrics summed with `all_reduce` as in 10). A rank-0-only `torch.save(ddp.module.state_dict())` is safe: saving is not a forward.
 """
 
 # %% [markdown] slideshow={"slide_type": "slide"}
@@ -150,7 +151,7 @@ With the default 30-minute timeout (section 4) that forward would sit for half a
 
 ### 2.1 The error
 
-DDP's reducer waits, in each backward, for a gradient of **every** parameter before a bucket is all-reduced (notebook 08 §9). A parameter that took no part in the loss (an unused branch, a head trained only on some steps, a frozen part left with `requires_grad=True`) never gets one: its bucket never fills, the backward finishes with a reduction still pending, and the **next** forward refuses to start. The model below has two heads and uses only `a`. The job runs with `TORCH_DISTRIBUTED_DEBUG=INFO`, which makes the message name the parameters (section 4.2 has more on it); the launcher re-raises the child's error here:
+DDP's reducer waits, in each backward, for a gradient of **every** parameter before a bucket is all-reduced (notebook 10 §9). A parameter that took no part in the loss (an unused branch, a head trained only on some steps, a frozen part left with `requires_grad=True`) never gets one: its bucket never fills, the backward finishes with a reduction still pending, and the **next** forward refuses to start. The model below has two heads and uses only `a`. The job runs with `TORCH_DISTRIBUTED_DEBUG=INFO`, which makes the message name the parameters (section 4.2 has more on it); the launcher re-raises the child's error here:
 """
 
 # %% slideshow={"slide_type": "-"}
@@ -240,7 +241,7 @@ def fixes(rank, world_size, deep_layers=150, repeats=20):
 import re
 
 with expect_error(LaunchError, match="Expected to have finished reduction in the prior iteration", quiet=True) as unused:
-    spawn("_runs/ddp_unused.py:no_flag", nprocs=2, timeout=60, echo="none", env={"TORCH_DISTRIBUTED_DEBUG": "INFO"})
+    run_ranks("_runs/ddp_unused.py:no_flag", nprocs=2, timeout=60, echo="none", env={"TORCH_DISTRIBUTED_DEBUG": "INFO"})
 message = unused.error.traceback
 print("LaunchError, the rank's RuntimeError:", re.search(r"Expected to have finished reduction[^.]*\.", message).group(0))
 named = [re.sub(r"rank \d", "rank N", line.strip()) for line in message.splitlines() if "did not receive grad" in line]
@@ -258,7 +259,7 @@ Both fixes let the same model train; `b`'s gradient stays `None` (no update, rat
 """
 
 # %% slideshow={"slide_type": "-"}
-fixed = spawn("_runs/ddp_unused.py:fixes", nprocs=2, timeout=90, echo="none")
+fixed = run_ranks("_runs/ddp_unused.py:fixes", nprocs=2, timeout=90, echo="none")
 f0 = fixed[0]
 for name in ("find_unused_parameters=True", "static_graph=True"):
     print(f"{name:<28} trains, unused head's grad stays None: {f0[name]}")
@@ -312,7 +313,7 @@ from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import (allreduce
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 
-def mlp(width=256, depth=4):  # notebook 08's model: 0.83 MiB of float32 parameters at width 256
+def mlp(width=256, depth=4):  # notebook 10's model: 0.83 MiB of float32 parameters at width 256
     layers, d = [], 64
     for _ in range(depth):
         layers += [nn.Linear(d, width), nn.ReLU()]
@@ -418,7 +419,7 @@ def all_parts(rank, world_size):
 
 
 # %% slideshow={"slide_type": "-"}
-bucket_reports = spawn("_runs/ddp_buckets.py:all_parts", nprocs=2, timeout=90)
+bucket_reports = run_ranks("_runs/ddp_buckets.py:all_parts", nprocs=2, timeout=90)
 mem = bucket_reports[0]["memory"]
 for view in (False, True):
     m = mem[view]
@@ -455,7 +456,7 @@ assert len(big) == 2 and big[0] >= dist._DEFAULT_FIRST_BUCKET_BYTES > big[0] - l
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-Now notebook 08's puzzle: a 0.83 MiB model with `bucket_cap_mb=0.05` gave **4** buckets, not 0.83 / 0.05 ≈ 17. Rule 3: the cap is int(0.05 × 2²⁰) = 52,428 bytes, but each of the four weight matrices is bigger than that on its own (65,536 bytes for the first, 262,144 for each 256 × 256), so each closes a bucket by itself, and the small tensors (biases, the 10 × 256 output layer) ride along with the next big one. With 0.5 MiB = 524,288 bytes, the output layer and two 256 × 256 layers with their biases (10,280 + 2 × 263,168 = 536,616 bytes) reach the cap, and the rest (329,728 bytes) is the second bucket: 2 buckets. The function below replays rule 3 on the gradients in the order they arrive (reverse layer order) and gets both counts:
+Now notebook 10's puzzle: a 0.83 MiB model with `bucket_cap_mb=0.05` gave **4** buckets, not 0.83 / 0.05 ≈ 17. Rule 3: the cap is int(0.05 × 2²⁰) = 52,428 bytes, but each of the four weight matrices is bigger than that on its own (65,536 bytes for the first, 262,144 for each 256 × 256), so each closes a bucket by itself, and the small tensors (biases, the 10 × 256 output layer) ride along with the next big one. With 0.5 MiB = 524,288 bytes, the output layer and two 256 × 256 layers with their biases (10,280 + 2 × 263,168 = 536,616 bytes) reach the cap, and the rest (329,728 bytes) is the second bucket: 2 buckets. The function below replays rule 3 on the gradients in the order they arrive (reverse layer order) and gets both counts:
 """
 
 
@@ -481,7 +482,7 @@ for cap in (0.05, 0.5):
 """
 ### 3.3 Communication hooks: compressing the all-reduce
 
-A **communication hook** replaces what DDP does with each bucket (the default: all-reduce it and divide by the world size). The built-in `fp16_compress_hook` casts the bucket to float16 before the all-reduce and back after: **half the bytes on the wire**, at the price of rounding every averaged gradient to 11 significant bits (notebook 05). `bf16_compress_hook` does the same with bfloat16 (8 bits of mantissa, float32's range) but refuses to register without CUDA and NCCL; on this CPU the job registers a six-line hook of its own that does what the built-in does. The job counts the bytes that reach `dist.all_reduce` and compares the gradients with the exact float32 ones:
+A **communication hook** replaces what DDP does with each bucket (the default: all-reduce it and divide by the world size). The built-in `fp16_compress_hook` casts the bucket to float16 before the all-reduce and back after: **half the bytes on the wire**, at the price of rounding every averaged gradient to 11 significant bits (notebook 06). `bf16_compress_hook` does the same with bfloat16 (8 bits of mantissa, float32's range) but refuses to register without CUDA and NCCL; on this CPU the job registers a six-line hook of its own that does what the built-in does. The job counts the bytes that reach `dist.all_reduce` and compares the gradients with the exact float32 ones:
 """
 
 # %% slideshow={"slide_type": "-"}
@@ -506,7 +507,7 @@ Half the bytes, gradients within a fraction of a percent; bf16's error is about 
 
 ### 4.1 `join()` for uneven inputs
 
-`DistributedSampler` gives every rank the same number of samples (notebook 08 §7), but a sampler of your own, a dataset split by files, or `drop_last=False` with variable-length batching can leave one rank with fewer batches. When rank 0 is done, rank 1's next backward all-reduces with nobody: it hangs. The context manager **`ddp.join()`** lets a finished rank shadow the others' collectives (it contributes zeros to their all-reduces and divides by the number of ranks still training) until every rank is done.
+`DistributedSampler` gives every rank the same number of samples (notebook 10 §7), but a sampler of your own, a dataset split by files, or `drop_last=False` with variable-length batching can leave one rank with fewer batches. When rank 0 is done, rank 1's next backward all-reduces with nobody: it hangs. The context manager **`ddp.join()`** lets a finished rank shadow the others' collectives (it contributes zeros to their all-reduces and divides by the number of ranks still training) until every rank is done.
 
 ### 4.2 Finding a hang
 
@@ -589,7 +590,7 @@ def both(rank, world_size):
 
 
 # %% slideshow={"slide_type": "-"}
-hangs = spawn("_runs/ddp_hangs.py:both", nprocs=2, timeout=90, echo="none")
+hangs = run_ranks("_runs/ddp_hangs.py:both", nprocs=2, timeout=90, echo="none")
 for rank, rep in enumerate(hangs):
     print(f"rank {rank}: without join(): {rep['uneven']['without']}")
 for rank, rep in enumerate(hangs):
@@ -629,7 +630,7 @@ What a checkpoint must hold so that the resumed run ends exactly where an uninte
 - where the data stands: the epoch (for `sampler.set_epoch`) and the position within it;
 - the random number generators of **every** rank (each rank draws its own dropout masks), not just rank 0's.
 
-Shared filesystems are not a given on a cluster, and 08's script assumed one: rank 0 wrote the data and the checkpoint, and every rank read them. This script prepares its data per node (`LOCAL_RANK == 0` writes a node-local copy, the others on the node wait) and lets rank 0 alone read the checkpoint and send it to every rank with `dist.broadcast_object_list`, so no rank but rank 0 needs the file.
+Shared filesystems are not a given on a cluster, and 10's script assumed one: rank 0 wrote the data and the checkpoint, and every rank read them. This script prepares its data per node (`LOCAL_RANK == 0` writes a node-local copy, the others on the node wait) and lets rank 0 alone read the checkpoint and send it to every rank with `dist.broadcast_object_list`, so no rank but rank 0 needs the file.
 
 To make the failure real, rank 1 kills itself with `os._exit(1)` at step 9 of attempt 0, after the checkpoint of step 8. The script trains twice in one job: an uninterrupted reference into one folder, then the run that crashes into another; on the restart both resume, the reference from its final checkpoint (nothing left to do).
 """
@@ -644,7 +645,7 @@ import sys
 
 import torch
 import torch.distributed as dist
-import torch.distributed.nn  # noqa: F401  (before init_process_group: notebook 08, section 10.2)
+import torch.distributed.nn  # noqa: F401  (before init_process_group: notebook 10, section 10.2)
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -660,7 +661,18 @@ def log(*parts):
     sys.stdout.flush()
 
 
-def train(out, crash_at=None):
+def rng_states(device):
+    """This rank's generators: the CPU one, and on the GPU path its GPU's (dropout on a GPU draws from that one)."""
+    return {"cpu": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None}
+
+
+def set_rng_states(states, device):
+    torch.set_rng_state(states["cpu"])
+    if device.type == "cuda":
+        torch.cuda.set_rng_state(states["cuda"], device)
+
+
+def train(out, device, crash_at=None):
     rank, world_size = dist.get_rank(), dist.get_world_size()
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))
     node_dir = f"{out}/node{os.environ.get('GROUP_RANK', 0)}"  # node-local: no shared filesystem assumed
@@ -669,10 +681,11 @@ def train(out, crash_at=None):
         train_set, _ = digits_datasets()
         torch.save({"x": train_set.tensors[0], "y": train_set.tensors[1]}, f"{node_dir}/train.pt")
     dist.barrier()
-    data = torch.load(f"{node_dir}/train.pt", weights_only=True)
+    data = {k: v.to(device) for k, v in torch.load(f"{node_dir}/train.pt", weights_only=True).items()}
 
-    torch.manual_seed(0)
-    model = DDP(nn.Sequential(nn.Flatten(), nn.Linear(64, 64), nn.ReLU(), nn.Dropout(0.2), nn.Linear(64, 10)))
+    torch.manual_seed(0)  # seeds the CPU generator and every GPU's
+    net = nn.Sequential(nn.Flatten(), nn.Linear(64, 64), nn.ReLU(), nn.Dropout(0.2), nn.Linear(64, 10)).to(device)
+    model = DDP(net, device_ids=[device.index] if device.type == "cuda" else None)
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     sampler = DistributedSampler(range(len(data["y"])), shuffle=True, seed=0)
     steps_per_epoch = -(-len(sampler) // BATCH)
@@ -681,13 +694,16 @@ def train(out, crash_at=None):
     step = 0
     state = [None]
     if rank == 0 and os.path.exists(f"{out}/checkpoint.pt"):
-        state = [torch.load(f"{out}/checkpoint.pt", weights_only=True)]
+        state = [torch.load(f"{out}/checkpoint.pt", map_location="cpu", weights_only=True)]
     dist.broadcast_object_list(state, src=0)  # rank 0 read the file; every rank gets the state
     if state[0] is not None:
         model.module.load_state_dict(state[0]["model"])
         opt.load_state_dict(state[0]["optimizer"])
         step = state[0]["step"]
-        torch.set_rng_state(state[0]["rng"][rank])  # this rank's own generator
+        if len(state[0]["rng"]) == world_size:
+            set_rng_states(state[0]["rng"][rank], device)  # this rank's own generators
+        else:  # an elastic resize: no saved stream per rank; resumes correctly, but not bit for bit
+            torch.manual_seed(1000 + rank + step)
         log(f"attempt {attempt}: resumed at step {step} of {EPOCHS * steps_per_epoch}")
 
     while step < EPOCHS * steps_per_epoch:
@@ -699,12 +715,12 @@ def train(out, crash_at=None):
         F.cross_entropy(model(data["x"][idx]), data["y"][idx]).backward()
         opt.step()
         step += 1
-        if crash_at is not None and attempt == 0 and rank == 1 and step == crash_at:
+        if crash_at is not None and attempt == 0 and rank == world_size - 1 and step == crash_at:
             log(f"attempt {attempt}: dying at step {step}")
             os._exit(1)  # no cleanup, no exception: as a killed process dies
         if step % SAVE_EVERY == 0 or step == EPOCHS * steps_per_epoch:
             rngs = [None] * world_size
-            dist.all_gather_object(rngs, torch.get_rng_state())
+            dist.all_gather_object(rngs, rng_states(device))
             if rank == 0:
                 state = {"model": model.module.state_dict(), "optimizer": opt.state_dict(), "step": step, "rng": rngs}
                 torch.save(state, f"{out}/checkpoint.tmp")
@@ -718,16 +734,25 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default="_runs/elastic")
     parser.add_argument("--crash-at", type=int, default=None)
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     args = parser.parse_args()
-    # The agent keeps its store across restarts, and gloo's addresses from the failed attempt are still
-    # in it: a fresh prefix per attempt keeps the new workers from connecting to the dead ones.
+    # WORKAROUND for torch 2.13 (see the text): the agent keeps its store across restarts, and gloo's
+    # addresses from the failed attempt are still in it; a fresh prefix per attempt keeps the new
+    # workers from connecting to the dead ones.
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False)
-    dist.init_process_group("gloo", store=dist.PrefixStore(f"attempt{attempt}", store),
-                            rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]))
+    bound = {}
+    if args.device == "cuda":  # the GPU path: one GPU per process, NCCL
+        device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+        torch.cuda.set_device(device)
+        bound = {"device_id": device}
+    else:
+        device = torch.device("cpu")
+    dist.init_process_group("nccl" if args.device == "cuda" else "gloo", store=dist.PrefixStore(f"attempt{attempt}", store),
+                            rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]), **bound)
     try:
-        train(f"{args.out}/uninterrupted")
-        train(f"{args.out}/restarted", crash_at=args.crash_at)
+        train(f"{args.out}/uninterrupted", device)
+        train(f"{args.out}/restarted", device, crash_at=args.crash_at)
         dist.barrier()
     finally:
         dist.destroy_process_group()
@@ -736,16 +761,21 @@ if __name__ == "__main__":
 # %% slideshow={"slide_type": "-"}
 import shutil
 
+from course_lib.device import course_device, course_ranks
+
+DEVICE, RANKS = course_device(), course_ranks(2)  # cpu and 2, unless COURSE_DEVICE=cuda (notebook 00)
+TOTAL = 2 * -(-(-(-1438 // RANKS)) // 64)  # 2 epochs of ceil(shard / 64) steps: 24 with 2 ranks
 shutil.rmtree("_runs/elastic", ignore_errors=True)
-elastic = run_torchrun("_runs/elastic_train.py", nproc_per_node=2, launcher_args=["--max-restarts=1"],
-                       args=["--out", "_runs/elastic", "--crash-at", "9"], timeout=120, echo="none")
-for rank in (0, 1):  # the lines about attempts (the rest: rank 0's connection error at the crash, the agent's log)
+elastic = run_torchrun("_runs/elastic_train.py", nproc_per_node=RANKS, launcher_args=["--max-restarts=1"],
+                       args=["--out", "_runs/elastic", "--crash-at", "9", "--device", DEVICE], timeout=120, echo="none",
+                       device=DEVICE)
+for rank in range(RANKS):  # the lines about attempts (the rest: rank 0's connection error at the crash, the agent's log)
     print("\n".join(f"[rank {rank}] {line}" for line in elastic.output(rank).splitlines() if line.startswith("attempt")))
-assert "attempt 0: dying at step 9" in elastic.output(1)  # rank 1 died ...
-assert all("attempt 1: resumed at step 8 of 24" in elastic.output(r) for r in (0, 1))  # ... everyone was restarted
-a = torch.load("_runs/elastic/uninterrupted/checkpoint.pt", weights_only=True)
-b = torch.load("_runs/elastic/restarted/checkpoint.pt", weights_only=True)
-assert a["step"] == b["step"] == 24
+assert "attempt 0: dying at step 9" in elastic.output(RANKS - 1)  # the last rank died ...
+assert all(f"attempt 1: resumed at step 8 of {TOTAL}" in elastic.output(r) for r in range(RANKS))  # ... all restarted
+a = torch.load("_runs/elastic/uninterrupted/checkpoint.pt", map_location="cpu", weights_only=True)
+b = torch.load("_runs/elastic/restarted/checkpoint.pt", map_location="cpu", weights_only=True)
+assert a["step"] == b["step"] == TOTAL
 same = all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
 same_opt = all(torch.equal(a["optimizer"]["state"][i]["momentum_buffer"], b["optimizer"]["state"][i]["momentum_buffer"])
                for i in a["optimizer"]["state"])
@@ -762,7 +792,7 @@ Three things the script needed beyond the checkpoint:
 - **A fresh store prefix per attempt.** The agent keeps its key-value store (the rendezvous store) across restarts, and in PyTorch 2.13 gloo's connection addresses from the dead attempt are still in it: while writing this notebook, 11 of 23 restarts of a two-line test script failed with *"Gloo connectFullMesh failed ... Connection refused"*, a new worker connecting to the port a worker of the dead attempt had published (with the static and the c10d rendezvous alike). Prefixing the store with `TORCHELASTIC_RESTART_COUNT`, as the script does, removed the failures in every run since.
 - **Everyone restarts.** The healthy rank 0 was restarted too: a collective group cannot take in one new process in the middle of a step.
 
-**Rendezvous, and elastic sizes.** *Rendezvous* is how the agents of a job find each other and agree on the world: how many nodes, which node rank each gets, where the store is. With `--rdzv-backend=c10d --rdzv-endpoint=HOST:PORT` (notebook 08 §5) the rendezvous is dynamic: `--nnodes=MIN:MAX` (say `2:4`) starts as soon as MIN nodes have joined, and a node that joins or leaves later triggers a new rendezvous and a restart of all workers with the new world size (your script must then re-shard its data, which `DistributedSampler` does from the new world size). `torchrun` also sets `OMP_NUM_THREADS=1` in each worker when you have not set it and run more than one process per node, so that N processes do not each start a thread per core:
+**Rendezvous, and elastic sizes.** *Rendezvous* is how the agents of a job find each other and agree on the world: how many nodes, which node rank each gets, where the store is. With `--rdzv-backend=c10d --rdzv-endpoint=HOST:PORT` (notebook 10 §5) the rendezvous is dynamic: `--nnodes=MIN:MAX` (say `2:4`) starts as soon as MIN nodes have joined, and a node that joins or leaves later triggers a new rendezvous and a restart of all workers with the new world size (your script must then re-shard its data, which `DistributedSampler` does from the new world size). `torchrun` also sets `OMP_NUM_THREADS=1` in each worker when you have not set it and run more than one process per node, so that N processes do not each start a thread per core:
 """
 
 # %% slideshow={"slide_type": "-"}
@@ -776,27 +806,48 @@ assert omp[0] == 'if "OMP_NUM_THREADS" not in os.environ and nproc_per_node > 1:
 """
 ## 6. The device-generic forms (PyTorch 2.13)
 
-The scripts of 08 choose the backend by hand (`"nccl" if torch.cuda.is_available() else "gloo"`). Current PyTorch has device-generic forms:
+The scripts of 10 choose the backend by hand (`"nccl" if torch.cuda.is_available() else "gloo"`). Current PyTorch has device-generic forms:
 
 - **`torch.accelerator`** asks about whatever accelerator this build has (CUDA, ROCm, XPU, MPS...) without naming it: `is_available()`, `current_accelerator()`, `device_count()`.
 - **`init_process_group()` without a backend** registers one backend per device type from `dist.Backend.default_device_backend_map` (`cpu:gloo,cuda:nccl` on a CUDA build): CPU tensors go through gloo, CUDA tensors through NCCL, in one group.
-- **`device_id=torch.device("cuda", local_rank)`** binds the process to its GPU and lets NCCL connect at once ("eager init") instead of at the first collective. It needs an accelerator: on this CPU it is refused, as the cell shows; on a GPU machine it is the recommended form (`torch.distributed` documentation, `init_process_group`).
+- **`device_id=torch.device("cuda", local_rank)`** binds the process to its GPU and lets NCCL connect at once ("eager init") instead of at the first collective. It needs an accelerator: on a CPU it is refused, as the cell shows; on a GPU machine it is the recommended form (`torch.distributed` documentation, `init_process_group`).
 """
 
 # %% slideshow={"slide_type": "-"}
+# %%writefile _runs/device_generic.py
+"""What the device-generic calls answer in this process. Launched as a CPU job (GPUs hidden), and on a GPU."""
+import torch
+import torch.distributed as dist
+
+from course_lib.errors import expect_error
+from course_lib.launch import free_port
+
 print("torch.accelerator: available", torch.accelerator.is_available(), "| current", torch.accelerator.current_accelerator(),
       "| devices", torch.accelerator.device_count())
 print("default backend per device type:", dist.Backend.default_device_backend_map)
 dist.init_process_group(init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)  # no backend given
 try:
-    print("init_process_group() without a backend, on this CPU-only build ->", dist.get_backend_config())
+    print("init_process_group() without a backend ->", dist.get_backend_config())
     assert "cpu:gloo" in dist.get_backend_config()
 finally:
     dist.destroy_process_group()
-with expect_error(ValueError, match="device_id parameter must be an accelerator"):
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1,
-                            device_id=torch.device("cpu"))
-assert not dist.is_initialized()
+if not torch.accelerator.is_available():
+    with expect_error(ValueError, match="device_id parameter must be an accelerator"):
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1,
+                                device_id=torch.device("cpu"))
+    assert not dist.is_initialized()
+
+# %% [markdown] slideshow={"slide_type": "-"}
+"""
+The probe runs as a CPU job (`run_script` hides the GPUs from the processes it starts), so it answers "no accelerator" on every machine; the GPU cell after it runs the same probe with the GPUs visible.
+"""
+
+# %% slideshow={"slide_type": "-"}
+print(run_script(["python", "_runs/device_generic.py"], timeout=60, echo="none").output("main"))
+
+# %% slideshow={"slide_type": "-"}
+if requires_gpu("torch.accelerator and init_process_group() without a backend, with a GPU visible"):
+    print(run_script(["python", "_runs/device_generic.py"], timeout=60, echo="none", device="cuda").output("main"))
 
 # %% [markdown] slideshow={"slide_type": "slide"}
 """

@@ -1,8 +1,8 @@
 # %% [markdown] slideshow={"slide_type": "slide"}
 """
-# 11 · Sharded data parallel: ZeRO by hand, FSDP2, DTensor and distributed checkpoints
+# 13 · Sharded data parallel: ZeRO by hand, FSDP2, DTensor and distributed checkpoints
 
-DDP (notebooks 07–08) keeps a full copy of the model on every rank: the parameters, their gradients and the optimizer's state, on each of `N` devices. With Adam that state is most of the memory, and it is the same on every rank. Sharded data parallelism keeps the data parallelism (every rank trains on its own slice of the batch) but stores each piece of model state on **one** rank only, and moves it with the two halves of an all-reduce: reduce-scatter and all-gather. This is ZeRO (Rajbhandari et al., 2020) and PyTorch's FSDP; when model state does not fit on one device, it is the first remedy to try.
+DDP (notebooks 09–10) keeps a full copy of the model on every rank: the parameters, their gradients and the optimizer's state, on each of `N` devices. With Adam that state is most of the memory, and it is the same on every rank. Sharded data parallelism keeps the data parallelism (every rank trains on its own slice of the batch) but stores each piece of model state on **one** rank only, and moves it with the two halves of an all-reduce: reduce-scatter and all-gather. This is ZeRO (Rajbhandari et al., 2020) and PyTorch's FSDP; when model state does not fit on one device, it is the first remedy to try.
 
 By the end you will be able to:
 - compute the bytes per rank of DDP and ZeRO stages 1, 2 and 3 for any model size, world size and optimizer, and check them against what real processes hold;
@@ -11,7 +11,7 @@ By the end you will be able to:
 - use `DeviceMesh` and `DTensor` (`Shard`, `Replicate`, `redistribute`, `full_tensor`), including a 2-D mesh of data × tensor parallelism;
 - save a sharded training run with `torch.distributed.checkpoint` and resume it on a different number of processes, exactly.
 
-This notebook assumes: notebook 04 (where training memory goes), 05 (master weights in mixed precision), 07 (reduce-scatter + all-gather = all-reduce), 08 (DDP, launching, checkpoints) and 10 (tensor parallelism, for the 2-D mesh). No GPU: every distributed run here is CPU processes talking over gloo, launched with `course_lib.launch`.
+This notebook assumes: notebook 04 (where training memory goes), 06 (master weights in mixed precision), 09 (reduce-scatter + all-gather = all-reduce), 10 (DDP, launching, checkpoints) and 12 (tensor parallelism, for the 2-D mesh). No GPU: every distributed run here is CPU processes talking over gloo, launched with `course_lib.launch`.
 """
 
 # %% slideshow={"slide_type": "-"}
@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 
 from course_lib.allreduce_sim import ring_bytes_formula
-from course_lib.launch import spawn
+from course_lib.launch import run_ranks
 from course_lib.seeding import seed_everything
 from course_lib.sharding import STAGES, model_state_bytes, rank_memory, zero_table
 
@@ -40,7 +40,7 @@ print(f"torch {torch.__version__.split('+')[0]}, gloo available: {dist.is_gloo_a
 Notebook 04 counted what training keeps between steps; per parameter, with `Ψ` parameters:
 
 - **parameters**, `P` bytes each, **gradients**, `G` bytes each, and the **optimizer state**, `K` bytes each;
-- mixed-precision Adam (notebook 05): bf16/fp16 parameters and gradients (`P = G = 2`), and in fp32 a master copy of the weights plus Adam's `m` and `v` (`K = 4 + 4 + 4 = 12`): **16 bytes per parameter**;
+- mixed-precision Adam (notebook 06): bf16/fp16 parameters and gradients (`P = G = 2`), and in fp32 a master copy of the weights plus Adam's `m` and `v` (`K = 4 + 4 + 4 = 12`): **16 bytes per parameter**;
 - plain fp32 Adam, what runs on this CPU: `P = G = 4`, `K = 8` (`m`, `v`): 16 bytes as well.
 
 DDP keeps all 16 on every rank. ZeRO's three stages shard more and more of it over the `N` data-parallel ranks: stage 1 the optimizer state, stage 2 also the gradients, stage 3 also the parameters (FSDP is stage 3). `course_lib.sharding` holds the count; its table for mixed-precision Adam:
@@ -132,6 +132,7 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.distributed.tensor import DTensor
@@ -245,7 +246,12 @@ def plain_step(model, opt):
 
 
 def shard_model(model, **kwargs):
-    """FSDP2: every Linear is one unit (gathered and freed together), then the root."""
+    """FSDP2: every Linear is one unit (gathered and freed together), then the root.
+
+    The mesh is given, on the CPU: without one, fully_shard builds a mesh on the accelerator it
+    finds (torch._C._get_accelerator()), so on a GPU machine a CPU job would move its inputs to CUDA.
+    """
+    kwargs.setdefault("mesh", init_device_mesh("cpu", (dist.get_world_size(),)))
     for layer in model:
         if isinstance(layer, nn.Linear):
             fully_shard(layer, **kwargs)
@@ -322,7 +328,7 @@ def measure_stage(rank, n, kind, steps=3):
 """
 Section 6 runs it; here is what it checks. With `Ψ` parameters in fp32 Adam on `N = 2` ranks, the model of section 1 predicts per rank `4Ψ + 4Ψ + 8Ψ` bytes for DDP, `4Ψ + 4Ψ + 4Ψ` for ZeRO-1 and `4Ψ + 2Ψ + 4Ψ` for ZeRO-2. After 3 steps every version must hold the same parameters as DDP.
 
-**Bytes sent.** A ring reduce-scatter sends `(N-1)/N` of the buffer and a ring all-gather another `(N-1)/N`: together `2 (N-1)/N · S`, which is exactly what a ring all-reduce sends (notebook 07). That is not a coincidence: a ring all-reduce *is* a reduce-scatter followed by an all-gather. DDP all-gathers the reduced gradients and then every rank computes the same update; ZeRO all-gathers the *updated parameters* instead. Same traffic, and the optimizer's work and memory are divided by `N`. (Gloo itself implements reduce-scatter as one all-reduce per rank, so on gloo it is slower than that; the byte count is that of the algorithms NCCL uses.)
+**Bytes sent.** A ring reduce-scatter sends `(N-1)/N` of the buffer and a ring all-gather another `(N-1)/N`: together `2 (N-1)/N · S`, which is exactly what a ring all-reduce sends (notebook 09). That is not a coincidence: a ring all-reduce *is* a reduce-scatter followed by an all-gather. DDP all-gathers the reduced gradients and then every rank computes the same update; ZeRO all-gathers the *updated parameters* instead. Same traffic, and the optimizer's work and memory are divided by `N`. (Gloo itself implements reduce-scatter as one all-reduce per rank, so on gloo it is slower than that; the byte count is that of the algorithms NCCL uses.)
 """
 
 # %% [markdown] slideshow={"slide_type": "slide"}
@@ -335,9 +341,9 @@ Stage 3 also shards the parameters, so a layer's weights must be gathered before
 - **backward**: all-gather each unit's parameters again, compute its gradients, **reduce-scatter** them: each rank keeps the gradient of its own rows;
 - **optimizer step**: a plain `torch.optim.Adam`, on the local shards.
 
-`reshard_after_forward=False` keeps the gathered parameters from forward to backward: one all-gather per unit per step instead of two, for the memory of full parameters during that time (ZeRO-2's memory, between forward and backward). `MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)` gathers bf16 copies for compute while the shards and the optimizer stay fp32: notebook 05's master weights, sharded.
+`reshard_after_forward=False` keeps the gathered parameters from forward to backward: one all-gather per unit per step instead of two, for the memory of full parameters during that time (ZeRO-2's memory, between forward and backward). `MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)` gathers bf16 copies for compute while the shards and the optimizer stay fp32: notebook 06's master weights, sharded.
 
-**Gradient scaling.** bf16 has fp32's range, so bf16 training needs no loss scaling (notebook 05). fp16 does, and with sharded gradients a scaler must see an overflow in *any* rank's shard, or ranks skip different steps and drift apart. The old FSDP wrapper needed `ShardedGradScaler`, which all-reduces the overflow flag. With FSDP2 the gradients are DTensors, and DTensor's dispatch reduces the overflow flag of `torch.amp.GradScaler`'s unscale across the mesh: the ordinary scaler works. The script checks it by putting an `inf` into rank 1's shard only.
+**Gradient scaling.** bf16 has fp32's range, so bf16 training needs no loss scaling (notebook 07 §3). fp16 does, and with sharded gradients a scaler must see an overflow in *any* rank's shard, or ranks skip different steps and drift apart. The old FSDP wrapper needed `ShardedGradScaler`, which all-reduces the overflow flag. With FSDP2 the gradients are DTensors, and DTensor's dispatch reduces the overflow flag of `torch.amp.GradScaler`'s unscale across the mesh: the ordinary scaler works. The script checks it by putting an `inf` into rank 1's shard only.
 
 The script below measures all of it: FSDP2 against one process training on the whole batch, the collectives of one step counted with `CommDebugMode` (from `torch.distributed.tensor.debug`, a dispatch mode that records every collective), which units stay gathered after forward, bf16 compute, and both scalers.
 """
@@ -437,7 +443,7 @@ FSDP2's parameters are `DTensor`s: a tensor whose data lives on the processes of
 
 `distribute_tensor` places a tensor, `to_local()` is this rank's piece, `full_tensor()` gathers the whole, and `redistribute` changes placements with the matching collective (`Shard → Replicate` is an all-gather, `Partial → Replicate` an all-reduce, `Partial → Shard` a reduce-scatter).
 
-A mesh with two dimensions combines parallelisms. On 4 processes arranged as a 2×2 mesh named `("dp", "tp")`, `parallelize_module` splits each layer's weights across the `tp` ranks (notebook 10's tensor parallelism: `ColwiseParallel` splits the first `Linear` by outputs, `RowwiseParallel` the second by inputs, so the only communication is one all-reduce of the output), and `fully_shard(..., mesh=mesh["dp"])` shards what remains across the `dp` ranks, which see different data. Each weight is then sharded twice, once per mesh dimension.
+A mesh with two dimensions combines parallelisms. On 4 processes arranged as a 2×2 mesh named `("dp", "tp")`, `parallelize_module` splits each layer's weights across the `tp` ranks (notebook 12's tensor parallelism: `ColwiseParallel` splits the first `Linear` by outputs, `RowwiseParallel` the second by inputs, so the only communication is one all-reduce of the output), and `fully_shard(..., mesh=mesh["dp"])` shards what remains across the `dp` ranks, which see different data. Each weight is then sharded twice, once per mesh dimension.
 """
 
 # %% slideshow={"slide_type": "-"}
@@ -506,14 +512,14 @@ def two_d(rank, n, steps=3, width=64):
 """
 ## 5. Checkpoints of a sharded model
 
-Notebook 08 saved a DDP checkpoint the simple way: every rank holds everything, rank 0 writes. With sharding nobody holds everything, and two ways remain:
+Notebook 10 saved a DDP checkpoint the simple way: every rank holds everything, rank 0 writes. With sharding nobody holds everything, and two ways remain:
 
 - **gather, then rank 0 writes** (`get_model_state_dict(..., StateDictOptions(full_state_dict=True, cpu_offload=True))`, then `torch.save`): one ordinary file, loadable anywhere, but rank 0 must hold the whole model in CPU memory and write it alone;
 - **every rank writes its own shards** with `torch.distributed.checkpoint` (DCP): `dcp.save(state, checkpoint_id=dir)` writes one file per rank plus a `.metadata` file that records which piece of which tensor is where. `dcp.load` reads into whatever sharding the *loading* run has, so a checkpoint saved by 2 processes can be loaded by 1 or by 4.
 
 `get_state_dict(model, optimizer)` and `set_state_dict(...)` (from `torch.distributed.checkpoint.state_dict`) give model and optimizer state keyed by parameter names, the same for a plain, a DDP or an FSDP2 model, which is what makes the resharding work.
 
-A checkpoint that resumes a run **exactly** holds the whole training state, not just the weights: the model, the optimizer (Adam's `m`, `v` and step), the step counter, the epoch the `DistributedSampler` is in (notebook 08's `set_epoch`), and the state of every random generator the run draws from (here a generator for data augmentation noise). The script below trains 8 steps, saving everything at step 4. Another run loads it, at a different world size, and trains steps 5 to 8.
+A checkpoint that resumes a run **exactly** holds the whole training state, not just the weights: the model, the optimizer (Adam's `m`, `v` and step), the step counter, the epoch the `DistributedSampler` is in (notebook 10's `set_epoch`), and the state of every random generator the run draws from (here a generator for data augmentation noise). The script below trains 8 steps, saving everything at step 4. Another run loads it, at a different world size, and trains steps 5 to 8.
 
 Resuming at a different world size is only equal if the runs see the same *global* batches. `DistributedSampler` gives rank `r` the indices `r, r + N, r + 2N, ...` of the epoch's shuffled order, so with a per-rank batch of `16 / N` the step's global batch is the same 16 samples for `N = 1, 2, 4`; the mean loss over them does not depend on how they are split. The noise is drawn for the whole global batch on every rank (the same generator, the same state) and each rank takes its rows, for the same reason.
 """
@@ -600,7 +606,7 @@ Starting a process costs seconds (Python, then `import torch`, then the distribu
 
 # %% slideshow={"slide_type": "-"}
 # %%writefile _runs/jobs.py
-"""The two jobs of notebook 11: everything at 2 processes, then the 2-D mesh and a resume at 4."""
+"""The two jobs of notebook 13: everything at 2 processes, then the 2-D mesh and a resume at 4."""
 import dtensor_demo
 import fsdp2_demo
 import resume
@@ -624,8 +630,8 @@ def at_four(rank, n, ckpt_dir):
 import shutil
 
 shutil.rmtree("_runs/dcp_step4", ignore_errors=True)
-two = spawn("_runs/jobs.py:at_two", nprocs=2, args=("_runs/dcp_step4", "_runs/full_step4.pt"), timeout=180, echo="none")
-four = spawn("_runs/jobs.py:at_four", nprocs=4, args=("_runs/dcp_step4",), timeout=180, echo="none")
+two = run_ranks("_runs/jobs.py:at_two", nprocs=2, args=("_runs/dcp_step4", "_runs/full_step4.pt"), timeout=180, echo="none")
+four = run_ranks("_runs/jobs.py:at_four", nprocs=4, args=("_runs/dcp_step4",), timeout=180, echo="none")
 print(f"2 processes, then 4: both jobs finished, every rank with exit code 0; ~{time.perf_counter() - notebook_start:.0f} s so far")
 
 # %% [markdown] slideshow={"slide_type": "slide"}
@@ -664,7 +670,7 @@ Why count tensors rather than read the allocator's "still allocated" total? On g
 """
 ### 6.2 ZeRO trains exactly like DDP, and sends the same bytes
 
-After 3 Adam steps, every sharded version holds the parameters DDP holds. The byte counts: `HandZero` added up `(N-1)/N` of the buffer per collective; DDP's communication hook saw its gradient buckets, whose ring all-reduce costs `2 (N-1)/N` of their size (`ring_bytes_formula`, from notebook 07).
+After 3 Adam steps, every sharded version holds the parameters DDP holds. The byte counts: `HandZero` added up `(N-1)/N` of the buffer per collective; DDP's communication hook saw its gradient buckets, whose ring all-reduce costs `2 (N-1)/N` of their size (`ring_bytes_formula`, from notebook 09).
 """
 
 # %% slideshow={"slide_type": "fragment"}
@@ -756,9 +762,9 @@ print("4 processes, data parallel x tensor parallel, after 3 Adam steps: allclos
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-On the 2×2 mesh the first weight (64×64) is split into 4 row blocks of 16: by its output features across `tp` (`ColwiseParallel`), and each of those again across `dp` by FSDP2. `_StridedShard` is how DTensor records that the `dp` split happened *inside* the `tp` split. A forward pass communicates twice on the `dp` dimension (FSDP2 all-gathers each `Linear`'s shards) and once on `tp`: the single all-reduce that sums the row-parallel layer's partial outputs (notebook 10). And the four processes trained exactly the model one process trains.
+On the 2×2 mesh the first weight (64×64) is split into 4 row blocks of 16: by its output features across `tp` (`ColwiseParallel`), and each of those again across `dp` by FSDP2. `_StridedShard` is how DTensor records that the `dp` split happened *inside* the `tp` split. A forward pass communicates twice on the `dp` dimension (FSDP2 all-gathers each `Linear`'s shards) and once on `tp`: the single all-reduce that sums the row-parallel layer's partial outputs (notebook 12). And the four processes trained exactly the model one process trains.
 
-One wart, found while writing this notebook and checked in the cell before the 2-D mesh: after a DTensor computation, PyTorch 2.13 keeps one reference to the default process group somewhere in its C++ side (not in any Python object `gc` can find; it survives deleting the mesh and the tensors). `destroy_process_group()` then cannot free the group, and `course_lib.launch`'s workers print a warning that its gloo threads may outlive the script. They did not cause a crash in any run here: both jobs above ended with exit code 0 on every rank, which `spawn` checks (the warning is not shown because the jobs run with `echo="none"`).
+One wart, found while writing this notebook and checked in the cell before the 2-D mesh: after a DTensor computation, PyTorch 2.13 keeps one reference to the default process group somewhere in its C++ side (not in any Python object `gc` can find; it survives deleting the mesh and the tensors). `destroy_process_group()` then cannot free the group, and `course_lib.launch`'s workers print a warning that its gloo threads may outlive the script. They did not cause a crash in any run here: both jobs above ended with exit code 0 on every rank, which `run_ranks` checks (the warning is not shown because the jobs run with `echo="none"`).
 """
 
 # %% [markdown] slideshow={"slide_type": "slide"}
@@ -797,7 +803,7 @@ import resume
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
-full = torch.load("_runs/full_step4.pt", weights_only=True)
+full = torch.load("_runs/full_step4.pt", map_location="cpu", weights_only=True)
 model = resume.make_model()
 weights = get_model_state_dict(model)
 dcp.load({"model": weights}, checkpoint_id="_runs/dcp_step4")       # only the model part of the checkpoint
@@ -816,7 +822,7 @@ for dropped in ("optim", "rng"):                              # resume at N=1 wi
 
 When the **model state** (parameters, gradients, optimizer state) does not fit on one device, shard it across the data-parallel ranks first: ZeRO-1 or 2 if dividing the optimizer state (and gradients) is enough, ZeRO-3/FSDP when the parameters too must be divided. It keeps the data-parallel program: every rank runs the whole model on its own data, the code barely changes (`fully_shard` and a state-dict API), and the traffic is DDP's (stages 1–2) or 1.5 times it (stage 3). On GPUs FSDP hides much of it behind compute by all-gathering the next unit while the current one runs (communication on its own CUDA stream); on these CPU processes there is nothing to overlap with, so that part is not measured here.
 
-Pipeline and tensor parallelism (notebook 10) come in when sharding is not enough or not efficient: when the **activations** of even one micro-batch do not fit (sharding does not divide them; tensor parallelism does, inside each layer), when a single layer's gathered parameters are too big for one device, or at a scale where all-gathering every parameter over the slower links between nodes costs more than the compute it overlaps with. Large runs then combine them on a multi-dimensional `DeviceMesh`, as in section 6.4: FSDP across the data-parallel dimension, tensor parallelism within a node, pipeline stages across nodes.
+Pipeline and tensor parallelism (notebook 12) come in when sharding is not enough or not efficient: when the **activations** of even one micro-batch do not fit (sharding does not divide them; tensor parallelism does, inside each layer), when a single layer's gathered parameters are too big for one device, or at a scale where all-gathering every parameter over the slower links between nodes costs more than the compute it overlaps with. Large runs then combine them on a multi-dimensional `DeviceMesh`, as in section 6.4: FSDP across the data-parallel dimension, tensor parallelism within a node, pipeline stages across nodes.
 """
 
 # %% [markdown] slideshow={"slide_type": "slide"}
@@ -828,7 +834,7 @@ Pipeline and tensor parallelism (notebook 10) come in when sharding is not enoug
 - FSDP2's `fully_shard` makes parameters `Shard(0)` DTensors; a step is an all-gather per unit in forward, another in backward and a reduce-scatter (1.5× DDP's traffic), or one all-gather with `reshard_after_forward=False` at the cost of keeping the gathered parameters. `MixedPrecisionPolicy` computes in bf16 on fp32 shards; bf16 needs no scaler and fp16's `torch.amp.GradScaler` skips on every rank when any shard overflows.
 - DTensor placements (`Shard`, `Replicate`, `Partial`) and `redistribute` are the collectives with names; a 2-D mesh ran data × tensor parallelism on 4 processes, equal to one process.
 - `torch.distributed.checkpoint` writes each rank's shards and reloads them into any world size; with the whole training state (model, optimizer, step, sampler epoch, generator states) a run saved at 2 processes and resumed at 1 or 4 ends where the uninterrupted run ends.
-- Shard first when model state does not fit; pipeline and tensor parallelism (notebook 10) when activations or single layers do not, or at scale.
+- Shard first when model state does not fit; pipeline and tensor parallelism (notebook 12) when activations or single layers do not, or at scale.
 """
 
 # %% [markdown] slideshow={"slide_type": "slide"}
