@@ -936,6 +936,7 @@ Doubling the sequence doubles what FlashAttention keeps and nearly quadruples wh
 On the CPU this Python loop is slower than SDPA's fused kernel, which runs the same algorithm in compiled code, without Python between tiles. The next cell measures both at 1,024 tokens, forward and backward, on this thread's CPU time (best of three, interleaved):
 """
 
+
 # %% slideshow={"slide_type": "fragment"}
 def cpu_seconds(attend):
     start = time.thread_time()
