@@ -952,7 +952,7 @@ for _ in range(3):
 cpu_ratio = best["hand-written"] / best["SDPA"]
 print(f"{qs.shape[-2]:,} tokens, causal, forward and backward: hand-written ~{best['hand-written'] * 1e3:.0f} ms, "
       f"SDPA ~{best['SDPA'] * 1e3:.0f} ms; hand-written / SDPA ~{cpu_ratio:.1f}x: slower")
-assert cpu_ratio > 1.5
+assert cpu_ratio > 1  # ~2.8x here, ~1.9x with PyTorch's portable kernels (make test-portable)
 
 # %% [markdown] slideshow={"slide_type": "fragment"}
 """
