@@ -52,6 +52,9 @@ CANNOT_RUN_ON_CPU = {
     "a memory snapshot of a checkpointed training step, for pytorch.org/memory_viz": (
         "torch.cuda.memory's history recorder and snapshot exist only for the CUDA allocator"
     ),
+    "an NCCL all_reduce returns to the host before it is done": (
+        "the claim is NCCL's stream semantics; gloo's all_reduce blocks the calling thread until it is done"
+    ),
 }
 # Cells that run on the CPU up to one call that needs a GPU: everything before it (environment,
 # process group, conversion) is checked, and the call must fail with exactly this message.
