@@ -960,7 +960,7 @@ if requires_gpu("torch.accelerator and init_process_group() without a backend, w
 """
 ## 7. gloo versus NCCL: when a hang surfaces
 
-Every job in this notebook ran on gloo, where a collective is work done by CPU threads and a blocking call returns once the result is in memory. NCCL, the backend of GPU training, behaves differently in four ways that change how a failure looks. What can be shown on a CPU runs below on gloo; the NCCL-only behaviour is in a GPU cell, and the rest names its source.
+Every job in this notebook ran on gloo, where a collective is work done by CPU threads and a blocking call returns once the result is in memory. NCCL, the backend of GPU training, behaves differently, and that changes how a failure looks and how you find it. What can be shown on a CPU runs below on gloo; the NCCL-only behaviour is in a GPU cell, and the rest names its source.
 
 ### 7.1 Stream semantics: the host does not wait
 
