@@ -8,8 +8,8 @@ By the end you will be able to:
 - split a model across devices (the cluster post's `split_gpus` network) and explain why the naive split keeps only one device busy at a time;
 - write a two-stage pipeline by hand with `dist.send` / `dist.recv` and prove it trains exactly like one process;
 - schedule micro-batches GPipe-style, draw the schedule, compute the bubble `(p-1)/(m+p-1)` and measure it;
-- use PyTorch's own `torch.distributed.pipelining`, and say what the multi-GPU post's second "model parallel" example really does;
-- split a `Linear` layer by columns and by rows (tensor parallelism) and choose between data, pipeline and tensor parallelism.
+- use PyTorch's own `torch.distributed.pipelining`, say what changes when the stages talk over NCCL, and say what the multi-GPU post's second "model parallel" example really does;
+- split a `Linear` layer by output features (column-parallel) and by input features (row-parallel), and choose between data, pipeline and tensor parallelism.
 
 This notebook assumes: notebooks 02 (autograd graphs), 08 (gradient accumulation: micro-batches whose gradients add up) and 10 (launching processes, gloo). No GPU needed: the stages are CPU processes; the one cell for two real GPUs says what it skipped.
 """
@@ -658,7 +658,7 @@ print("split by output features (concat) and by input features (sum): outputs, d
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-Megatron's MLP block chains the two: the first `Linear` split by outputs, the activation applied shard by shard (it is elementwise), the second `Linear` split by inputs, and **one all-reduce** per block in forward (one more in backward). That communication happens in every layer, on the critical path, which is why tensor parallelism stays inside a node with fast links (NVLink). PyTorch's version is `torch.distributed.tensor.parallel` (`ColwiseParallel`, `RowwiseParallel`, `parallelize_module`), built on `DTensor`, a tensor that knows how it is split across the devices of a mesh (notebook 13 §4 introduces it; notebook 15 takes tensor parallelism further, to sequence, context and expert parallelism). The cell checks, in the classes' own source, which dimension of `W` each one shards: the table's. Exercise 3 asks for the split by input features by hand.
+Megatron's MLP block chains the two: the first `Linear` split by output features (column-parallel), the activation applied shard by shard (it is elementwise), the second `Linear` split by input features (row-parallel), and **one all-reduce** per block in forward (one more in backward). That communication happens in every layer, on the critical path, which is why tensor parallelism stays inside a node with fast links (NVLink). PyTorch's version is `torch.distributed.tensor.parallel` (`ColwiseParallel`, `RowwiseParallel`, `parallelize_module`), built on `DTensor`, a tensor that knows how it is split across the devices of a mesh (notebook 13 §4 introduces it; notebook 15 takes tensor parallelism further, to sequence, context and expert parallelism). The cell checks, in the classes' own source, which dimension of `W` each one shards: the table's. Exercise 3 asks for the split by input features by hand.
 """
 
 # %% slideshow={"slide_type": "-"}
