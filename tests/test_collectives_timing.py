@@ -82,3 +82,27 @@ def test_matmul_tflops_on_cpu_and_its_checks() -> None:
     if not torch.cuda.is_available():
         with pytest.raises(RuntimeError, match="needs a CUDA GPU"):
             matmul_tflops(8, torch.float32)
+    with pytest.raises(TypeError, match="tf32 must be a bool"):
+        matmul_tflops(8, torch.float32, device="cpu", tf32=1)  # type: ignore[arg-type]
+
+
+def test_matmul_tflops_switches_tf32_with_the_fp32_precision_api_and_restores_it() -> None:
+    matmul = torch.backends.cuda.matmul
+    before = (matmul.fp32_precision, torch.get_float32_matmul_precision())
+    seen = []
+    original = torch.Tensor.__matmul__
+
+    def spy(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        seen.append(matmul.fp32_precision)
+        return original(a, b)
+
+    try:
+        torch.Tensor.__matmul__ = spy  # type: ignore[method-assign]
+        for tf32, want in ((True, "tf32"), (False, "ieee")):
+            seen.clear()
+            matmul_tflops(8, torch.float32, device="cpu", tf32=tf32, repeats=2)
+            assert seen and set(seen) == {want}
+            # restored, and the legacy and new APIs were not mixed (PyTorch would refuse to report the precision)
+            assert (matmul.fp32_precision, torch.get_float32_matmul_precision()) == before
+    finally:
+        torch.Tensor.__matmul__ = original  # type: ignore[method-assign]

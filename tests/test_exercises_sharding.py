@@ -1,9 +1,18 @@
 from __future__ import annotations
 
+from typing import Any
+
 import torch
+import torch.distributed as dist
 
 from checks import assert_check
-from course_lib.exercises.sharding import FIT_SCENARIOS, check_bytes_sent, check_rank_bytes, check_stage_that_fits
+from course_lib.exercises.sharding import (
+    FIT_SCENARIOS,
+    check_bytes_sent,
+    check_rank_bytes,
+    check_reduce_scatter_step,
+    check_stage_that_fits,
+)
 
 
 def _blank(*args: object) -> object:
@@ -69,3 +78,76 @@ def test_bytes_sent() -> None:
             (lambda p, n, s: "1", "return a number"),
         ],
     )
+
+
+def _shard_gradient(full_grad: torch.Tensor, n: int, reduce_dtype: torch.dtype, shard_dtype: torch.dtype) -> Any:
+    grad = full_grad.to(reduce_dtype)
+    shard = torch.empty(grad.numel() // n, dtype=reduce_dtype)
+    dist.reduce_scatter_single(shard, grad)
+    return shard.div_(n).to(shard_dtype)
+
+
+def test_reduce_scatter_step() -> None:
+    def with_avg(full_grad: torch.Tensor, n: int, reduce_dtype: torch.dtype, shard_dtype: torch.dtype) -> Any:
+        grad = full_grad.to(reduce_dtype)
+        shard = torch.empty(grad.numel() // n, dtype=reduce_dtype)
+        dist.reduce_scatter_tensor(shard, grad, op=dist.ReduceOp.AVG)
+        return shard.to(shard_dtype)
+
+    def divide_first(full_grad: torch.Tensor, n: int, reduce_dtype: torch.dtype, shard_dtype: torch.dtype) -> Any:
+        grad = full_grad.to(reduce_dtype) / n
+        shard = torch.empty(grad.numel() // n, dtype=reduce_dtype)
+        dist.reduce_scatter(shard, list(grad.chunk(n)))
+        return shard.to(shard_dtype)
+
+    def summed(full_grad: torch.Tensor, n: int, reduce_dtype: torch.dtype, shard_dtype: torch.dtype) -> Any:
+        return _shard_gradient(full_grad, n, reduce_dtype, shard_dtype) * n
+
+    def twice(full_grad: torch.Tensor, n: int, reduce_dtype: torch.dtype, shard_dtype: torch.dtype) -> Any:
+        return _shard_gradient(full_grad, n, reduce_dtype, shard_dtype) / n
+
+    def in_bf16(full_grad: torch.Tensor, n: int, reduce_dtype: torch.dtype, shard_dtype: torch.dtype) -> Any:
+        return _shard_gradient(full_grad, n, full_grad.dtype, shard_dtype)
+
+    def bf16_out(full_grad: torch.Tensor, n: int, reduce_dtype: torch.dtype, shard_dtype: torch.dtype) -> Any:
+        return _shard_gradient(full_grad, n, reduce_dtype, full_grad.dtype)
+
+    def whole(full_grad: torch.Tensor, n: int, reduce_dtype: torch.dtype, shard_dtype: torch.dtype) -> Any:
+        grad = full_grad.to(reduce_dtype)
+        dist.all_reduce(grad)
+        return grad.div_(n).to(shard_dtype)
+
+    def all_reduce_then_slice(
+        full_grad: torch.Tensor, n: int, reduce_dtype: torch.dtype, shard_dtype: torch.dtype
+    ) -> Any:
+        grad = full_grad.to(reduce_dtype)
+        dist.all_reduce(grad)
+        return grad.div_(n).chunk(n)[dist.get_rank()].to(shard_dtype)
+
+    def wrong_chunk(full_grad: torch.Tensor, n: int, reduce_dtype: torch.dtype, shard_dtype: torch.dtype) -> Any:
+        grad = full_grad.to(reduce_dtype)
+        dist.all_reduce(grad)
+        return grad.div_(n).chunk(n)[0].to(shard_dtype)
+
+    def blank(*args: Any) -> Any:
+        raise NotImplementedError
+
+    assert_check(
+        check_reduce_scatter_step,
+        right=[_shard_gradient, with_avg, divide_first],
+        right_says="divide once",
+        not_done=[..., blank, lambda *args: None],
+        wrong=[
+            (summed, "the sum over ranks"),
+            (twice, "averaged twice"),
+            (in_bf16, "cast the gradient to reduce_dtype"),
+            (bf16_out, "return its dtype"),
+            (whole, "return only this rank's shard"),
+            (all_reduce_then_slice, "through an all-reduce"),
+            (wrong_chunk, "expected chunk 1"),
+            (lambda g, n, r, s: [0.0] * (g.numel() // n), "should return a tensor"),
+            (lambda g, n, r, s: torch.randn(g.numel() // n), "expected chunk 0"),
+            (lambda g, n, r, s: _shard_gradient(g + torch.randn(g.shape).to(g.dtype), n, r, s), "run again"),
+        ],
+    )
+    assert not dist.is_initialized()

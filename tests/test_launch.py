@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import textwrap
 import time
@@ -109,13 +110,16 @@ def jobs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _marked_processes() -> list[int]:
-    """Every live process that carries the launcher's marker, found independently with psutil."""
+    """Every live process that carries the launcher's marker and was launched from this test process,
+    found independently with psutil (other jobs on a shared machine carry the marker with their own owner)."""
     found = []
+    me = str(os.getpid())
     for p in psutil.process_iter(["pid", "status"]):
         try:
             if p.info["status"] == psutil.STATUS_ZOMBIE:
                 continue
-            if "COURSE_LIB_LAUNCH_ID" in p.environ():
+            env = p.environ()
+            if "COURSE_LIB_LAUNCH_ID" in env and env.get("COURSE_LIB_LAUNCH_OWNER") == me:
                 found.append(p.pid)
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             continue
@@ -124,7 +128,7 @@ def _marked_processes() -> list[int]:
 
 def _assert_nothing_left() -> None:
     assert _marked_processes() == []
-    assert launched_processes() == []
+    assert launched_processes(owner=os.getpid()) == []
     assert psutil.Process().children(recursive=True) == []
 
 
@@ -245,15 +249,29 @@ def test_a_rank_that_raises_gives_its_traceback(jobs: Path) -> None:
     _assert_nothing_left()
 
 
-def test_a_rank_that_hangs_in_a_collective_is_killed_at_the_timeout(jobs: Path) -> None:
+def test_a_job_that_hangs_is_killed_at_the_timeout_with_each_ranks_last_words() -> None:
+    # plain Python, no torch: it starts in milliseconds even on a loaded machine, so the ranks have
+    # printed before the timeout, whatever the load, and the message can quote them
+    code = "import sys, time; print(f'[rank{sys.argv[1]}]: in the job', flush=True); time.sleep(600)"
     start = time.monotonic()
-    with pytest.raises(LaunchError, match="did not finish within the timeout of 8 s") as info:
-        run_torchrun("hangs.py", cwd=jobs, timeout=8, echo="none")
+    with pytest.raises(LaunchError, match="did not finish within the timeout of 4 s") as info:
+        run_script([["python", "-c", code, str(r)] for r in (0, 1)], timeout=4, echo="none")
     elapsed = time.monotonic() - start
-    assert 8 <= elapsed < 8 + 6, elapsed  # the timeout, plus the few seconds cleanup may take
+    assert 4 <= elapsed < 4 + 20, elapsed  # the timeout, plus what cleanup may take on a busy machine
     assert info.value.reason == "timeout"
-    assert "in the job" in str(info.value)  # each rank's last words are quoted
-    _assert_nothing_left()  # torchrun's workers run in their own sessions: they were found and killed too
+    assert "[rank 0] last output: in the job" in str(info.value)  # each rank's last words are quoted
+    assert "[rank 1] last output: in the job" in str(info.value)
+    _assert_nothing_left()
+
+
+def test_a_rank_that_hangs_in_a_collective_under_torchrun_is_killed(jobs: Path) -> None:
+    # torchrun's workers run in their own sessions: the marker sweep must find and kill them too. The
+    # timeout leaves room for `import torch` on a loaded machine; the outcome is a timeout either way.
+    start = time.monotonic()
+    with pytest.raises(LaunchError, match="did not finish within the timeout of 20 s") as info:
+        run_torchrun("hangs.py", cwd=jobs, timeout=20, echo="none")
+    assert info.value.reason == "timeout" and time.monotonic() - start >= 20
+    _assert_nothing_left()
 
 
 def test_a_busy_port_is_a_clear_error(jobs: Path) -> None:
@@ -381,3 +399,11 @@ def test_run_ranks_refuses_gpu_layouts_it_cannot_bind(jobs: Path) -> None:
         run_ranks(worker, too_many, device="cuda")
     with pytest.raises(ValueError, match="device must be one of"):
         run_torchrun("ok.py", cwd=jobs, device="tpu")
+
+
+def test_launched_processes_refuses_a_bad_owner() -> None:
+    with pytest.raises(ValueError, match="owner must be a process id"):
+        launched_processes(owner=0)
+    with pytest.raises(ValueError, match="owner must be a process id"):
+        launched_processes(owner="me")  # type: ignore[arg-type]
+    assert launched_processes(owner=os.getpid()) == []

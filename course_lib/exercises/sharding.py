@@ -5,10 +5,20 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ..sharding import STAGES, model_state_bytes, rank_memory
-from .core import Wrong, as_number, call_learner, dict_answer, exercise
+import torch
+import torch.distributed as dist
 
-__all__ = ["check_bytes_sent", "check_rank_bytes", "check_stage_that_fits", "FIT_SCENARIOS"]
+from ..sharding import STAGES, model_state_bytes, rank_memory
+from .core import NotDone, Wrong, as_number, call_learner, dict_answer, exercise, is_placeholder
+from .simulated_ranks import ReplayedReduceScatter
+
+__all__ = [
+    "check_bytes_sent",
+    "check_rank_bytes",
+    "check_reduce_scatter_step",
+    "check_stage_that_fits",
+    "FIT_SCENARIOS",
+]
 
 GB = 10**9
 
@@ -110,3 +120,96 @@ def check_bytes_sent(bytes_sent: Any) -> str:
             raise Wrong(f"{call}: a ring collective sends (N-1)/N of the tensor, not all of it")
         raise Wrong(f"{call} returned {got:,.0f}: count each collective as (N-1)/N of a 2-byte-per-parameter tensor")
     return "DDP, ZeRO-1 and ZeRO-2 send the same 2(N-1)/N of the gradients' bytes; ZeRO-3 half as much again"
+
+
+# -- FSDP by hand (notebook 13's section "FSDP by hand") --------------------------------------------
+
+_RS_TODO = (
+    "write shard_gradient(full_grad, world_size, reduce_dtype, shard_dtype): this rank's shard of the mean "
+    "gradient, by a reduce-scatter"
+)
+
+# (world size, elements per shard, dtype of the gathered parameters and their gradient, reduce dtype, shard dtype)
+_RS_CASES: list[tuple[int, int, torch.dtype, torch.dtype, torch.dtype]] = [
+    (2, 8, torch.bfloat16, torch.float32, torch.float32),
+    (3, 5, torch.bfloat16, torch.float32, torch.float32),
+    (4, 3, torch.float32, torch.float32, torch.float32),
+    (2, 6, torch.bfloat16, torch.bfloat16, torch.float32),
+]
+
+
+def _reference_shard_gradient(
+    full_grad: torch.Tensor, n: int, reduce_dtype: torch.dtype, shard_dtype: torch.dtype
+) -> torch.Tensor:
+    grad = full_grad.to(reduce_dtype)
+    out = torch.empty(grad.numel() // n, dtype=reduce_dtype)
+    dist.reduce_scatter_single(out, grad)
+    return out.div_(n).to(shard_dtype)
+
+
+def _simulate(fn: Any, n: int, grads: list[torch.Tensor], *args: Any) -> tuple[list[Any], ReplayedReduceScatter]:
+    """Run ``fn(full_grad, n, *args)`` on ``n`` simulated ranks: record the inputs, then replay with results."""
+    sim = ReplayedReduceScatter(n)
+    results: list[Any] = []
+    with sim.patch():
+        for recording in (True, False):
+            sim.recording = recording
+            results = []
+            for r in range(n):
+                sim.start_rank(r)
+                try:
+                    results.append(call_learner(fn, grads[r].clone(), n, *args))
+                except Wrong as w:
+                    if "SimulatedRankError" in str(w):
+                        raise Wrong(str(w).split("SimulatedRankError: ")[-1]) from None
+                    raise
+    return results, sim
+
+
+@exercise("the reduce-scatter step", todo=_RS_TODO)
+def check_reduce_scatter_step(shard_gradient: Any) -> str:
+    if is_placeholder(shard_gradient):
+        raise NotDone
+    for n, shard_len, compute_dtype, reduce_dtype, shard_dtype in _RS_CASES:
+        g = torch.Generator().manual_seed(n * 100 + shard_len)
+        grads = [torch.randn(n * shard_len, generator=g).to(compute_dtype) for _ in range(n)]
+        call = f"shard_gradient(<{n * shard_len} {str(compute_dtype)[6:]} values>, {n}, {reduce_dtype}, {shard_dtype})"
+        got, sim = _simulate(shard_gradient, n, grads, reduce_dtype, shard_dtype)
+        want, _ = _simulate(_reference_shard_gradient, n, grads, reduce_dtype, shard_dtype)
+        for r, (mine, right) in enumerate(zip(got, want)):
+            if not isinstance(mine, torch.Tensor):
+                raise Wrong(f"{call} should return a tensor (this rank's shard), got {type(mine).__name__}")
+            if mine.numel() != shard_len:
+                raise Wrong(
+                    f"{call} returned {mine.numel()} elements on rank {r}: return only this rank's shard, "
+                    f"{n * shard_len} / {n} = {shard_len} elements"
+                )
+            if mine.dtype != shard_dtype:
+                raise Wrong(
+                    f"{call} returned {mine.dtype}: the optimizer steps the master shard, so return its dtype, "
+                    f"{shard_dtype}"
+                )
+            tol = 1e-2 if reduce_dtype == torch.bfloat16 else 1e-6
+            if torch.allclose(mine.reshape(-1).double(), right.double(), rtol=tol, atol=tol * 1e-2):
+                continue
+            exact = torch.stack([x.double() for x in grads]).sum(0).view(n, -1)[r]
+
+            def near(x: torch.Tensor, mine: torch.Tensor = mine) -> bool:
+                return torch.allclose(mine.reshape(-1).double(), x, rtol=1e-2, atol=1e-4)
+
+            if near(exact):
+                raise Wrong(f"{call}: that is the sum over ranks; divide by world_size once to get the mean")
+            if near(exact / n**2):
+                raise Wrong(f"{call}: the gradient is averaged twice (ReduceOp.AVG and a division, or two divisions)")
+            if near(exact / n) and reduce_dtype != compute_dtype:
+                raise Wrong(
+                    f"{call}: close, but reduced in {compute_dtype}: cast the gradient to reduce_dtype "
+                    f"({reduce_dtype}) before the reduce-scatter, so the sum over ranks is not rounded to bf16"
+                )
+            raise Wrong(f"{call} on rank {r}: expected chunk {r} of the mean gradient over the ranks")
+        if "all_reduce" in sim.used:
+            raise Wrong(
+                "right values, but through an all-reduce: every rank then receives the whole sum, twice the bytes "
+                "a reduce-scatter sends, to keep 1/N of it; use dist.reduce_scatter_single"
+            )
+    return "reduce-scatter in reduce_dtype, divide once, keep this rank's chunk in the master's dtype"

@@ -24,6 +24,7 @@ from .results import LaunchError, LaunchResult
 __all__ = ["launched_processes"]
 
 _MARKER = "COURSE_LIB_LAUNCH_ID"
+_OWNER = "COURSE_LIB_LAUNCH_OWNER"  # the pid of the process that launched the job
 
 # What hides GPUs from a process: CUDA's variable (ROCm honours it too) and ROCm's own.
 _HIDE_GPUS = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES")
@@ -38,15 +39,21 @@ _TEE_PREFIX = re.compile(r"^\[(?P<role>[A-Za-z_]\w*?)(?P<local>\d+)\]:(?P<text>.
 _RANK_PREFIX = re.compile(r"^\[rank(?P<rank>\d+)\]:\s?(?P<text>.*)$")
 
 
-def launched_processes(launch_id: str | None = None) -> list[int]:
-    """PIDs of live processes started by this module (optionally by one launch), from ``/proc``.
+def launched_processes(launch_id: str | None = None, *, owner: int | None = None) -> list[int]:
+    """PIDs of live processes started by this module, from ``/proc``: by one launch (``launch_id``), by
+    the launches of one process (``owner``, a pid: ``os.getpid()`` for this one's), or by any.
 
-    Empty where ``/proc`` does not exist. Tests use it to prove no process is left behind.
+    Empty where ``/proc`` does not exist. Tests use it to prove no process is left behind; on a machine
+    where other jobs launch too (a learner's notebook, a second test run), ``owner=os.getpid()`` sees
+    only this process's own.
     """
+    if owner is not None and (not isinstance(owner, int) or isinstance(owner, bool) or owner < 1):
+        raise ValueError(f"owner must be a process id (a positive int), got {owner!r}")
     proc = Path("/proc")
     if not proc.is_dir():
         return []
     needle = f"{_MARKER}={launch_id}".encode() if launch_id else f"{_MARKER}=".encode()
+    mine = f"{_OWNER}={owner}\0".encode() if owner is not None else b""
     found = []
     me = os.getpid()
     for entry in proc.iterdir():
@@ -57,7 +64,7 @@ def launched_processes(launch_id: str | None = None) -> list[int]:
             stat = (entry / "stat").read_text()
         except OSError:
             continue
-        if needle in environ and ") Z " not in stat:  # zombies are already dead
+        if needle in environ and mine in environ + b"\0" and ") Z " not in stat:  # zombies are already dead
             found.append(int(entry.name))
     return found
 
@@ -196,6 +203,7 @@ def _run(
     child_env.update(_check_env(env))
     child_env["PYTHONUNBUFFERED"] = "1"
     child_env[_MARKER] = launch_id
+    child_env.setdefault(_OWNER, str(os.getpid()))  # a launch inside a launched process keeps the first owner
     q: queue.Queue[tuple[int, str | None]] = queue.Queue()
     procs: list[subprocess.Popen[bytes]] = []
     lines: list[tuple[str, str]] = []
