@@ -25,11 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
-
-from course_lib.launch import LaunchError, run_torchrun  # noqa: E402
+from course_lib.launch import LaunchError, run_torchrun
 
 WORKER = """
 import os, sys
