@@ -57,6 +57,9 @@ CANNOT_RUN_ON_CPU = {
         "it times 4096-token bf16 attention on a GPU; the hand-written tile loop at that size takes minutes on a CPU,"
         " where notebook 14 checks the same Function at small sizes"
     ),
+    "an NCCL all_reduce returns to the host before it is done": (
+        "the claim is NCCL's stream semantics; gloo's all_reduce blocks the calling thread until it is done"
+    ),
 }
 # Cells that run on the CPU up to one call that needs a GPU: everything before it (environment,
 # process group, conversion) is checked, and the call must fail with exactly this message.

@@ -2,16 +2,17 @@
 """
 # 11 · DDP's knobs, hangs and restarts
 
-Notebook 10 launched DDP and proved it exact. This one opens the settings and the failures people meet next: what DDP does **between** steps (it is not silent), the parameters a step does not use, what the gradient buckets cost in memory and how they are formed, compressing the all-reduce, ranks that run out of batches, tools that find a hang, and a job that **restarts after a crash** and must end exactly where an uninterrupted one does. Every claim is shown by real gloo processes on this CPU; each hang is bounded to a second or two.
+Notebook 10 launched DDP and proved it exact. This one opens the settings and the failures people meet next: what DDP does **between** steps (it is not silent), the parameters a step does not use, what the gradient buckets cost in memory and how they are formed, compressing the all-reduce, ranks that run out of batches, tools that find a hang, a job that **restarts after a crash** and must end exactly where an uninterrupted one does, and how NCCL, the GPU backend, changes the way a hang shows. Every claim is shown by real gloo processes on this CPU; each hang is bounded to a second or two, by a short timeout on the one collective that hangs.
 
 By the end you will be able to:
-- say what DDP does at every forward (it broadcasts rank 0's buffers), what that does to BatchNorm statistics, and why evaluating on rank 0 alone through the DDP model hangs;
+- say when DDP broadcasts rank 0's buffers (before any forward that follows one run with gradients), what that does to BatchNorm statistics, and why evaluating on rank 0 alone through the DDP model hangs;
 - read the "Expected to have finished reduction in the prior iteration" error and choose between `find_unused_parameters=True` and `static_graph=True`; combine DDP with activation checkpointing;
 - count the memory `gradient_as_bucket_view=True` saves, predict DDP's bucket sizes (the 1 MiB first bucket, the rebuild after step 1), and halve the bytes sent with a compression hook;
-- train on uneven inputs with `join()`, and find a hang with `monitored_barrier`, `TORCH_DISTRIBUTED_DEBUG` and timeouts;
-- write a training script that `torchrun --max-restarts` can restart: the whole training state saved and restored, checked bit for bit against an uninterrupted run.
+- train on uneven inputs with `join()` (and say what it divides by), and find a hang with `monitored_barrier`, `TORCH_DISTRIBUTED_DEBUG` and timeouts;
+- write a training script that `torchrun --max-restarts` can restart: the whole training state saved and restored, checked bit for bit against an uninterrupted run, and say what the same needs on GPUs;
+- explain how NCCL's stream semantics, watchdog and `batch_isend_irecv` differ from gloo, and read a flight-recorder dump.
 
-This notebook assumes: notebook 10 (a DDP script, `torchrun`, `DistributedSampler`, the teardown), notebook 09 (the collectives), and notebook 04 (activation checkpointing). No GPU: every job is two CPU processes on gloo.
+This notebook assumes: notebook 10 (a DDP script, `torchrun`, `DistributedSampler`, the teardown), notebook 09 (the collectives), and notebook 04 (activation checkpointing). No GPU: every job is CPU processes on gloo; the two GPU cells (sections 6 and 7) run where GPUs are visible and say what they skipped elsewhere.
 """
 
 # %% slideshow={"slide_type": "-"}
@@ -37,14 +38,14 @@ print(f"torch {torch.__version__.split('+')[0]}, gloo available: {dist.is_gloo_a
 
 # %% [markdown] slideshow={"slide_type": "slide"}
 """
-## 1. Between steps: DDP broadcasts rank 0's buffers at every forward
+## 1. Between steps: DDP broadcasts rank 0's buffers before a forward
 
-Notebook 10 showed the broadcast at construction: every rank starts from rank 0's parameters **and buffers**. It does not stop there. By default, at the start of **every** forward of a training loop DDP broadcasts rank 0's buffers (BatchNorm's `running_mean`, `running_var`, `num_batches_tracked`) to every other rank. The flag is `broadcast_buffers=True`; PyTorch 2.13 deprecates it in favour of `forward_sync_buffers` (default `True`). Two consequences:
+Notebook 10 showed the broadcast at construction: every rank starts from rank 0's parameters **and buffers**. It does not stop there. By default DDP broadcasts rank 0's buffers (BatchNorm's `running_mean`, `running_var`, `num_batches_tracked`) to every other rank at the start of a forward, **whenever the previous forward ran with gradients enabled** (and at the first forward). In a training loop that is every forward. The flag is `broadcast_buffers=True`; PyTorch 2.13 deprecates it in favour of `forward_sync_buffers` (default `True`). Two consequences:
 
 - the running statistics that end up in the model are **rank 0's**: whatever rank 1 accumulated from its own batches is overwritten at its next forward, and what it keeps is rank 0's statistics plus one update from its last batch;
-- the broadcast is a **collective**: a forward through the DDP model on rank 0 alone (a rank-0-only validation loop) waits for a rank 1 that never comes. `model.eval()` does not prevent it: DDP broadcasts at the start of any forward that follows a forward run with gradients enabled (under `torch.no_grad()` it skips the broadcast only from the second such forward on).
+- the broadcast is a **collective**, and the rule says nothing about `model.eval()` or `torch.no_grad()`: the first evaluation forward after a training step broadcasts too. A forward through the DDP model on rank 0 alone (a rank-0-only validation loop) then waits for a rank 1 that never comes.
 
-The job below gives the two ranks different data (rank 1's inputs are shifted by 3), runs two training steps, and records the BatchNorm statistics. A second group with a 1.5 s timeout bounds the hang.
+The job below gives the two ranks different data (rank 1's inputs are shifted by 3), runs two training steps, and records the BatchNorm statistics. Then it runs a sequence of forwards, some on both ranks and some on rank 0 alone, and records before each whether DDP is about to broadcast (`ddp.will_sync_module_buffers()`, the test DDP's forward makes).
 """
 
 # %% slideshow={"slide_type": "-"}
@@ -90,30 +91,53 @@ def buffers(rank, world_size):
         DDP(net(), broadcast_buffers=True)
     report["warning"] = str(caught[0].message)
 
-    # rank 0 evaluates alone through the DDP model; a group with a short timeout bounds the hang
-    short = dist.new_group(timeout=timedelta(seconds=1.5))
-    model = net()
-    ddp = DDP(model, process_group=short)
-    ddp(x).sum().backward()
-    if rank == 0:
-        ddp.eval()
-        start = time.perf_counter()
-        try:
-            with torch.no_grad():
-                ddp(x)
-        except RuntimeError as e:
-            report["eval_error"] = str(e).splitlines()[0].split("] ")[-1]
-        report["eval_wait"] = time.perf_counter() - start
-        with torch.no_grad():
-            report["module_ok"] = ddp.module(x).shape == (16, 4)  # the safe way: no collective
-    dist.barrier()  # on the default group: rank 1 was here all along
+    report["timeline"] = timeline(rank, x)
     return report
+
+
+def timeline(rank, x):
+    """Which forwards broadcast? One DDP model; each row: (who runs it, what, broadcasts?, outcome)."""
+    group = dist.new_group()  # the default timeout (30 min): no step both ranks take can time out
+    ddp = DDP(net(), process_group=group)
+    rows = []
+
+    def forward(who, grad, mode):
+        ddp.train(mode == "train")
+        broadcasts = ddp.will_sync_module_buffers()  # what DDP's forward is about to do
+        if rank in who:
+            start = time.perf_counter()
+            try:
+                with torch.set_grad_enabled(grad):
+                    out = ddp(x)
+                if grad:
+                    out.sum().backward()  # the backward's all-reduce: every rank takes part
+                outcome = "returned"
+            except RuntimeError as e:  # gloo words its timeouts in more than one way
+                timed_out = "timed out" in str(e).lower() or "timeout" in str(e).lower()
+                outcome = "RuntimeError: " + ("a gloo timeout" if timed_out else str(e).splitlines()[0])
+            rows.append((who, f"{mode} forward{' + backward' if grad else ', no_grad'}", broadcasts, outcome,
+                         time.perf_counter() - start))
+
+    forward((0, 1), True, "train")  # both ranks
+    forward((0, 1), False, "eval")  # both ranks: the first no_grad forward after one with gradients
+    forward((0,), False, "eval")  # rank 0 alone: a second no_grad forward in a row
+    forward((0, 1), True, "train")  # both ranks
+    # rank 0 alone again: its forward waits for rank 1, which never comes. That hang is the lesson, and
+    # only here does a short timeout bound it (a private helper that changes a group's timeout; the
+    # public API sets it when the group is made). Rank 1 is already waiting in the barrier below.
+    dist.distributed_c10d._set_pg_timeout(timedelta(seconds=1.5), group)
+    forward((0,), False, "eval")
+    if rank == 0:
+        with torch.no_grad():
+            rows.append(((0,), "ddp.module(x), no_grad", False, "returned" if ddp.module(x).shape == (16, 4) else "?", 0.0))
+    dist.barrier()  # on the default group: rank 1 waits here for rank 0
+    return rows
 
 
 # %% slideshow={"slide_type": "-"}
 from ddp_buffers import buffers
 
-reports = run_ranks(buffers, nprocs=2, timeout=60)
+reports = run_ranks(buffers, nprocs=2, timeout=180)
 print(f"{'':>22} {'rank 0':>18} {'rank 1':>18}   (running_mean[:2])")
 for sync in (True, False):
     print(f"forward_sync_buffers={sync}")
@@ -132,17 +156,31 @@ print("\nDDP(..., broadcast_buffers=True) warns:", r0["warning"].split(" IMPORTA
 """
 Rank 0's statistics come from rank 0's data only: with the default, what ends up in the saved model is what **one** rank's shard saw, smoothed over steps. That is usually fine when every rank's data comes from the same distribution (the point of a shuffled `DistributedSampler`). Where the batch statistics must cover the global batch, `SyncBatchNorm` all-reduces them during the forward (GPU modules only: notebook 10 §6 shows DDP refusing it on CPU); where each rank must keep its own buffers, `forward_sync_buffers=False` (note the warning: unlike the old `broadcast_buffers=False`, it still broadcasts once at construction).
 
-Now the hang. Rank 0 calls the DDP model in evaluation mode, under `no_grad`, while rank 1 does something else:
+Now the forwards. Each row is one forward; "broadcasts" is what DDP decided before it ran, and the outcome is rank 0's:
 """
 
 # %% slideshow={"slide_type": "-"}
-print("rank 0's forward through DDP, alone:", r0["eval_error"], f"(after ~{r0['eval_wait']:.1f} s)")
-print("rank 0's forward through ddp.module, alone: no collective, output as expected:", r0["module_ok"])
-assert "Timed out" in r0["eval_error"] and r0["eval_wait"] >= 1.0 and r0["module_ok"]
+rows = r0["timeline"]
+print(f"{'':>3} {'who':<13} {'forward':<27} {'broadcasts':<11} outcome on rank 0")
+for i, (who, what, broadcasts, outcome, wait) in enumerate(rows, 1):
+    who = "both ranks" if len(who) == 2 else "rank 0 alone"
+    waited = f" (after ~{wait:.1f} s)" if outcome != "returned" else ""
+    print(f"{i:>3} {who:<13} {what:<27} {'yes' if broadcasts else 'no':<11} {outcome}{waited}")
+assert [r[2] for r in rows] == [True, True, False, False, True, False]  # DDP's own decision, row by row
+assert [r[3] for r in rows] == ["returned"] * 4 + ["RuntimeError: a gloo timeout", "returned"]
+assert rows[4][4] >= 1.0  # the timed-out forward waited for the whole 1.5 s timeout, not less
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-With the default 30-minute timeout (section 4) that forward would sit for half an hour. The fixes: evaluate through **`ddp.module`** (the wrapped model: no collective at all) on the rank that evaluates, or evaluate through the DDP model on **every** rank (each on its shard of the validation set, metrics summed with `all_reduce` as in 10). A rank-0-only `torch.save(ddp.module.state_dict())` is safe: saving is not a forward.
+Read the rows against the rule (a forward broadcasts when the previous forward ran with gradients):
+
+- rows 1 and 2: the first evaluation forward after a training step broadcasts, although it runs in `eval()` mode and under `no_grad`; both ranks took part, so it returned;
+- row 3: a second `no_grad` forward in a row does **not** broadcast, so rank 0 alone gets through (this is the exception a validation loop sees from its second batch on);
+- row 4: the next forward with gradients does not broadcast either (the previous one ran under `no_grad`); the buffers are broadcast again at the forward after it;
+- row 5: rank 0 alone, right after a training step: the broadcast waits for rank 1, which is elsewhere. Only here does the job shorten the group's timeout, to 1.5 s, so the hang ends in an error; every other row ran with the default timeout, so a process descheduled for seconds changes no outcome;
+- row 6: `ddp.module` has no collective at all.
+
+With the default timeout of 30 minutes (section 4.2 prints it) row 5 would sit for half an hour. The fixes: evaluate through **`ddp.module`** (the wrapped model: no collective at all) on the rank that evaluates, or evaluate through the DDP model on **every** rank (each on its shard of the validation set, metrics summed with `all_reduce` as in 10). A rank-0-only `torch.save(ddp.module.state_dict())` is safe: saving is not a forward.
 """
 
 # %% [markdown] slideshow={"slide_type": "slide"}
@@ -241,7 +279,7 @@ def fixes(rank, world_size, deep_layers=150, repeats=20):
 import re
 
 with expect_error(LaunchError, match="Expected to have finished reduction in the prior iteration", quiet=True) as unused:
-    run_ranks("_runs/ddp_unused.py:no_flag", nprocs=2, timeout=60, echo="none", env={"TORCH_DISTRIBUTED_DEBUG": "INFO"})
+    run_ranks("_runs/ddp_unused.py:no_flag", nprocs=2, timeout=180, echo="none", env={"TORCH_DISTRIBUTED_DEBUG": "INFO"})
 message = unused.error.traceback
 print("LaunchError, the rank's RuntimeError:", re.search(r"Expected to have finished reduction[^.]*\.", message).group(0))
 named = [re.sub(r"rank \d", "rank N", line.strip()) for line in message.splitlines() if "did not receive grad" in line]
@@ -259,18 +297,18 @@ Both fixes let the same model train; `b`'s gradient stays `None` (no update, rat
 """
 
 # %% slideshow={"slide_type": "-"}
-fixed = run_ranks("_runs/ddp_unused.py:fixes", nprocs=2, timeout=90, echo="none")
+fixed = run_ranks("_runs/ddp_unused.py:fixes", nprocs=2, timeout=180, echo="none")
 f0 = fixed[0]
 for name in ("find_unused_parameters=True", "static_graph=True"):
     print(f"{name:<28} trains, unused head's grad stays None: {f0[name]}")
     assert all(r[name] for r in fixed)
 no_walk, walk = f0["forward_ms"][False], f0["forward_ms"][True]
 print(f"\nforward of a {f0['nodes']}-layer model, fastest of 20: default ~{no_walk:.2f} ms, "
-      f"find_unused_parameters=True ~{walk:.2f} ms (the graph walk: ~{walk - no_walk:.2f} ms per step)")
+      f"find_unused_parameters=True ~{walk:.2f} ms (difference ~{walk - no_walk:.2f} ms)")
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-On this machine the walk adds a fraction of a millisecond per step to a 150-layer forward (the timing moves with the load on the two cores, hence the `~`; the graph here is tiny, a transformer's has thousands of nodes). The flag is a real cost only where the rest of the step is short, but it is easy to leave on by habit. Prefer fixing the model where you can (a part that is never trained can be frozen with `requires_grad_(False)` **before** wrapping: DDP only tracks parameters that require a gradient), then `static_graph=True` when the unused set is the same every step, and the flag when it changes from step to step.
+Read the two forward times as what they are: the walk is a C++ traversal of the autograd graph, cheap per node next to the Python work of a forward, so on a 150-layer model it is lost in the noise of timing a forward on a shared CPU (the difference printed above can come out either way; the `~` marks numbers that move with the load). It is a real cost where the graph has many thousands of nodes and the rest of the step is short, as on a GPU, where the forward's kernels run asynchronously and the CPU's own time per step is what limits; and it is easy to leave on by habit. Prefer fixing the model where you can (a part that is never trained can be frozen with `requires_grad_(False)` **before** wrapping: DDP only tracks parameters that require a gradient), then `static_graph=True` when the unused set is the same every step, and the flag when it changes from step to step.
 
 ### 2.3 DDP with activation checkpointing
 
@@ -419,7 +457,7 @@ def all_parts(rank, world_size):
 
 
 # %% slideshow={"slide_type": "-"}
-bucket_reports = run_ranks("_runs/ddp_buckets.py:all_parts", nprocs=2, timeout=90)
+bucket_reports = run_ranks("_runs/ddp_buckets.py:all_parts", nprocs=2, timeout=180)
 mem = bucket_reports[0]["memory"]
 for view in (False, True):
     m = mem[view]
@@ -438,7 +476,9 @@ The same hook lists each bucket's size at each step. Three rules explain every n
 
 1. **Step 1 uses a single bucket** holding every gradient (unless `find_unused_parameters=True`): DDP does not yet know the order in which backward produces the gradients, and a wrong guess could make a bucket wait.
 2. **After step 1 the buckets are rebuilt** in the order the gradients actually arrived (the last layer first), and kept from then on.
-3. Gradients go into a bucket **whole**, and a bucket is closed as soon as its size **reaches** the cap; so a bucket can exceed the cap by up to one tensor. With the default `bucket_cap_mb=25`, the **first** bucket's cap is `dist._DEFAULT_FIRST_BUCKET_BYTES` = 1 MiB, so that the last layers' gradients, ready first, go out early instead of waiting in a 25 MiB bucket.
+3. Gradients go into a bucket **whole**, and a bucket is closed as soon as its size **reaches** the cap; so a bucket can exceed the cap by up to one tensor. With the default `bucket_cap_mb=25`, the **first** bucket's cap is `dist._DEFAULT_FIRST_BUCKET_BYTES` = 1 MiB, so that the last layers' gradients, ready first, go out early instead of waiting in a 25 MiB bucket. When you pass `bucket_cap_mb` yourself, there is no special first bucket: every bucket, the first included, is capped at your value.
+
+Notebook 09 §5 summed the rule up as "a bucket closed as soon as it holds at least 1 MiB for the first, 25 MiB for the others". That is rule 3 with the default cap only, and after the rebuild; rules 1 and 2 and the explicit cap are what it leaves out, and what the counts below need.
 """
 
 # %% slideshow={"slide_type": "-"}
@@ -456,7 +496,7 @@ assert len(big) == 2 and big[0] >= dist._DEFAULT_FIRST_BUCKET_BYTES > big[0] - l
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-Now notebook 10's puzzle: a 0.83 MiB model with `bucket_cap_mb=0.05` gave **4** buckets, not 0.83 / 0.05 ≈ 17. Rule 3: the cap is int(0.05 × 2²⁰) = 52,428 bytes, but each of the four weight matrices is bigger than that on its own (65,536 bytes for the first, 262,144 for each 256 × 256), so each closes a bucket by itself, and the small tensors (biases, the 10 × 256 output layer) ride along with the next big one. With 0.5 MiB = 524,288 bytes, the output layer and two 256 × 256 layers with their biases (10,280 + 2 × 263,168 = 536,616 bytes) reach the cap, and the rest (329,728 bytes) is the second bucket: 2 buckets. The function below replays rule 3 on the gradients in the order they arrive (reverse layer order) and gets both counts:
+Now the counts notebook 10 §9 printed without explaining them (the same model and caps as the first two runs above): a 0.83 MiB model with `bucket_cap_mb=0.05` gave **4** buckets, not 0.83 / 0.05 ≈ 17. Rule 3: the cap is int(0.05 × 2²⁰) = 52,428 bytes, but each of the four weight matrices is bigger than that on its own (65,536 bytes for the first, 262,144 for each 256 × 256), so each closes a bucket by itself, and the small tensors (biases, the 10 × 256 output layer) ride along with the next big one. With 0.5 MiB = 524,288 bytes, the output layer and two 256 × 256 layers with their biases (10,280 + 2 × 263,168 = 536,616 bytes) reach the cap, and the rest (329,728 bytes) is the second bucket: 2 buckets. The function below replays rule 3 on the gradients in the order they arrive (reverse layer order) and gets both counts:
 """
 
 
@@ -507,14 +547,14 @@ Half the bytes, gradients within a fraction of a percent; bf16's error is about 
 
 ### 4.1 `join()` for uneven inputs
 
-`DistributedSampler` gives every rank the same number of samples (notebook 10 §7), but a sampler of your own, a dataset split by files, or `drop_last=False` with variable-length batching can leave one rank with fewer batches. When rank 0 is done, rank 1's next backward all-reduces with nobody: it hangs. The context manager **`ddp.join()`** lets a finished rank shadow the others' collectives (it contributes zeros to their all-reduces and divides by the number of ranks still training) until every rank is done.
+`DistributedSampler` gives every rank the same number of samples (notebook 10 §7), but a sampler of your own, a dataset split by files, or `drop_last=False` with variable-length batching can leave one rank with fewer batches. When rank 0 is done, rank 1's next backward all-reduces with nobody: it hangs. The context manager **`ddp.join()`** lets a finished rank shadow the others' collectives (it contributes zeros to their all-reduces; the job below shows by what the average is then divided) until every rank is done.
 
 ### 4.2 Finding a hang
 
-- **Timeouts.** Every collective waits at most the process group's `timeout` (`init_process_group(..., timeout=timedelta(...))`, also per group in `new_group`). The default for gloo is **30 minutes** (NCCL's, on a CUDA build, is 10 minutes: `torch.distributed.constants.default_pg_nccl_timeout`): a hang looks like a frozen job for half an hour, then an error. This notebook uses groups with a timeout of a second or two to keep each hang short.
+- **Timeouts.** Every collective waits at most the process group's `timeout` (`init_process_group(..., timeout=timedelta(...))`, also per group in `new_group`). The default for gloo is **30 minutes** (printed below; NCCL's is shorter, section 7): a hang looks like a frozen job for half an hour, then an error. This notebook shortens the timeout to a second or two only for the one collective whose hang is the lesson, so that the hang ends in an error; every collective that all ranks do take keeps the default, so no outcome here depends on how busy the machine is.
 - **`dist.monitored_barrier(timeout=...)`** (gloo only): rank 0 waits for each other rank in turn and, if one does not arrive, **names it**. Put it where a hang is suspected.
-- **`TORCH_DISTRIBUTED_DEBUG`**: `INFO` makes DDP name unused parameters (section 2.1); `DETAIL` also wraps every collective of a process group in a check that all ranks call the **same** collective on tensors of the same shape, and reports the mismatch instead of hanging or corrupting. It costs an extra collective per collective: for debugging only. (In our runs of this PyTorch build, constructing a DDP model on a default group created under `DETAIL` crashed the process with a segmentation fault, in DDP's logger; the job below turns `DETAIL` on for one extra group only, with `dist.set_debug_level`.)
-- On GPUs, NCCL has its own tools: `NCCL_DEBUG=INFO`, and PyTorch's flight recorder (`TORCH_NCCL_TRACE_BUFFER_SIZE`), which dumps the last collectives of each rank when a timeout fires. They cannot run here.
+- **`TORCH_DISTRIBUTED_DEBUG`**: `INFO` makes DDP name unused parameters (section 2.1); `DETAIL` also wraps every collective of a process group in a check that all ranks call the **same** collective on tensors of the same shape, and reports the mismatch instead of hanging or corrupting. It costs an extra collective per collective: for debugging only. Which route to take in PyTorch 2.13 is decided by a bug, shown in the box after the job: DDP cannot be built on a group that `DETAIL` checks. So with DDP use `INFO`; to check collectives you call yourself, turn `DETAIL` on for a group of their own with `dist.set_debug_level` (the job below does), or set the environment variable in a script without DDP.
+- On GPUs, NCCL has more: `NCCL_DEBUG=INFO`, its watchdog and PyTorch's flight recorder (section 7, which also runs the flight recorder here, on gloo).
 """
 
 # %% slideshow={"slide_type": "-"}
@@ -529,37 +569,48 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 
+N_BATCHES = (3, 5)  # rank 0 has 3 batches, rank 1 has 5
+
+
 def uneven(rank, world_size):
     report = {}
     torch.manual_seed(100 + rank)
-    batches = [(torch.randn(8, 16), torch.randint(0, 4, (8,))) for _ in range(3 if rank == 0 else 5)]
-    short = dist.new_group(timeout=timedelta(seconds=1.5))
+    batches = [(torch.randn(8, 16), torch.randint(0, 4, (8,))) for _ in range(N_BATCHES[rank])]
+    group = dist.new_group()  # the default timeout: the steps both ranks take cannot time out
     torch.manual_seed(0)
-    ddp = DDP(nn.Linear(16, 4), process_group=short)
+    ddp = DDP(nn.Linear(16, 4), process_group=group)
     done = 0
     try:
         for x, y in batches:
+            if done == min(N_BATCHES):  # past the shortest rank's data the hang is the lesson: bound it
+                dist.distributed_c10d._set_pg_timeout(timedelta(seconds=1.5), group)
             F.cross_entropy(ddp(x), y).backward()
             done += 1
         report["without"] = f"all {done} batches"
     except RuntimeError as e:
-        report["without"] = f"{done} batches, then: {str(e).splitlines()[0].split('] ')[-1]}"
+        timed_out = "timed out" in str(e).lower() or "timeout" in str(e).lower()
+        report["without"] = f"{done} batches, then: RuntimeError, {'a gloo timeout' if timed_out else str(e)[:80]}"
     dist.barrier()
 
-    torch.manual_seed(0)
-    ddp = DDP(nn.Linear(16, 4))
-    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
-    done = 0
-    with ddp.join():  # a finished rank shadows the others' all-reduces
-        for x, y in batches:
-            opt.zero_grad()
-            F.cross_entropy(ddp(x), y).backward()
-            opt.step()
-            done += 1
-    flat = torch.cat([p.detach().flatten() for p in ddp.parameters()])
-    everyone = [torch.empty_like(flat) for _ in range(world_size)]
-    dist.all_gather(everyone, flat)
-    report["with"] = (done, all(torch.equal(t, everyone[0]) for t in everyone))
+    for divide in (True, False):
+        torch.manual_seed(0)
+        ddp = DDP(nn.Linear(16, 4))
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+        done = 0
+        with ddp.join(divide_by_initial_world_size=divide):  # a finished rank shadows the others' all-reduces
+            for x, y in batches:
+                # this rank's own gradient of its batch, without DDP (ddp.module: no collective, no hook)
+                own = torch.autograd.grad(F.cross_entropy(ddp.module(x), y), ddp.module.weight)[0]
+                opt.zero_grad()
+                F.cross_entropy(ddp(x), y).backward()
+                if done == len(batches) - 1:  # the last batch: on rank 1 the other rank has joined by now
+                    report[("scale", divide)] = (ddp.module.weight.grad * own).sum().item() / (own * own).sum().item()
+                opt.step()
+                done += 1
+        flat = torch.cat([p.detach().flatten() for p in ddp.parameters()])
+        everyone = [torch.empty_like(flat) for _ in range(world_size)]
+        dist.all_gather(everyone, flat)
+        report[("with", divide)] = (done, all(torch.equal(t, everyone[0]) for t in everyone))
     return report
 
 
@@ -590,25 +641,34 @@ def both(rank, world_size):
 
 
 # %% slideshow={"slide_type": "-"}
-hangs = run_ranks("_runs/ddp_hangs.py:both", nprocs=2, timeout=90, echo="none")
+hangs = run_ranks("_runs/ddp_hangs.py:both", nprocs=2, timeout=180, echo="none")
 for rank, rep in enumerate(hangs):
     print(f"rank {rank}: without join(): {rep['uneven']['without']}")
 for rank, rep in enumerate(hangs):
-    done, same = rep["uneven"]["with"]
+    done, same = rep["uneven"][("with", True)]
     print(f"rank {rank}: with join(): trained on all {done} of its batches; parameters equal on both ranks: {same}")
-assert hangs[0]["uneven"]["without"] == "all 3 batches" and "Timed out" in hangs[1]["uneven"]["without"]
-assert [h["uneven"]["with"] for h in hangs] == [(3, True), (5, True)]
+assert hangs[0]["uneven"]["without"] == "all 3 batches"
+assert hangs[1]["uneven"]["without"] == "3 batches, then: RuntimeError, a gloo timeout"
+assert [h["uneven"][("with", d)] for h in hangs for d in (True, False)] == [(3, True)] * 2 + [(5, True)] * 2
+scale = {d: hangs[1]["uneven"][("scale", d)] for d in (True, False)}
+print("\nrank 1's last batch, alone (rank 0 has joined): its averaged gradient / its own gradient")
+for d in (True, False):
+    print(f"  join(divide_by_initial_world_size={d}){' (default)' if d else '':<10}: {scale[d]:.2f}")
+assert abs(scale[True] - 0.5) < 1e-6 and abs(scale[False] - 1.0) < 1e-6
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-Without `join()`, rank 0 finished its 3 batches and went on; rank 1's fourth backward waited for an all-reduce partner until the group's timeout. With it, both finish, and the parameters are still identical: rank 0 took part in rank 1's last two all-reduces with zero gradients (and by default keeps broadcasting buffers, section 1, from the rank that is still training). `join()` has a cost: each step, every rank first learns with one extra all-reduce whether any rank has joined (the `Join` documentation). Where the data can be evened out (`DistributedSampler`'s padding, `drop_last=True`), that is cheaper.
+Without `join()`, rank 0 finished its 3 batches and went on; rank 1's fourth backward waited for an all-reduce partner that never came. (The job shortens the group's timeout only once rank 1 is past rank 0's last batch; the three steps both ranks take run with the default timeout, so the outcome cannot depend on how fast either process is.) With `join()`, both finish, and the parameters are still identical: rank 0 took part in rank 1's last two all-reduces with zero gradients (and by default keeps broadcasting buffers, section 1, from the rank that is still training).
+
+What rank 1's lone batches weigh: by default (`divide_by_initial_world_size=True`) the all-reduce still divides by the **initial** world size, 2, so a batch trained alone moves the model half as much as its own gradient would (the `0.50` above): every sample keeps the weight it has in a full step. With `divide_by_initial_world_size=False` it divides by the number of ranks that have not joined yet, and the lone batch counts fully (`1.00`). `join()` has a cost: each step, every rank first learns with one extra all-reduce whether any rank has joined (the `Join` documentation). Where the data can be evened out (`DistributedSampler`'s padding, `drop_last=True`), that is cheaper.
 
 And the tools:
 """
 
 # %% slideshow={"slide_type": "-"}
 t0 = hangs[0]["tools"]
-print("default gloo timeout:", t0["default_timeout"])
+minutes = dist.constants.default_pg_timeout.total_seconds() / 60
+print(f"default gloo timeout: {t0['default_timeout']} = {minutes:.0f} minutes")
 print(f"monitored_barrier on rank 0 (after ~{t0['monitored_wait']:.1f} s):", t0["monitored"])
 mismatch = t0["mismatch"]
 print("\nTORCH_DISTRIBUTED_DEBUG=DETAIL on a mismatched all_reduce:\n ", mismatch.split(". Rank 0 is running")[0] + ".")
@@ -618,6 +678,47 @@ print("  rank 0 called:", shapes[0], "| rank 1 called:", shapes[1])
 assert t0["default_timeout"] == "0:30:00" and "Rank 1 failed to pass monitoredBarrier" in t0["monitored"]
 assert "Detected mismatch between collectives" in mismatch and "Tensor shapes: 4vs 5" in mismatch
 assert "Detected mismatch between collectives" in hangs[1]["tools"]["mismatch"]  # both ranks are told
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+> **A PyTorch 2.13 bug, and the workaround the job above uses.** Constructing `DistributedDataParallel` on a process group that `DETAIL` checks kills the process with a segmentation fault, inside DDP's constructor (its logger's `set_construction_data_and_log`). With `TORCH_DISTRIBUTED_DEBUG=DETAIL` in the environment, every group is checked, the default group included, so any DDP script crashes at `DDP(...)`; collectives of your own run fine. One process is enough to show it (`faulthandler` prints the Python line the process was on when it died):
+"""
+
+# %% slideshow={"slide_type": "-"}
+# %%writefile _runs/detail_ddp.py
+"""DDP on a group that TORCH_DISTRIBUTED_DEBUG=DETAIL checks, in PyTorch 2.13: one process is enough."""
+import faulthandler
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from course_lib.launch import free_port
+
+faulthandler.enable()  # if the process crashes, print the Python line it was on
+dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+print("debug level:", dist.get_debug_level(), flush=True)
+dist.all_reduce(torch.ones(2))
+print("a collective of our own under it: fine", flush=True)
+DDP(nn.Linear(4, 4))
+print("DDP constructed", flush=True)
+dist.destroy_process_group()
+
+# %% slideshow={"slide_type": "-"}
+with expect_error(LaunchError, match="exit code -11", quiet=True) as crashed:
+    run_script(["python", "_runs/detail_ddp.py"], timeout=180, echo="none", env={"TORCH_DISTRIBUTED_DEBUG": "DETAIL"})
+lines = crashed.error.result.output("main").splitlines()
+frame = next(line for line in lines if "_ddp_init_helper" in line)  # faulthandler's line for DDP's constructor
+print(f"exit code {crashed.error.result.returncode} (SIGSEGV), after printing:")
+print("\n".join("  " + line for line in lines[:2]))
+print("the frame it died in:", frame.split('"')[1].split("site-packages/")[-1], "in", frame.split(" in ")[-1])
+assert crashed.error.result.returncode == -11 and "DDP constructed" not in lines
+
+# %% [markdown] slideshow={"slide_type": "-"}
+"""
+So, in 2.13: `TORCH_DISTRIBUTED_DEBUG=INFO` with DDP (it names unused parameters, section 2.1); `DETAIL` for your own collectives, on a group made under `dist.set_debug_level(dist.DebugLevel.DETAIL)` as above, or through the environment variable in a script without DDP. We found no upstream report of this crash; the report to file is: *"DDP constructor segfaults when its process group is wrapped by TORCH_DISTRIBUTED_DEBUG=DETAIL (gloo, torch 2.13.0, one process): `TORCH_DISTRIBUTED_DEBUG=DETAIL python -c` with `init_process_group('gloo', world_size=1)` then `DDP(nn.Linear(4, 4))` dies with SIGSEGV in `Logger.set_construction_data_and_log`; plain collectives on the same group work."* Check again on newer versions: this box is about one version's bug, not about DDP.
+"""
 
 # %% [markdown] slideshow={"slide_type": "slide"}
 """
@@ -736,9 +837,9 @@ if __name__ == "__main__":
     parser.add_argument("--crash-at", type=int, default=None)
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     args = parser.parse_args()
-    # WORKAROUND for torch 2.13 (see the text): the agent keeps its store across restarts, and gloo's
-    # addresses from the failed attempt are still in it; a fresh prefix per attempt keeps the new
-    # workers from connecting to the dead ones.
+    # WORKAROUND for torch 2.13, not a DDP habit (see the box in the text): the agent keeps its store across
+    # restarts, and gloo's addresses from the failed attempt are still in it; a fresh prefix per attempt
+    # keeps the new workers from connecting to the dead ones. Plain init_process_group("gloo") once fixed.
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False)
     bound = {}
@@ -767,7 +868,7 @@ DEVICE, RANKS = course_device(), course_ranks(2)  # cpu and 2, unless COURSE_DEV
 TOTAL = 2 * -(-(-(-1438 // RANKS)) // 64)  # 2 epochs of ceil(shard / 64) steps: 24 with 2 ranks
 shutil.rmtree("_runs/elastic", ignore_errors=True)
 elastic = run_torchrun("_runs/elastic_train.py", nproc_per_node=RANKS, launcher_args=["--max-restarts=1"],
-                       args=["--out", "_runs/elastic", "--crash-at", "9", "--device", DEVICE], timeout=120, echo="none",
+                       args=["--out", "_runs/elastic", "--crash-at", "9", "--device", DEVICE], timeout=300, echo="none",
                        device=DEVICE)
 for rank in range(RANKS):  # the lines about attempts (the rest: rank 0's connection error at the crash, the agent's log)
     print("\n".join(f"[rank {rank}] {line}" for line in elastic.output(rank).splitlines() if line.startswith("attempt")))
@@ -787,10 +888,16 @@ assert same and same_opt
 """
 Read the output: in attempt 0 rank 1 died at step 9; the agent saw the failure, stopped rank 0 (which was waiting in an all-reduce), and started both again as attempt 1; both resumed at step 8, redid step 9, and finished. The weights **and** the optimizer's momentum are those of the uninterrupted run, bit for bit (exercise 3 asks which entries of the checkpoint that takes, and why).
 
-Three things the script needed beyond the checkpoint:
+Two things the script needed beyond the checkpoint, on any version:
 - **Atomic saves**: write to a temporary file, then `os.replace` (a rename), so a crash during `torch.save` leaves the previous checkpoint intact.
-- **A fresh store prefix per attempt.** The agent keeps its key-value store (the rendezvous store) across restarts, and in PyTorch 2.13 gloo's connection addresses from the dead attempt are still in it: while writing this notebook, 11 of 23 restarts of a two-line test script failed with *"Gloo connectFullMesh failed ... Connection refused"*, a new worker connecting to the port a worker of the dead attempt had published (with the static and the c10d rendezvous alike). Prefixing the store with `TORCHELASTIC_RESTART_COUNT`, as the script does, removed the failures in every run since.
-- **Everyone restarts.** The healthy rank 0 was restarted too: a collective group cannot take in one new process in the middle of a step.
+- **Everyone restarts.** The healthy rank 0 was restarted too: a collective group cannot take in one new process in the middle of a step. Tearing down in order (notebook 10 §10) stays the rule for the attempt that ends normally.
+
+> **Workaround for PyTorch 2.13, not a DDP habit: a fresh store prefix per attempt.** With a fixed PyTorch the script would call `init_process_group("gloo")` (the `env://` default) and nothing else. In 2.13 the agent keeps one key-value store for the whole job: the static rendezvous creates its `TCPStore` once, the `c10d` rendezvous creates its shared store at its first round, and the workers of every attempt get a client to it (`torch.distributed.rendezvous._create_c10d_store`, whose comment assumes a new store per retry). The addresses gloo's workers published in the dead attempt are still in it, so a new worker can read a dead worker's address and fail with *"Gloo connectFullMesh failed ... Connection refused"*. `benchmarks/elastic_restart.py` restarts a small script again and again, with each rendezvous and with and without the prefix; on this 2-core machine, shared with other jobs, it printed `RESULT static_off=5/8 static_on=0/8 c10d_off=5/8 c10d_on=0/8` (restarts that failed / launches, 8 of each). Prefixing the store with `TORCHELASTIC_RESTART_COUNT`, as `elastic_train.py` does, gives each attempt keys of its own. Upstream, [pytorch/pytorch#135712](https://github.com/pytorch/pytorch/issues/135712) reported this mechanism for the `c10d` rendezvous and NCCL in 2024 (a restarted worker read the previous attempt's NCCL id) and was closed by a change that made a new store per retry ([#135957](https://github.com/pytorch/pytorch/pull/135957)); [#167288](https://github.com/pytorch/pytorch/issues/167288), still open, reports NCCL connections refused after `torchrun` restarts, which looks like the same bug. We found no report of the gloo and static case; the one to file: *"torchrun --max-restarts: the restarted attempt's init_process_group('gloo') fails with 'Gloo connectFullMesh failed ... Connection refused' (torch 2.13, one node, static or c10d rendezvous): the agent's store outlives the attempt and still holds the dead workers' addresses, while _create_c10d_store assumes a fresh store per retry. Repro: a worker that all-reduces, then os._exit(1) on one rank in attempt 0."* Run the benchmark with `--prefix off` on a newer PyTorch before keeping the prefix.
+
+**On GPUs** (`COURSE_DEVICE=cuda`, notebook 00), the same cell runs the script with `--device cuda`: each process binds the GPU its `LOCAL_RANK` names (`torch.cuda.set_device`, `init_process_group(..., device_id=...)`), uses NCCL, and saves its GPU's random generator next to the CPU one, since dropout on a GPU draws from the GPU's generator (`rng_states` above). The cell asserts the same bit-for-bit equality there. What else bit-equal resumption can need on GPUs:
+- **deterministic kernels**: kernels that add with atomics (the backward of `index_add`, `scatter_add`, embeddings, some convolutions) differ in the last bits from run to run; `torch.use_deterministic_algorithms(True)` selects deterministic implementations or refuses the operation, and cuBLAS needs `CUBLAS_WORKSPACE_CONFIG=:4096:8` in the environment before CUDA starts (its documentation lists both);
+- **the loader's state**: this script indexes its tensors itself, so the epoch and the position are the whole data state. A `DataLoader` with worker processes has per-worker random state and batches in flight; `torchdata`'s `StatefulDataLoader` saves and restores both (`state_dict()`/`load_state_dict()`), and DCP's `Stateful` protocol (`torch.distributed.checkpoint.stateful.Stateful`, notebook 13 uses DCP) lets such objects sit in a distributed checkpoint next to the model;
+- **the same world size**: after an elastic resize (below) the saved generators no longer match the ranks and a step covers other samples. The script then reseeds each rank from its rank and step (the `else` branch of its resume) instead of failing: the run resumes correctly, but not bit for bit.
 
 **Rendezvous, and elastic sizes.** *Rendezvous* is how the agents of a job find each other and agree on the world: how many nodes, which node rank each gets, where the store is. With `--rdzv-backend=c10d --rdzv-endpoint=HOST:PORT` (notebook 10 §5) the rendezvous is dynamic: `--nnodes=MIN:MAX` (say `2:4`) starts as soon as MIN nodes have joined, and a node that joins or leaves later triggers a new rendezvous and a restart of all workers with the new world size (your script must then re-shard its data, which `DistributedSampler` does from the new world size). `torchrun` also sets `OMP_NUM_THREADS=1` in each worker when you have not set it and run more than one process per node, so that N processes do not each start a thread per core:
 """
@@ -843,7 +950,7 @@ The probe runs as a CPU job (`run_script` hides the GPUs from the processes it s
 """
 
 # %% slideshow={"slide_type": "-"}
-print(run_script(["python", "_runs/device_generic.py"], timeout=60, echo="none").output("main"))
+print(run_script(["python", "_runs/device_generic.py"], timeout=180, echo="none").output("main"))
 
 # %% slideshow={"slide_type": "-"}
 if requires_gpu("torch.accelerator and init_process_group() without a backend, with a GPU visible"):
@@ -851,13 +958,204 @@ if requires_gpu("torch.accelerator and init_process_group() without a backend, w
 
 # %% [markdown] slideshow={"slide_type": "slide"}
 """
+## 7. gloo versus NCCL: when a hang surfaces
+
+Every job in this notebook ran on gloo, where a collective is work done by CPU threads and a blocking call returns once the result is in memory. NCCL, the backend of GPU training, behaves differently, and that changes how a failure looks and how you find it. What can be shown on a CPU runs below on gloo; the NCCL-only behaviour is in a GPU cell, and the rest names its source.
+
+### 7.1 Stream semantics: the host does not wait
+
+An NCCL collective or send/receive is a kernel enqueued on a CUDA stream of the process group, ordered after the work already queued on the current stream. The Python call returns as soon as it is enqueued, **even with `async_op=False`**: for NCCL, "blocking" means that the *current CUDA stream* waits for the result, not the host ([torch.distributed: synchronous and asynchronous collective operations](https://pytorch.org/docs/stable/distributed.html#synchronous-and-asynchronous-collective-operations)). So a rank that never arrives does not stop the line that issued the collective: the host runs ahead, queues more work, and the hang surfaces later, at the first call that waits for the GPU (`.item()`, `.cpu()`, `print` of a CUDA tensor, `torch.cuda.synchronize()`), often far from its cause, or as the watchdog's timeout (7.3).
+
+The closest picture on gloo is `async_op=True`: the call returns a `Work` at once and the result is there only after `work.wait()`. In the job below rank 0 starts an all-reduce that rank 1 joins only after rank 0 has looked at it (rank 1 waits for rank 0 on another group first, so the order cannot change), and section 7.2's and 7.4's demonstrations run in the same launch:
+"""
+
+# %% slideshow={"slide_type": "-"}
+# %%writefile _runs/nccl_vs_gloo.py
+"""Section 7 on gloo: a collective that returns before it is done, a batch of sends and receives, a flight-recorder dump."""
+import time
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+from torch._C._distributed_c10d import _dump_fr_trace  # what the NCCL watchdog calls on a timeout (private)
+
+
+def returns_early(rank):
+    """Rank 0 starts an all-reduce with async_op=True; rank 1 joins it only after rank 0 has looked."""
+    data, signal = dist.new_group(), dist.new_group()  # default timeouts: nothing here can time out
+    t = torch.full((4,), float(rank + 1))
+    if rank == 0:
+        work = dist.all_reduce(t, group=data, async_op=True)  # returns a Work at once
+        done_at_return = work.is_completed()  # rank 1 has not joined yet: it cannot be done
+        dist.barrier(group=signal)  # now let rank 1 in
+        work.wait()
+        return {"done_at_return": done_at_return, "done_after_wait": work.is_completed(), "result": t.tolist()}
+    dist.barrier(group=signal)
+    dist.all_reduce(t, group=data)
+    return {}
+
+
+def exchange(rank):
+    """A 1F1B steady state: stage 0 sends an activation and receives a gradient, stage 1 the reverse, at once."""
+    group, other = dist.new_group(), 1 - rank
+    outgoing = torch.full((4096,), 10.0 + rank)  # rank 0: activation of micro-batch i+1; rank 1: gradient of i
+    incoming = torch.empty(4096)
+    ops = [dist.P2POp(dist.isend, outgoing, other, group), dist.P2POp(dist.irecv, incoming, other, group)]
+    works = dist.batch_isend_irecv(ops)  # both ranks list their send first: no deadlock
+    for work in works:
+        work.wait()
+    return {"works": len(works), "received": incoming.unique().tolist()}
+
+
+def forgotten_collective(rank, folder):
+    """Rank 0 all-reduces a metric that rank 1 forgot; each rank then dumps its flight recorder."""
+    group = dist.new_group()  # default timeout for what both ranks run
+    a = torch.full((3, 4), float(rank))
+    for _ in range(2):
+        dist.all_reduce(a, group=group)
+    if rank == 0:  # a metric only rank 0 logs: it waits for rank 1 forever; bound this one hang to 1.5 s
+        dist.distributed_c10d._set_pg_timeout(timedelta(seconds=1.5), group)
+        try:
+            dist.all_reduce(torch.ones(4, 5), group=group)
+        except RuntimeError:
+            pass
+    with open(f"{folder}/trace_{rank}", "wb") as f:
+        f.write(_dump_fr_trace())  # on NCCL, TORCH_NCCL_DUMP_ON_TIMEOUT=1 makes the watchdog do this
+    dist.barrier()  # the default group: rank 1 waits here for rank 0
+    return {"group": str(dist.get_process_group_ranks(group))}
+
+
+def on_gloo(rank, world_size, folder):
+    return {"returns_early": returns_early(rank), "exchange": exchange(rank),
+            "flight_recorder": forgotten_collective(rank, folder)}
+
+
+def nccl_host_time(rank, world_size, late=2.0):
+    """GPU path (NCCL): how long the host waits in a blocking all_reduce while rank 1 arrives `late` seconds late."""
+    t = torch.ones(1 << 20, device="cuda")
+    dist.all_reduce(t)
+    torch.cuda.synchronize()  # warmed up: the communicator exists
+    dist.barrier()
+    if rank == 1:
+        time.sleep(late)
+    start = time.perf_counter()
+    dist.all_reduce(t)  # async_op=False: "blocking"
+    returned = time.perf_counter() - start
+    torch.cuda.synchronize()  # the host waits here, for the kernel that waits for rank 1
+    return {"returned_s": returned, "synchronized_s": time.perf_counter() - start,
+            "nccl_timeout": str(dist.constants.default_pg_nccl_timeout)}
+
+
+# %% slideshow={"slide_type": "-"}
+import pickle
+import shutil
+
+shutil.rmtree("_runs/fr", ignore_errors=True)
+os.makedirs("_runs/fr")
+gloo_side = run_ranks("_runs/nccl_vs_gloo.py:on_gloo", nprocs=2, args=(os.path.abspath("_runs/fr"),), timeout=180,
+                      echo="none", env={"TORCH_FR_BUFFER_SIZE": "2000"})  # the flight recorder, for 7.4
+early = gloo_side[0]["returns_early"]
+print("rank 0: all_reduce(async_op=True) returned; done at that moment:", early["done_at_return"])
+print("rank 0: after work.wait(): done:", early["done_after_wait"], "| result", early["result"], "(1 + 2 on every element)")
+assert early == {"done_at_return": False, "done_after_wait": True, "result": [3.0] * 4}
+
+# %% [markdown] slideshow={"slide_type": "-"}
+"""
+On a GPU the same experiment needs no `async_op`: rank 1 arrives late (it sleeps `late=2.0` seconds first), and rank 0 times its plain `dist.all_reduce` and then `torch.cuda.synchronize()`. The first returns at once; the wait is in the second. (It needs two GPUs; run with the GPUs visible, it prints both times and NCCL's default timeout.)
+"""
+
+# %% slideshow={"slide_type": "-"}
+if requires_gpu("an NCCL all_reduce returns to the host before it is done", count=2):
+    host = run_ranks("_runs/nccl_vs_gloo.py:nccl_host_time", nprocs=2, backend="nccl", device="cuda", timeout=120,
+                     echo="none")[0]
+    print(f"rank 0, rank 1 two seconds late: dist.all_reduce returned after ~{host['returned_s'] * 1e3:.1f} ms; "
+          f"torch.cuda.synchronize() returned ~{host['synchronized_s']:.1f} s after the call")
+    print("NCCL's default timeout:", host["nccl_timeout"])
+    assert host["returned_s"] < 0.5 < 1.5 < host["synchronized_s"]
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+### 7.2 Sends and receives: `batch_isend_irecv`
+
+Notebook 09 §4 showed the simplest deadlock: two ranks that both call a blocking `send` before their `recv`. NCCL adds its own constraints to point-to-point traffic. A send and its receive are kernels that must run at the same time on the two GPUs, each in its stream's order, so even non-blocking `isend`/`irecv` calls issued in a different order on two ranks can wait for each other; and the first send/receive between a pair of ranks creates a communicator for that pair on the spot (a small collective between the two), which both must reach.
+
+`dist.batch_isend_irecv([dist.P2POp(dist.isend, t, peer), dist.P2POp(dist.irecv, u, peer), ...])` posts a list of sends and receives as **one** operation (on NCCL, one NCCL group call), so the order of sends and receives inside the list does not matter; only several transfers between the same pair in the same direction must be listed in the same order on both sides (its documentation). That is what a pipeline needs in its steady state (notebook 12 §4): stage `s` sends the activation of one micro-batch downstream while it receives the gradient of an earlier one from downstream, and the stage below does the reverse, at the same moment. The documentation adds two NCCL rules: call `torch.cuda.set_device` first, and if the batch is the group's first collective call, every rank of the group must take part. On gloo, below: both ranks list their send first, and both transfers arrive.
+"""
+
+# %% slideshow={"slide_type": "-"}
+for rank in (0, 1):
+    ex = gloo_side[rank]["exchange"]
+    print(f"rank {rank}: batch_isend_irecv([send, recv]) -> {ex['works']} requests; received {ex['received']} "
+          f"(rank {1 - rank}'s tensor)")
+assert [g["exchange"]["received"] for g in gloo_side] == [[11.0], [10.0]]
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+### 7.3 Timeouts, the watchdog, and what happens to the process
+
+NCCL's default timeout is 10 minutes, against gloo's 30 (`init_process_group`'s `timeout` in the [torch.distributed documentation](https://pytorch.org/docs/stable/distributed.html#torch.distributed.init_process_group); the GPU cell above prints it). Since the host does not wait for a collective, something else must notice one that never finishes: every NCCL process group runs a **watchdog** thread that checks its outstanding collectives and declares one failed when it runs past the timeout. What follows is set by `TORCH_NCCL_ASYNC_ERROR_HANDLING` ([ProcessGroupNCCL environment variables](https://pytorch.org/docs/stable/torch_nccl_environment_variables.html)): `3`, the default, tears the process down without aborting the NCCL communicator; `1` aborts the communicator, then tears the process down; `2` only aborts the communicator; `0` does nothing, and the job hangs. So a timed-out NCCL collective normally ends the **process**, from the watchdog thread, with a log line naming the collective (its sequence number, type and timeout), instead of raising an exception in your Python code; `TORCH_NCCL_BLOCKING_WAIT=1` makes `wait()` block the host and raise instead, at a cost in overlap. `torchrun` then sees a worker die, stops the others, and restarts them if `--max-restarts` allows (section 5). A second thread, the heartbeat monitor (`TORCH_NCCL_ENABLE_MONITORING`, `TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC`), kills a process whose watchdog is itself stuck.
+
+The general rule is the one notebook 10 applies to gloo: **tear down in order**. Finish every collective, then `destroy_process_group()` before the process exits; PyTorch warns at exit about an NCCL process group that was never destroyed, because a process that leaves with collectives in flight can block the others.
+
+### 7.4 The flight recorder: what each rank was doing
+
+When a job hangs, the question is which rank stopped where. The **flight recorder** keeps, in each process, a ring buffer of the last `N` collectives: process group, sequence number, operation, tensor shapes and dtypes, state, timeout, and the Python stack that issued it. Turn it on with `TORCH_FR_BUFFER_SIZE=N` (2.13's name; the older `TORCH_NCCL_TRACE_BUFFER_SIZE` is still read); with NCCL, `TORCH_NCCL_DUMP_ON_TIMEOUT=1` makes the watchdog write every rank's buffer to a file named by `TORCH_FR_DUMP_TEMP_FILE` (older name `TORCH_NCCL_DEBUG_INFO_TEMP_FILE`) plus the rank when a timeout fires, and `torchfrtrace <folder> --prefix <prefix>` reads the files of all ranks and reports the first collective that not every rank joined ([flight recorder tutorial](https://docs.pytorch.org/tutorials/unstable/flight_recorder_tutorial.html)).
+
+In PyTorch 2.13 the recorder also records gloo's collectives, so the launch above made a real dump, clearly a small one: after two all-reduces on a group, rank 0 all-reduces a metric that rank 1 forgot (the classic hang: a collective inside `if rank == 0`); that one hang is bounded by a 1.5 s timeout. Each rank then dumped its buffer with the function the NCCL watchdog calls (`torch._C._distributed_c10d._dump_fr_trace`, private). Here is what the two files hold for that group:
+"""
+
+# %% slideshow={"slide_type": "-"}
+dumps = []
+for rank in (0, 1):
+    with open(f"_runs/fr/trace_{rank}", "rb") as f:
+        dumps.append(pickle.load(f))
+pg = max(dumps[0]["pg_status"], key=int)  # the group made last: the flight-recorder demonstration's
+
+
+def called_from(entry):
+    """The first stack frame in our own script: where the collective was issued."""
+    frame = next(f for f in entry["frames"] if f["filename"].endswith("nccl_vs_gloo.py"))
+    return f"{frame['name']}, line {frame['line']}"
+
+
+print(f"dump keys: {sorted(dumps[0])}; process group {pg}, ranks {gloo_side[0]['flight_recorder']['group']}")
+for rank, dump in enumerate(dumps):
+    print(f"\nrank {rank}: last collective enqueued on the group: #{dump['pg_status'][pg]['last_enqueued_collective']}")
+    print(f"  {'#':>2}  {'operation':<16} {'input sizes':<12} {'timeout':>8}  issued by")
+    for e in (e for e in dump["entries"] if e["process_group"][0] == pg):
+        print(f"  {e['collective_seq_id']:>2}  {e['profiling_name']:<16} {str(e['input_sizes']):<12} "
+              f"{e['timeout_ms'] / 1000:>6g} s  {called_from(e)}")
+
+last = [d["pg_status"][pg]["last_enqueued_collective"] for d in dumps]
+seq = min(last) + 1
+culprit = next(e for e in dumps[0]["entries"] if e["process_group"][0] == pg and e["collective_seq_id"] == seq)
+missing = [rank for rank, n in enumerate(last) if n < seq]
+print(f"\nfirst collective not every rank enqueued: #{seq} {culprit['profiling_name']} {culprit['input_sizes']}, "
+      f"missing rank(s) {missing}, issued by {called_from(culprit)}")
+assert last == [3, 2] and missing == [1] and culprit["input_sizes"] == [[4, 5]]
+
+# %% [markdown] slideshow={"slide_type": "-"}
+"""
+Read it as you would a dump from a hung GPU job: both ranks issued collectives #1 and #2 of the group; rank 0 issued a #3 that rank 1 never did, an all-reduce of shape `[4, 5]` with the shortened timeout, and the stack names the function and line that issued it. On a cluster this is what you look for across hundreds of files: the first sequence number that some ranks have and others lack, and the stacks on both sides. (`torchfrtrace` does that merge for NCCL dumps; on these gloo dumps 2.13's version stops with a `KeyError`, because gloo leaves the dump's table of groups, `pg_config`, empty:)
+"""
+
+# %% slideshow={"slide_type": "-"}
+print("pg_config in the gloo dump:", dumps[0]["pg_config"])
+with expect_error(LaunchError, match="KeyError", quiet=True) as frtrace:
+    run_script(["python", "-m", "torch.distributed.flight_recorder.fr_trace", "--prefix", "trace_", "_runs/fr"],
+               timeout=180, echo="none")
+print("torchfrtrace on the gloo dumps:", frtrace.error.traceback.strip().splitlines()[-1])
+
+# %% [markdown] slideshow={"slide_type": "slide"}
+"""
 ## Summary
 
-- DDP is not silent between steps: at every training forward it broadcasts rank 0's buffers (`forward_sync_buffers`, formerly `broadcast_buffers`, default on). BatchNorm statistics end up rank 0's; a forward through the DDP model on one rank hangs: evaluate through `ddp.module`, or on every rank.
+- DDP is not silent between steps: it broadcasts rank 0's buffers at the start of every forward that follows a forward run with gradients enabled (`forward_sync_buffers`, formerly `broadcast_buffers`, default on), in train and eval mode alike; only a second `no_grad` forward in a row skips it. BatchNorm statistics end up rank 0's, and the first evaluation forward after training, run on one rank alone, hangs: evaluate through `ddp.module`, or on every rank.
 - A parameter outside the loss breaks the next step ("Expected to have finished reduction..."): `TORCH_DISTRIBUTED_DEBUG=INFO` names it; `find_unused_parameters=True` walks the graph each step, `static_graph=True` learns it once. Non-reentrant checkpointing works with DDP; reentrant needs `static_graph=True` in the cases shown.
-- Buckets: one in step 1, rebuilt in arrival order after it; whole tensors, closed on reaching the cap; the first capped at 1 MiB by default. `gradient_as_bucket_view=True` saves one gradient-sized copy (exactly, here 866,344 bytes). fp16/bf16 compression hooks halve the bytes sent, gradients within a fraction of a percent.
-- Uneven inputs: `join()`. Hangs: short timeouts while debugging (gloo's default is 30 min), `monitored_barrier` names the missing rank, `DETAIL` names a mismatched collective.
-- `torchrun --max-restarts` restarts every worker: checkpoint model, optimizer, step, data position and every rank's RNG, atomically; rank 0 reads, `broadcast_object_list` shares; the resumed run equals the uninterrupted one bit for bit.
+- Buckets: one in step 1, rebuilt in arrival order after it; whole tensors, closed on reaching the cap; the first capped at 1 MiB when `bucket_cap_mb` is left at its default. `gradient_as_bucket_view=True` saves one gradient-sized copy (exactly, here 866,344 bytes). fp16/bf16 compression hooks send half the bytes, gradients within a fraction of a percent.
+- Uneven inputs: `join()`, which by default still divides by the initial world size (a lone rank's batch moved the model by 0.50 of its own gradient). Hangs: shorten a timeout only where you expect the hang (gloo's default is 30 minutes), `monitored_barrier` names the missing rank, `DETAIL` names a mismatched collective (in 2.13 not on a group DDP uses: it crashes).
+- `torchrun --max-restarts` restarts every worker: checkpoint model, optimizer, step, data position and every rank's RNG (the GPU's too), atomically; rank 0 reads, `broadcast_object_list` shares; the resumed run equals the uninterrupted one bit for bit. The per-attempt store prefix is a workaround for a 2.13 bug, not a DDP habit.
+- NCCL differs from gloo: its calls return to the host at once, so a hang surfaces at the next synchronisation or as the watchdog's timeout, which by default ends the process; pipelines post their simultaneous sends and receives with `batch_isend_irecv`; the flight recorder's dumps show the first collective a rank never joined.
 """
 
 # %% [markdown] slideshow={"slide_type": "slide"}

@@ -8,8 +8,8 @@ By the end you will be able to:
 - split a model across devices (the cluster post's `split_gpus` network) and explain why the naive split keeps only one device busy at a time;
 - write a two-stage pipeline by hand with `dist.send` / `dist.recv` and prove it trains exactly like one process;
 - schedule micro-batches GPipe-style, draw the schedule, compute the bubble `(p-1)/(m+p-1)` and measure it;
-- use PyTorch's own `torch.distributed.pipelining`, and say what the multi-GPU post's second "model parallel" example really does;
-- split a `Linear` layer by columns and by rows (tensor parallelism) and choose between data, pipeline and tensor parallelism.
+- use PyTorch's own `torch.distributed.pipelining`, say what changes when the stages talk over NCCL, and say what the multi-GPU post's second "model parallel" example really does;
+- split a `Linear` layer by output features (column-parallel) and by input features (row-parallel), and choose between data, pipeline and tensor parallelism.
 
 This notebook assumes: notebooks 02 (autograd graphs), 08 (gradient accumulation: micro-batches whose gradients add up) and 10 (launching processes, gloo). No GPU needed: the stages are CPU processes; the one cell for two real GPUs says what it skipped.
 """
@@ -72,7 +72,7 @@ print("output:", tuple(net(x_all[:5]).shape))
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-On two GPUs the same code places the halves on two devices. `x.to(dev1)` is recorded by autograd (`ToCopyBackward0`), so `backward()` copies the gradient back to GPU 0 by itself: nothing else changes in the training loop.
+On two GPUs the same code places `module1` and `module2` on two devices. `x.to(dev1)` is recorded by autograd (`ToCopyBackward0`), so `backward()` copies the gradient back to GPU 0 by itself: nothing else changes in the training loop.
 """
 
 # %% slideshow={"slide_type": "-"}
@@ -231,9 +231,12 @@ def measure(rank, world_size, micro_list=(1, 2, 4, 8), width=64, batch=256, repe
     return out
 
 
+SIMULATED = (0.12, 0.24)  # seconds of simulated device time per stage and step: forward, backward (split over m)
+
+
 def measure_both(rank, world_size, micro_list=(1, 2, 4, 8)):
     """The two settings of the notebook in one launch: simulated device time, then real compute."""
-    return {"simulated": measure(rank, world_size, micro_list, 64, 256, 2, (0.04, 0.08)),
+    return {"simulated": measure(rank, world_size, micro_list, 64, 256, 2, SIMULATED),
             "real": measure(rank, world_size, micro_list, 512, 512, 2, None)}
 
 
@@ -246,7 +249,7 @@ The reference is one process training the whole model on the same batch. `run_ra
 from mp_stages import make_model, split
 
 x_batch, y_batch = x_all[:256], y_all[:256]
-two = run_ranks("_runs/mp_stages.py:train", nprocs=2, args=(x_batch, y_batch, 5, (1, 4)), timeout=120)
+two = run_ranks("_runs/mp_stages.py:train", nprocs=2, args=(x_batch, y_batch, 5, (1, 4)), timeout=180)
 
 ref = make_model()
 opt = torch.optim.SGD(ref.parameters(), lr=0.1)
@@ -306,12 +309,14 @@ print("simulated schedules agree with (p-1)/(m+p-1); for p=4, a bubble <= 10% ne
 
 Now the real thing: the two processes of section 2 run GPipe steps for `m = 1, 2, 4, 8`, recording each task's start and end on the machine's monotonic clock (shared by both processes), and the idle fraction is computed from those timestamps. Two settings:
 
-- **simulated device time**: each stage's forward of the whole batch takes 40 ms and its backward 80 ms (a `sleep` split evenly over micro-batches, as if a GPU computed while the CPU waits), plus the real tiny model and the real messages;
+- **simulated device time**: each stage's forward of the whole batch takes 120 ms and its backward 240 ms (a `sleep` split evenly over micro-batches, as if a GPU computed while the CPU waits: the cell prints the two values), plus the real tiny model and the real messages;
 - **real compute**: a wider model (width 512, batch 512) whose stages compute on one core each. This machine has 2 cores, shared with everything else that runs.
 """
 
 # %% slideshow={"slide_type": "-"}
-both = run_ranks("_runs/mp_stages.py:measure_both", nprocs=2, timeout=120)
+from mp_stages import SIMULATED
+
+both = run_ranks("_runs/mp_stages.py:measure_both", nprocs=2, timeout=180)
 sim = [both[rank]["simulated"] for rank in (0, 1)]
 real = [both[rank]["real"] for rank in (0, 1)]
 
@@ -326,9 +331,12 @@ def replayed(tasks, m):
     return idle_fraction(gpipe_schedule(2, m, [mean(0, "F"), mean(1, "F")], [mean(0, "B"), mean(1, "B")]))
 
 
+print(f"simulated device time per stage and step: forward {SIMULATED[0] * 1000:.0f} ms, "
+      f"backward {SIMULATED[1] * 1000:.0f} ms, split evenly over the m micro-batches\n")
 print(f"{'m':>3} | formula | simulated device time: measured (replayed) | real compute: measured (replayed)")
+ms = [1, 2, 4, 8]
 measured = {}
-for m in (1, 2, 4, 8):
+for m in ms:
     best = {}
     for name, results in (("sim", sim), ("real", real)):
         runs = [measured_tasks(results, m, r) for r in range(2)]
@@ -337,18 +345,22 @@ for m in (1, 2, 4, 8):
     measured[m] = (best["sim"][0], best["real"][0])
     print(f"{m:>3} | {bubble_fraction(2, m):7.3f} | ~{best['sim'][0]:.3f} (~{best['sim'][1]:.3f})"
           f"{'':>22} | ~{best['real'][0]:.3f} (~{best['real'][1]:.3f})")
+curve = [measured[m][0] for m in ms]
+falls = curve[0] > curve[1] > curve[2] and curve[3] < curve[1]
+above = max(curve[i] - bubble_fraction(2, m) for i, m in enumerate(ms))
+print(f"\nsimulated device time: the measured bubble falls with m (m=1 > m=2 > m=4, and m=8 below m=2): {falls}; "
+      f"at most ~{above:.3f} above the formula")
+assert falls and all(curve[i] > bubble_fraction(2, m) - 0.03 for i, m in enumerate(ms)) and above < 0.15
 
 # %% slideshow={"slide_type": "-"}
 fig, axes = plt.subplots(1, 2, figsize=(11, 3.2), constrained_layout=True)
 tasks4 = measured_tasks(sim, 4, 0)
 plot_gantt([Task(t.stage, t.micro, t.kind, 1000 * t.start, 1000 * t.end) for t in tasks4], axes[0], time_unit="ms",
            title="measured: 2 processes, 4 micro-batches (simulated device time)")
-ms = [1, 2, 4, 8]
 axes[1].plot(ms, [bubble_fraction(2, m) for m in ms], "k-o", label="(p-1)/(m+p-1)")
-axes[1].plot(ms, [measured[m][0] for m in ms], "s--", label="measured, simulated device time")
-axes[1].plot(ms, [measured[m][1] for m in ms], "^:", label="measured, real compute (2 shared cores)")
+axes[1].plot(ms, curve, "s--", label="measured, simulated device time")
 axes[1].set(xscale="log", xticks=ms, xticklabels=ms, xlabel="micro-batches m", ylabel="idle fraction of device time",
-            title="bubble of a 2-stage GPipe step", ylim=(0, 1))
+            title="bubble of a 2-stage GPipe step", ylim=(0, 0.6))
 axes[1].minorticks_off()
 axes[1].legend(fontsize=8)
 plt.show()
@@ -357,8 +369,8 @@ plt.show()
 """
 How to read the numbers (yours will differ run to run). "Replayed" feeds each stage's measured average task times into the GPipe simulator of `course_lib.pipeline`, with messages that cost nothing: it is the bubble due to the schedule and to unequal stages alone; the measured value minus the replayed one is what the messages and the waiting cost.
 
-- With simulated device time the measured bubble follows the formula down from 50% at `m=1`; what it adds on top is the **per-micro-batch cost**: each micro-batch is one more message each way, one more Python round of the loop, one more wake-up of a sleeping process. Those costs grow with `m` while the work per micro-batch shrinks, so in practice the bubble stops falling and `m` has an optimum. GPipe's authors (Huang et al. 2019, section 2.2) found the bubble overhead negligible for `m ≥ 4p`: by the formula that is a bubble below 20 % for every `p` (the cell after this list computes it).
-- With real compute on two shared cores, the replayed bubble is already above the formula (the stages are not equally fast, and the backward is not exactly twice the forward), and the measured one is far above that: every message makes one process wait for the other to be scheduled, and any other process on the machine steals a core from one stage and leaves the other waiting. The measured idle time may even grow with `m`. The formula assumes dedicated devices with equal, fixed task times; on GPUs the same effect appears when micro-batches get too small to fill the device.
+- With simulated device time the measured bubble follows the formula down from 50% at `m=1`, as the cell asserts. What it adds on top is the **per-micro-batch cost**: each micro-batch is one more message each way, one more Python round of the loop, one more wake-up of a sleeping process. Those costs grow with `m` while the work per micro-batch shrinks, so the gap to the formula widens with `m` (on a busy machine most at `m=8`, where a micro-batch's forward is an eighth of the 120 ms), and past some `m` the bubble stops falling: `m` has an optimum. The stages sleep rather than compute so that the outcome holds on a loaded machine: a sleeping stage does not compete for a core. GPipe's authors (Huang et al. 2019) found the bubble overhead negligible for `m ≥ 4p`: by the formula that is a bubble below 20 % for every `p` (the cell after this list computes it).
+- With real compute the two stages are processes competing for the same two cores, with everything else this machine runs; the plot leaves this column out, because it does not measure a pipeline's bubble. The replayed bubble is already above the formula (the stages are not equally fast, and the backward is not exactly twice the forward), and the measured one is far above that: every message makes one process wait for the other to be scheduled, and any other process steals a core from one stage and leaves the other waiting. From one run to the next it may even grow with `m`. The formula assumes dedicated devices with equal, fixed task times; on GPUs a related effect appears when micro-batches get too small to fill the device.
 
 Two ways to state the bubble appear in the literature: as a fraction of the whole step, `(p-1)/(m+p-1)` (this notebook), or relative to the ideal compute time of `m` slots, `(p-1)/m` (Megatron-LM's paper and the Hugging Face ultrascale playbook). They count the same idle slots; the second is larger and reads as "extra time".
 """
@@ -409,7 +421,7 @@ def api_step(rank, world_size, x, y, n_micro=4):
 
 
 # %% slideshow={"slide_type": "-"}
-api = run_ranks("_runs/pp_api.py:api_step", nprocs=2, args=(x_batch, y_batch, 4), timeout=120)
+api = run_ranks("_runs/pp_api.py:api_step", nprocs=2, args=(x_batch, y_batch, 4), timeout=180)
 for rank in (0, 1):
     for k, g in api[rank]["grads"].items():
         assert torch.allclose(g, ref_grads[k], atol=1e-6)
@@ -442,7 +454,8 @@ def stage_orders(p, m, kind):
 
 
 def simulate(p, m, kind, f=1.0, b=2.0):
-    """Run each stage's order under the dependencies; return the step time and each stage's peak of live activations."""
+    """Run each stage's order under the dependencies; return the step time, each stage's peak of live activations,
+    and when each task ends ({(stage, "F" or "B", micro-batch): end})."""
     orders, done, free = stage_orders(p, m, kind), {}, [0.0] * p
     pos, live, peak = [0] * p, [0] * p, [0] * p
     while any(pos[s] < len(orders[s]) for s in range(p)):
@@ -462,12 +475,19 @@ def simulate(p, m, kind, f=1.0, b=2.0):
                 pos[s] += 1
                 progressed = True
         assert progressed, "the schedule deadlocked"
-    return max(free), peak
+    return max(free), peak, done
 
+
+# the GPipe order here is what course_lib.pipeline.gpipe_schedule simulates: the two agree task by task
+for p_, m_ in ((2, 1), (2, 4), (4, 8), (3, 5)):
+    ends = {(t.stage, t.kind, t.micro): t.end for t in gpipe_schedule(p_, m_, forward_time=1.0, backward_time=2.0)}
+    assert simulate(p_, m_, "gpipe")[2] == ends
+print("this simulator's GPipe = course_lib.pipeline.gpipe_schedule, every task's end time, for (p, m) in "
+      "(2, 1), (2, 4), (4, 8), (3, 5): True")
 
 p, m = 4, 8
-t_g, peak_g = simulate(p, m, "gpipe")
-t_1, peak_1 = simulate(p, m, "1f1b")
+t_g, peak_g, _ = simulate(p, m, "gpipe")
+t_1, peak_1, _ = simulate(p, m, "1f1b")
 print(f"p={p} stages, m={m} micro-batches: step time GPipe {t_g:.0f}, 1F1B {t_1:.0f} (units of one forward)")
 print(f"micro-batches whose activations each stage holds at its peak: GPipe {peak_g}, 1F1B {peak_1}")
 assert t_g == t_1 == (m + p - 1) * 3.0  # same step time, so the same bubble (p-1)/(m+p-1)
@@ -477,7 +497,12 @@ assert peak_g == [m] * p and peak_1 == [p - s for s in range(p)]
 """
 Same step time, so the same bubble; but the first stage holds at most `p` micro-batches' activations instead of `m`, and the last stage only one. With `m ≥ 4p` micro-batches to keep the bubble small, that is the difference between activation memory growing with `m` and staying bounded by `p`, which is why real pipelines use 1F1B or its interleaved and zero-bubble successors.
 
-The API also has a tracing front end, `pipeline(module, mb_args, split_spec={...: SplitPoint.BEGINNING})`, which cuts one `nn.Module` into stages automatically; the manual `PipelineStage` used here needs no tracing: each rank simply builds its own stage module. On GPUs the stages pass tensors with NCCL; nothing else changes.
+The API also has a tracing front end, `pipeline(module, mb_args, split_spec={...: SplitPoint.BEGINNING})`, which cuts one `nn.Module` into stages automatically; the manual `PipelineStage` used here needs no tracing: each rank simply builds its own stage module.
+
+**On GPUs** the stages pass tensors with NCCL, and three things change (notebook 11 §7 shows them on gloo, with a GPU cell for the first):
+- NCCL's sends and receives are kernels queued on a CUDA stream: the Python call returns before the transfer has happened, so a stage whose partner never posts the matching receive does not stop where the bug is; the hang surfaces at the next synchronisation, or as the watchdog's timeout;
+- the first send/receive between two ranks creates a communicator for that pair on the spot, and in a 1F1B steady state a stage sends an activation downstream while it receives a gradient from downstream: issued one by one in a different order on the two sides, such transfers can wait for each other. Schedules post a step's sends and receives together with `dist.batch_isend_irecv` (one NCCL group call, in which their order does not matter), as `torch.distributed.pipelining` does whenever a step both sends and receives;
+- `device=` in `PipelineStage` must be the rank's own GPU (`torch.cuda.set_device(local_rank)` before anything else, as notebook 11 §6 recommends with `device_id=`).
 """
 
 # %% [markdown] slideshow={"slide_type": "slide"}
@@ -539,7 +564,7 @@ def train(subnet_id, world_size, steps=3):
 
 
 # %% slideshow={"slide_type": "-"}
-post2 = run_ranks("_runs/multigpu_post_second.py:train", nprocs=2, timeout=120)
+post2 = run_ranks("_runs/multigpu_post_second.py:train", nprocs=2, timeout=180)
 for rank in (0, 1):
     print(f"rank {rank}: holds {post2[rank]['subnets']} of 3 sub-networks, {post2[rank]['n_params']:,} parameters (the whole model)")
 drift = (post2[0]["weights"] - post2[1]["weights"]).abs().max().item()
@@ -553,7 +578,7 @@ Three more problems in that script, checked on 2.13:
 
 - **`loss.backward(retain_graph=True)`** is not "keeping the gradient for later error propagation". Gradients accumulate in `.grad` with or without it; `retain_graph` only keeps the graph's saved tensors alive after backward, which is needed only to call `backward` a second time on the same graph. Here it just holds memory until the next iteration replaces `loss`.
 - **`init_method='env://'`** reads `MASTER_ADDR` and `MASTER_PORT` from the environment, and the script starts its processes with `mp.Process` without setting them (only a launcher like `torchrun` does): it stops right there.
-- **`world_size = num_gpus * subnets`** while only `subnets` processes are started: with `num_gpus=2, subnets=2` the group expects 4 ranks, 2 arrive, and `init_process_group` waits for the missing ones until its timeout (30 minutes by default for gloo). One rank alone, expecting 4, with a 2-second timeout:
+- **`world_size = num_gpus * subnets`** while only `subnets` processes are started: with `num_gpus=2, subnets=2` the group expects 4 ranks, 2 arrive, and `init_process_group` waits for the missing ones until its timeout (gloo's default, 30 minutes, is printed in notebook 11 §4.2). One rank alone, expecting 4, with a 2-second timeout:
 """
 
 # %% slideshow={"slide_type": "-"}
@@ -587,10 +612,15 @@ What model parallelism of that `Net` would be: sub-network 0 in process 0, sub-n
 """
 ## 6. Tensor parallelism: splitting inside a layer
 
-A pipeline splits *between* layers; tensor parallelism (Megatron-LM) splits *inside* one. For a `Linear` layer `y = x Wᵀ + b` with `W` of shape `out × in` (PyTorch's layout), there are two ways to cut `W` across 2 devices:
+A pipeline splits *between* layers; tensor parallelism (Megatron-LM) splits *inside* one. For a `Linear` layer `y = x Wᵀ + b` with `W` of shape `out × in` (PyTorch's layout), there are two ways to cut `W` across 2 devices. Their names come from the Megatron-LM paper, which writes the layer as `y = x A` with `A = Wᵀ` of shape `in × out`, so each name says the opposite of what happens to PyTorch's `W`. This table is the translation; the rest of the section says "by output features" and "by input features", with the name in brackets:
 
-- **by output features** (Megatron's "column-parallel"): each device holds some rows of `W` and computes some of the outputs; **concatenate** (an all-gather) to get `y`. The name comes from the paper's convention `y = x A`, with `A = Wᵀ` of shape `in × out`: the rows of PyTorch's `W` are the columns of `A` (the next cell prints the shapes);
-- **by input features** ("row-parallel"): each device holds some columns of `W` and the matching slice of `x`, computes a partial `y` over its inputs; **sum** them (an all-reduce) and add `b` once.
+| name (Megatron; PyTorch's class) | splits | PyTorch's `W` (`out × in`) | Megatron's `A = Wᵀ` (`in × out`) | the outputs are |
+|---|---|---|---|---|
+| column-parallel (`ColwiseParallel`) | output features | **rows** of `W` (dim 0) | columns of `A` | concatenated (all-gather) |
+| row-parallel (`RowwiseParallel`) | input features | **columns** of `W` (dim 1) | rows of `A` | summed (all-reduce), `b` added once |
+
+- **by output features** (column-parallel): each device holds some rows of `W` and computes some of the outputs; **concatenate** them (an all-gather) to get `y`;
+- **by input features** (row-parallel): each device holds some columns of `W` and the matching slice of `x`, and computes a partial `y` over its inputs; **sum** them (an all-reduce) and add `b` once.
 
 Both are exact, forward and backward. Here the two devices are simulated by tensor slices in one process:
 """
@@ -603,6 +633,8 @@ y = layer(x)
 A = layer.weight.T  # Megatron's A in y = x A: in x out
 assert torch.equal(layer.weight[:3], A[:, :3].T)
 print(f"W {tuple(layer.weight.shape)} (out x in), A = W.T {tuple(A.shape)} (in x out): rows 0-2 of W are columns 0-2 of A")
+print(f"by output features (column-parallel): shard 0 is W[:3, :], {tuple(layer.weight.chunk(2, dim=0)[0].shape)}; "
+      f"by input features (row-parallel): shard 0 is W[:, :4], {tuple(layer.weight.chunk(2, dim=1)[0].shape)}")
 y.backward(torch.ones_like(y))
 full_dw, full_dx = layer.weight.grad.clone(), x.grad.clone()
 
@@ -626,13 +658,21 @@ print("split by output features (concat) and by input features (sum): outputs, d
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-Megatron's MLP block chains the two: the first `Linear` split by outputs, the activation applied shard by shard (it is elementwise), the second `Linear` split by inputs, and **one all-reduce** per block in forward (one more in backward). That communication happens in every layer, on the critical path, which is why tensor parallelism stays inside a node with fast links (NVLink). PyTorch's version is `torch.distributed.tensor.parallel` (`ColwiseParallel`, `RowwiseParallel`, `parallelize_module`) built on `DTensor`; exercise 3 asks for the row-parallel split by hand.
+Megatron's MLP block chains the two: the first `Linear` split by output features (column-parallel), the activation applied shard by shard (it is elementwise), the second `Linear` split by input features (row-parallel), and **one all-reduce** per block in forward (one more in backward). That communication happens in every layer, on the critical path, which is why tensor parallelism stays inside a node with fast links (NVLink). PyTorch's version is `torch.distributed.tensor.parallel` (`ColwiseParallel`, `RowwiseParallel`, `parallelize_module`), built on `DTensor`, a tensor that knows how it is split across the devices of a mesh (notebook 13 §4 introduces it; notebook 15 takes tensor parallelism further, to sequence, context and expert parallelism). The cell checks, in the classes' own source, which dimension of `W` each one shards: the table's. Exercise 3 asks for the split by input features by hand.
 """
 
 # %% slideshow={"slide_type": "-"}
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
-print("tensor-parallel API present:", all(callable(f) for f in (ColwiseParallel, RowwiseParallel, parallelize_module)))
+import inspect
+import re
+
+for cls in (ColwiseParallel, RowwiseParallel):
+    placement = re.search(r"\[Shard\((\d)\)\]", inspect.getsource(cls._partition_linear_fn)).group(0)
+    print(f"{cls.__name__} places an nn.Linear's weight as {placement}: "
+          f"{'rows' if placement == '[Shard(0)]' else 'columns'} of W")
+assert "[Shard(0)]" in inspect.getsource(ColwiseParallel._partition_linear_fn)
+assert "[Shard(1)]" in inspect.getsource(RowwiseParallel._partition_linear_fn)
 
 # %% [markdown] slideshow={"slide_type": "slide"}
 """
@@ -648,7 +688,7 @@ print("tensor-parallel API present:", all(callable(f) for f in (ColwiseParallel,
 | use when | the model state fits: the first choice | the model state does not fit one device: the first remedy for that | sharding is not enough: across nodes with slow links; very deep models | single layers too big, or activations per layer; within a node |
 <!-- END generated -->
 
-The columns are in the order in which to reach for them. Before any of these, the single-device savings of notebooks 04–08 (checkpointing, mixed precision, accumulation) often make the model fit. When the model *state* is what does not fit, sharding it over the data-parallel ranks (ZeRO, FSDP: notebook 13) comes next: it keeps data parallelism's simple program and cuts no layer. Pipeline and tensor parallelism come in when sharding is not enough, or for speed at scale. Large runs combine them. "3-D parallelism" meant tensor parallel inside a node, pipeline across nodes and data parallel over copies of the whole. Today's runs add sharded data parallelism (FSDP, or HSDP: sharded within a node, replicated across nodes), sequence and context parallelism (the sequence split across devices, for long inputs) and expert parallelism (a mixture-of-experts layer's experts on different devices), hence "4-D" and "5-D" parallelism.
+The columns are in the order in which to reach for them. Before any of these, the single-device savings of notebooks 04–08 (checkpointing, mixed precision, accumulation) often make the model fit. When the model *state* is what does not fit, sharding it over the data-parallel ranks (ZeRO, FSDP: notebook 13) comes next: it keeps data parallelism's simple program and cuts no layer. Pipeline and tensor parallelism come in when sharding is not enough, or for speed at scale. Large runs combine them. "3-D parallelism" meant tensor parallel inside a node, pipeline across nodes and data parallel over copies of the whole. Today's runs add sharded data parallelism (FSDP, or HSDP: sharded within a node, replicated across nodes), sequence and context parallelism (the sequence split across devices, for long inputs) and expert parallelism (a mixture-of-experts layer's experts on different devices), hence "4-D" and "5-D" parallelism. Notebook 15 takes these on (tensor, sequence, context and expert parallelism), and notebook 16 puts FSDP2 into practice.
 """
 
 # %% [markdown] slideshow={"slide_type": "slide"}
@@ -657,10 +697,10 @@ The columns are in the order in which to reach for them. Before any of these, th
 
 - Splitting a model across devices (the cluster post's `split_gpus`) saves memory but not time: naively only one of `p` devices works at a time, idle `(p-1)/p`.
 - Across processes a split is a message protocol: activations forward with `send`, `∂loss/∂activation` backward, `out.backward(grad)` on the sender. Two processes trained exactly like one (allclose gradients and parameters), with half the parameters each.
-- Micro-batches (GPipe) shrink the bubble to `(p-1)/(m+p-1)`; measured on two processes it follows the formula plus a per-micro-batch cost, so `m` has an optimum; on two shared CPU cores real compute does not follow it at all.
-- `torch.distributed.pipelining` (`PipelineStage`, `ScheduleGPipe`, `Schedule1F1B`, ...) runs on CPU/gloo and gave the full-batch gradients.
+- Micro-batches (GPipe) shrink the bubble to `(p-1)/(m+p-1)`; measured on two processes with simulated device time it falls with `m` as the formula says, plus a per-micro-batch cost that grows with `m`, so `m` has an optimum; real compute on two shared CPU cores does not follow the formula (the stages compete for the cores).
+- `torch.distributed.pipelining` (`PipelineStage`, `ScheduleGPipe`, `Schedule1F1B`, ...) runs on CPU/gloo and gave the full-batch gradients. On GPUs the stages' transfers are NCCL kernels on CUDA streams, posted together with `batch_isend_irecv` (notebook 11 §7).
 - The multi-GPU post's "model parallel" script builds the whole model in every process and never communicates: independent trainings. `retain_graph=True` there only wastes memory.
-- Tensor parallelism splits a `Linear` by outputs (concatenate) or inputs (sum), exactly; it communicates inside every layer.
+- Tensor parallelism splits a `Linear` by output features (column-parallel: rows of `W`; concatenate) or by input features (row-parallel: columns of `W`; sum), exactly; it communicates inside every layer.
 """
 
 # %% [markdown] slideshow={"slide_type": "slide"}
