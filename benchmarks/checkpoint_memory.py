@@ -9,28 +9,31 @@ about 0.5 with sqrt(N) segments (Chen et al. 2016). Peaks are bytes and determin
 
 Then it times the step on wider layers (64 blocks of 128, batch 1024, 8 segments) and explains the
 overhead. Counting FLOPs, a backward is 2 forwards, so recomputing 7/8 of the forward should add
-0.875 / 3 = +29 %; the step measured +51 % when this was first written. Three causes, each
-measured apart from the checkpointed step:
+0.875 / 3 = +29 %; the step measured +51 % when this was first written, +58 % in the recorded
+runs. Three causes, each measured apart from the checkpointed step (the recorded runs' values):
 
-1. time is not FLOPs: here a backward takes about 1.5 forwards, not 2 (``tanh`` is dear in the
+1. time is not FLOPs: here a backward takes 1.1 to 1.5 forwards, not 2 (``tanh`` is dear in the
    forward and its derivative ``1 - y**2`` cheap), so the recomputed forwards are ``0.875 x
-   forward / step``, about +34 %;
+   forward / step``, +34 to +42 %;
 2. every tensor a checkpointed block saves goes through Python saved-tensor hooks three times
    (packed in forward, packed again when recomputed, unpacked in backward): the cost of a pair of
    *identity* hooks on the same step, measured, scaled from its 2 passes per tensor to those 3 (and
-   to the checkpointed blocks only): about +10 %;
+   to the checkpointed blocks only): +2 to +10 %;
 3. the fixed cost of each checkpoint call (RNG state, frames, early stop), measured on the same
-   chain with 8-wide layers, where arithmetic is negligible: about +5 %.
+   chain with 8-wide layers, where arithmetic is negligible: +5 to +8 %.
 
 Their sum is ``overhead_predicted``. Timings are CPU time of this thread with one torch thread
 (the backward runs on it too), so other processes on a shared machine do not inflate them; the
 variants run interleaved, and each number is the median over rounds of a within-round ratio.
-On a busy machine the two still differ by up to about 10 %.
+On a busy machine the two still differ by up to about 10 %. The terms move between machines and
+with load (the backward's share most); ``benchmarks/results/checkpoint_memory.txt`` holds the run
+that notebook 04 section 4 quotes.
 
     python benchmarks/checkpoint_memory.py            # the full sweep, N up to 1024
     python benchmarks/checkpoint_memory.py --quick    # N up to 256, fewer rounds
 
-Last line: ``RESULT slope_plain=<f> slope_sqrt=<f> ratio_256=<f> overhead=<f> overhead_predicted=<f>``.
+Last line: ``RESULT slope_plain=<f> slope_sqrt=<f> ratio_256=<f> overhead=<f> overhead_predicted=<f>
+bwd_per_fwd=<f> recompute=<f> hooks=<f> calls=<f>`` (the model's terms, as shares of the plain step).
 """
 
 from __future__ import annotations
@@ -221,7 +224,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  for contrast, the narrow chain: overhead {narrow_overhead:+.0%} (per-call bookkeeping dominates)")
     print(
         f"RESULT slope_plain={slope_plain:.3f} slope_sqrt={slope_sqrt:.3f} ratio_256={ratio_256:.2f}"
-        f" overhead={overhead:.3f} overhead_predicted={overhead_predicted:.3f}"
+        f" overhead={overhead:.3f} overhead_predicted={overhead_predicted:.3f} bwd_per_fwd={bwd_ratio:.3f}"
+        f" recompute={recompute:.3f} hooks={hooks:.3f} calls={calls:.3f}"
     )
     return 0
 

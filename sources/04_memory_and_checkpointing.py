@@ -5,38 +5,40 @@ r"""
 A training step needs memory for four things: the parameters, their gradients, the optimizer's state, and the *activations* that the forward pass keeps for the backward pass. The first three are fixed by the model; the activations grow with the batch and with the depth, and in deep networks they dominate. *Gradient checkpointing* keeps only some of them and recomputes the rest during backward: memory for compute. Chen et al. (2016) showed that for a chain of $N$ layers this brings activation memory from $O(N)$ down to $O(\sqrt N)$ at the price of one extra forward pass. This notebook measures all of it, in bytes, on a CPU.
 
 By the end of this notebook you will be able to:
-- split the memory of a training step into parameters, gradients, optimizer state (SGD vs Adam) and activations, and measure each;
+- split the memory of a training step into parameters, gradients, optimizer state (SGD vs Adam) and activations, measure each, and name what else a real step holds (the optimizer's temporaries, autocast's copies, and on GPUs the CUDA context, the allocator's cache and DDP's buckets);
 - measure the *peak* memory of a forward + backward step on CPU from the allocator's own events, and say why saved-tensor hooks and `tracemalloc` are not enough;
-- explain how checkpointing works, write a minimal checkpoint `autograd.Function` by hand, and choose between `use_reentrant=True` and `False`;
-- use `checkpoint` and `checkpoint_sequential` with the current API, and measure the $\sqrt N$ result and the time it costs;
-- train a small CNN with one block checkpointed and check that it learns exactly what the plain CNN learns.
+- explain how checkpointing works, write a minimal checkpoint `autograd.Function` by hand, account for every byte of its peak, and choose between `use_reentrant=True` and `False`;
+- use `checkpoint` and `checkpoint_sequential` with the current API, find the best number of segments, measure the $\sqrt N$ law, and say what it costs in arithmetic and in time;
+- train a small CNN with one block checkpointed, check that it learns exactly what the plain CNN learns, and explain why checkpointing one block barely moves its peak.
 
-Notebook 05 continues with checkpointing in practice: the Dropout and BatchNorm pitfalls, selective checkpointing and offloading, what `torch.compile` does with a checkpoint, and GPU memory tools.
+This notebook assumes: notebooks 02 and 03 (the autograd graph, saved tensors, `SavedTensorMeter`, saved-tensor hooks, and writing a `torch.autograd.Function`), and a first idea of what an optimizer does.
 
-This notebook assumes: notebooks 02 and 03 (the autograd graph, saved tensors, `SavedTensorMeter`, and writing a `torch.autograd.Function`), and a first idea of what an optimizer does.
+It is the first of two. Here checkpointing is measured on models without surprises: a deep chain of `Linear` + `Tanh` blocks, where every number can be counted in activations, and the Tensor post's CNN. Notebook 05 takes it into practice: what randomness, BatchNorm's running statistics and inputs without gradients do to a checkpoint, choosing op by op what to keep, offloading, what `torch.compile` makes of it all, and the GPU's memory tools.
 """
 
 # %% slideshow={"slide_type": "-"}
 import math
-import os
+import textwrap
 import time
 import warnings
+from collections import Counter
+from contextlib import contextmanager
 
 import matplotlib.pyplot as plt
 import numpy as np
 import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint, checkpoint_sequential
+from tqdm.auto import tqdm
 
-from course_lib.checkpointing import (OpCounter, bn_safe_context_fn, checkpoint_bn_safe, checkpoint_momentum, deep_chain,
-                                      frozen_bn_stats)
+from course_lib.checkpointing import deep_chain
 from course_lib.data import digits
-from course_lib.device import requires_gpu
 from course_lib.errors import expect_error
-from course_lib.memory import allocation_events, measure_peak, state_bytes, step_peak_memory, tensor_bytes
+from course_lib.memory import allocation_events, measure_peak, state_bytes, step_peak_memory
 from course_lib.saved_tensors import SavedTensorMeter, format_bytes
 from course_lib.seeding import seed_everything
 
+torch.set_num_threads(1)  # one thread: steadier timings on a shared machine, kernel buffers independent of the core count
 seed_everything(0)
 train, test = digits()
 print(f"digits: {len(train)} training images of shape {tuple(train.x.shape[1:])}, {len(test)} test images")
@@ -165,21 +167,25 @@ for depth in (4, 16, 64):
 assert all(saved[d] == (d + 1) * UNIT for d in saved)  # the input plus one per block
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
-"""
+r"""
 ### What else takes memory
 
 Four parts are the model's; a real step has more, most of them on a GPU:
 
 - **The CUDA context**: each process that touches a GPU first loads CUDA's kernels and state, typically a few hundred MiB that `torch.cuda.memory_allocated` never shows (PyTorch's [CUDA semantics notes](https://pytorch.org/docs/stable/notes/cuda.html#memory-management): `nvidia-smi` shows more than PyTorch reports). GPU only.
 - **The allocator's cache**: freed GPU memory stays *reserved* by PyTorch's caching allocator for reuse, so `nvidia-smi` and `memory_reserved` read more than `memory_allocated`; fragmentation can make a step fail with memory free. notebook 05 §4 shows it in a GPU cell.
-- **DDP's buckets**: `DistributedDataParallel` keeps the gradients in flat communication buckets, a second gradient-sized copy unless `gradient_as_bucket_view=True` ([DDP documentation](https://pytorch.org/docs/stable/generated/torch.nn.parallel.DistributedDataParallel.html)); notebook 10 builds the buckets. Multi-process, not shown here.
+- **DDP's buckets**: `DistributedDataParallel` keeps the gradients in flat communication buckets, a second gradient-sized copy unless `gradient_as_bucket_view=True` ([DDP documentation](https://pytorch.org/docs/stable/generated/torch.nn.parallel.DistributedDataParallel.html)); notebook 11 §3.1 measures that copy and the flag that removes it. Multi-process, not shown here.
 - **Autocast's weight-cast cache** (notebook 07): inside one `torch.autocast` region each weight is cast to the low precision once and the copy is kept until the region ends. Shown below on CPU.
-- **The optimizer step's temporaries**: the default `foreach` implementation of Adam works on whole lists of tensors at once, so its temporaries have the size of *all* parameters, where the one-tensor-at-a-time loop (`foreach=False`) needs temporaries for one tensor at a time (here two of the largest tensor's size); `fused=True` (one kernel per step, on GPUs and CPUs in recent releases) avoids most of them. Shown below on CPU.
+- **The optimizer step's temporaries**: Adam can update one parameter tensor at a time (the per-tensor loop, `foreach=False`: temporaries for one tensor at a time, here two of the largest tensor's size), whole lists of tensors at once (`foreach=True`: fewer, larger kernel launches, and temporaries the size of *all* parameters), or in one fused kernel per step (`fused=True`, on GPUs and CPUs in recent releases), which avoids most temporaries. Left to itself (`foreach=None`, the default), Adam picks `foreach` only when all its parameters are on a GPU-like device (CUDA, XPU, MTIA); on the CPU it runs the per-tensor loop. Shown below on CPU.
+
+A transformer's activations have a shape of their own (attention's $s \times s$ scores, a wide MLP, the loss over a large vocabulary): notebook 14 points this notebook's meters at one decoder block.
 """
 
 # %% slideshow={"slide_type": "-"}
+from torch.optim.optimizer import _default_to_fused_or_foreach, _get_foreach_kernels_supported_devices
+
 step_peaks = {}
-for foreach in (False, True):
+for foreach in (False, True, None):
     seed_everything(0)
     mlp = nn.Sequential(*[nn.Linear(256, 256) for _ in range(8)])
     opt = torch.optim.Adam(mlp.parameters(), lr=1e-3, foreach=foreach)
@@ -193,6 +199,11 @@ print(f"Adam step, parameters {format_bytes(P_mlp)}, largest tensor {format_byte
 for foreach, peak in step_peaks.items():
     print(f"  foreach={foreach!s:5}: temporaries peak at {format_bytes(peak)} = {peak / P_mlp:.2f} x the parameters")
 assert step_peaks[True] > 3 * step_peaks[False] and step_peaks[False] < 3 * largest
+# the default, foreach=None, is resolved at each step by a private helper of torch.optim, from the parameters' device
+fused, foreach_default = _default_to_fused_or_foreach(list(mlp.parameters()), differentiable=False, use_fused=False)
+print(f"Adam(...).defaults['foreach'] = {opt.defaults['foreach']}; for these CPU parameters it resolves to foreach={foreach_default}"
+      f" (the per-tensor loop); foreach is the default only on {', '.join(_get_foreach_kernels_supported_devices())}")
+assert opt.defaults["foreach"] is None and not foreach_default and step_peaks[None] == step_peaks[False]
 
 lin = nn.Linear(512, 512)
 cast = {}
@@ -367,7 +378,7 @@ for use_reentrant in (True, False):
         run = lambda seg, x, r=use_reentrant, p=preserve: checkpoint(seg, x, use_reentrant=r, preserve_rng_state=p)  # noqa: E731
         torch_peaks[use_reentrant, preserve] = step_peak_memory(chain, x_chain, forward=in_segments(run, 4)).peak_bytes
 RNG_BYTES = torch.get_rng_state().numel()
-print(f"torch's checkpoint also saves the CPU RNG state per call (section 6.1): {RNG_BYTES:,} bytes = {RNG_BYTES / UNIT:.2f} activations")
+print(f"torch's checkpoint also saves the CPU RNG state per call (notebook 05 §1.1): {RNG_BYTES:,} bytes = {RNG_BYTES / UNIT:.2f} activations")
 for use_reentrant in (True, False):
     peak, bare = torch_peaks[use_reentrant, True], torch_peaks[use_reentrant, False]
     print(f"torch checkpoint, use_reentrant={use_reentrant!s:5}, same four segments: {peak / UNIT:.2f}"
@@ -379,7 +390,47 @@ assert torch_peaks[False, False] < four.peak_bytes and 4 * RNG_BYTES < torch_pea
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-Where the extra fractions come from: the reentrant `checkpoint` is our `NaiveCheckpoint` plus one saved RNG state per call (notebook 05 §1.1), 10.18 + 4 × 0.62 = 12.65 activations, to the byte. The non-reentrant one is leaner without RNG states (9.14), and its RNG states add between 4 and 5 states' worth, because with them the peak falls at a different moment of the backward. Checkpointing the whole chain as *one* block does not help at all: in backward it recomputes all 16 activations at once, while also holding the block's output gradient, one activation more than the plain step. The gain comes from *several* checkpointed pieces: with four, at most 4 inputs are stored and 4 blocks recomputed at a time (section 4 finds the best number). Note also what the meter cannot see: it counts what is saved, and the recomputation happens during backward. Inside PyTorch's checkpoint the meter sees nothing at all in backward, which is why this notebook measures peaks with the allocator:
+Where the extra fractions come from: the reentrant `checkpoint` is our `NaiveCheckpoint` plus one saved RNG state per call (notebook 05 §1.1), 10.18 + 4 × 0.62 = 12.65 activations, to the byte. The non-reentrant one is leaner without RNG states (9.14), but its RNG states add 4.77 states' worth, not a whole number. The peak is a maximum over time, and the RNG states move it to another moment of the backward. To see which, we list the allocations alive at the peak: in the allocator's event list up to the peak, an allocation of a size counts +1 and a free of that size −1.
+"""
+
+
+# %% slideshow={"slide_type": "-"}
+def live_at_peak(step):
+    """Run step() under the profiler; return its peak and the sizes of the allocations alive then, {bytes: count}."""
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        step()
+    sizes = [nbytes for _, nbytes in allocation_events(prof)]
+    at_peak = int(np.argmax(np.cumsum(sizes)))
+    live = Counter()
+    for nbytes in sizes[:at_peak + 1]:
+        live[abs(nbytes)] += 1 if nbytes > 0 else -1
+    return sum(sizes[:at_peak + 1]), +live
+
+
+def nonreentrant_step(preserve):
+    out = in_segments(lambda seg, x: checkpoint(seg, x, use_reentrant=False, preserve_rng_state=preserve), 4)(chain, x_chain)
+    out.sum().backward()
+
+
+rest = {}
+for preserve in (True, False):
+    chain.zero_grad(set_to_none=True)
+    x_chain.grad = None
+    peak, live = live_at_peak(lambda p=preserve: nonreentrant_step(p))
+    assert peak == torch_peaks[False, preserve]  # the same step as above
+    rest[preserve] = peak - live[UNIT] * UNIT - live[RNG_BYTES] * RNG_BYTES
+    print(f"preserve_rng_state={preserve!s:5}: at the peak, {live[UNIT]} activations + {live[RNG_BYTES]} RNG states"
+          f" + {rest[preserve]:,} B of small tensors")
+last_segment_grads = sum(p.numel() for p in chain[12:].parameters()) * 4
+print(f"the last segment's parameter gradients: {last_segment_grads:,} B; "
+      f"5 - {last_segment_grads:,} / {RNG_BYTES:,} = {5 - last_segment_grads / RNG_BYTES:.2f} RNG states' worth")
+assert rest[False] - rest[True] == last_segment_grads
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+The same activations are alive at both peaks; what differs is *when*. Backward recomputes the last segment first, then the one before it, and each segment's stored RNG state is freed once its backward is done. With RNG states, the peak falls in the first recomputation, the last segment's: all 4 stored states are still alive, plus a fifth that the recomputation takes to put the generator back afterwards (it saves the current state, restores the stored one, runs the segment, and restores the current one). Without RNG states, the peak falls one segment later, while the third segment is recomputed: by then the last segment's parameter gradients exist, 1,152 bytes the earlier moment does not hold. With the states, that later moment holds one state fewer (3 stored + 1), which outweighs the 1,152 bytes. So the states add 5 states' worth minus those gradients: 4.77.
+
+Checkpointing the whole chain as *one* block does not help at all: in backward it recomputes all 16 activations at once, while also holding the block's output gradient, one activation more than the plain step. The gain comes from *several* checkpointed pieces: with four, at most 4 inputs are stored and 4 blocks recomputed at a time (section 4 finds the best number). Note also what the meter cannot see: it counts what is saved, and the recomputation happens during backward. Inside PyTorch's checkpoint the meter sees nothing at all in backward, which is why this notebook measures peaks with the allocator:
 """
 
 # %% slideshow={"slide_type": "-"}
@@ -421,7 +472,7 @@ with expect_error(ValueError, match="Unexpected keyword arguments"):
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-Passing `use_reentrant` is still optional in PyTorch 2.13, and the silent default is still the *reentrant* form. The docstring says "in version 2.9 we will raise an exception"; on 2.13 it is still a warning. Always pass it explicitly.
+Passing `use_reentrant` is still optional in PyTorch 2.13, and the silent default is still the *reentrant* form. Both the warning and `checkpoint`'s docstring announce an exception from version 2.9 on; on 2.13 it is still a warning. Always pass it explicitly.
 """
 
 # %% slideshow={"slide_type": "-"}
@@ -429,8 +480,11 @@ with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
     checkpoint(f, x0)
 message = str(caught[0].message)
-print(f"{caught[0].category.__name__}: {message[:118]}...")
+print(textwrap.fill(f"{caught[0].category.__name__}: {message}", 120))
 assert "use_reentrant parameter should be passed explicitly" in message
+promise = next(s for s in " ".join(checkpoint.__doc__.split()).split(". ") if "we will raise an exception" in s)
+print(f"checkpoint's docstring: \"{promise}.\"")
+assert "2.9" in promise and "2.9" in message
 print("PyTorch", torch.__version__, "- still a warning, and the default is still use_reentrant=True")
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
@@ -490,7 +544,7 @@ print("corrected snippet: checkpoint_sequential(model, 2, x, use_reentrant=False
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-Which layers does it actually checkpoint? It counts the `Sequential`'s *children*, so each `ReLU` counts as a layer; it uses `len(children) // segments` layers per segment; and it never checkpoints the *last* segment, which also gets the remainder. We count how many times each child runs its forward in one step: twice means checkpointed (forward + recompute).
+Which layers does it actually checkpoint? It counts the `Sequential`'s *children*, so each `ReLU` counts as a layer; it uses `len(children) // segments` layers per segment; and it never checkpoints the *last* segment, which also gets the remainder. We count how many times each child runs its forward in one step: twice means checkpointed (forward + recompute). Mind the switch of meaning: in section 3, "four segments" were four checkpointed pieces; from here on, $k$ segments means `checkpoint_sequential`'s $k$, of which $k - 1$ are checkpointed and the last runs plain, keeping its activations. The last line compares the two on section 3's chain.
 """
 
 
@@ -514,9 +568,17 @@ assert forward_counts(ten, 4, x4, use_reentrant=True) == [2] * 6 + [1] * 4  # 3 
 # more segments than children: 10 // 20 = 0 layers per segment, and an unhelpful error
 with expect_error(ValueError, match="range"):
     checkpoint_sequential(ten, 20, x4, use_reentrant=False)
+# "4 segments" in section 3 meant 4 checkpointed pieces; here it means 3 checkpointed and a plain last one
+seq4 = step_peak_memory(chain, x_chain, forward=lambda m, x: checkpoint_sequential(m, 4, x, use_reentrant=False,
+                                                                                     preserve_rng_state=False)).peak_bytes
+print(f"16-block chain, 4 segments, no RNG states: section 3's 4 checkpointed pieces {torch_peaks[False, False] / UNIT:.2f}"
+      f" activations, checkpoint_sequential(4) {seq4 / UNIT:.2f}: the same peak, without recomputing the last 4 blocks")
+assert seq4 == torch_peaks[False, False]
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
+The last line shows why the last segment is left plain: both give the same peak. Backward starts with the last segment, so a checkpointed last segment would be recomputed at once, and its activations would be back before anything else is freed; keeping them from the forward costs no more, and saves recomputing them.
+
 Forward hooks are not a reliable counter with `use_reentrant=False`. That implementation stops recomputing as soon as the last tensor backward needs has been saved again (*early stop*), by raising an internal exception from inside the segment's last layer: the layer's operation has run, but its module never returns, so its hook never fires. Counting the matrix products with the profiler shows that both implementations do the same work: 10 `Linear` forwards plus 6 recomputed.
 """
 
@@ -576,7 +638,7 @@ plt.show()
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 r"""
-Both measured curves have their minimum at $k = \sqrt{64} = 8$, but they sit well above the simple count: at $k = 8$ the default curve is about half as much again (22.22 against 15). The count leaves out what the next cell adds up: the two gradients in flight (section 2), the recomputed segment's extra tensors (its pre-`Tanh` outputs, alive while the recomputation runs), and, in the default curve, the CPU RNG states, 5,056 bytes each, here 0.62 of an activation: one stored per checkpointed segment, and one more taken while a segment is recomputed (the recomputation saves the current state before restoring the stored one, and puts it back after). The default curve climbs faster on the right for that last reason: with 64 one-block segments the RNG states alone are 39 activations, and checkpointing costs *more* than not checkpointing at all (1 segment, which checkpoints nothing). Without the RNG states, 64 one-block segments cost exactly as much as no checkpointing. On realistic layers an activation is megabytes and the RNG state is negligible.
+Both measured curves have their minimum at $k = \sqrt{64} = 8$, but they sit well above the simple count: at $k = 8$ the default curve is about half as much again (22.22 against 15). The count leaves out what the next cell adds up: the two gradients in flight (section 2), the recomputed segment's extra tensors (its pre-`Tanh` outputs, alive while the recomputation runs), and, in the default curve, the CPU RNG states, 5,056 bytes each, here 0.62 of an activation: one stored per checkpointed segment, and one more taken while a segment is recomputed (the recomputation saves the current state before restoring the stored one, and puts it back after). The default curve rises more steeply on the right for that last reason: with 64 one-block segments the RNG states alone are 39 activations, and checkpointing costs *more* than not checkpointing at all (1 segment, which checkpoints nothing). Without the RNG states, 64 one-block segments cost exactly as much as no checkpointing. On realistic layers an activation is megabytes and the RNG state is negligible.
 """
 
 # %% slideshow={"slide_type": "-"}
@@ -639,7 +701,7 @@ print(f"so recomputing {N - N // 8} of {N} blocks adds {(N - N // 8) / N:.3f} / 
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-A backward costs twice a forward in matrix products, so the arithmetic grows by just under a third. (Only when the input needs a gradient: the first layer of a network, whose input is data, skips one product.) We count the recomputed matrix products with the profiler (exact), then time the step (this machine's numbers, after a warm-up).
+A backward costs twice a forward in matrix products, so the arithmetic grows by just under a third. (Only when the input needs a gradient: the first layer of a network, whose input is data, skips one product.) We count the recomputed matrix products with the profiler (exact), then time the step. A timing is only as good as its conditions: other programs on a busy machine slow a step down by whatever share of the cores they take. So we time the CPU time of this thread (`time.thread_time`): PyTorch runs on one thread in this notebook (the setup cell says so), and that thread runs the whole step, backward included; we alternate the two variants round by round, and take the median of the per-round ratios. The numbers are this machine's, hence the `~`.
 """
 
 # %% slideshow={"slide_type": "-"}
@@ -647,24 +709,32 @@ extra = count_op(lambda: checkpoint_sequential(chain64, 8, x_chain, use_reentran
 print(f"N = {N}, 8 segments: {extra} of {N} Linear forwards recomputed = {extra / N:.3f} extra forward passes")
 assert extra == N - N // 8
 
-def timed(fn, repeat=5):
-    """Median seconds of fn() after one warm-up call."""
-    fn()
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
+
+def thread_times(fns, rounds=9):
+    """Per round, this thread's CPU seconds for each fn(), the fns interleaved, after a warm-up."""
+    assert torch.get_num_threads() == 1  # (setup cell) so the whole step, backward included, runs on this thread
+    for fn in fns.values():
         fn()
-        times.append(time.perf_counter() - t0)
-    return float(np.median(times))
+    times = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            t0 = time.thread_time()
+            fn()
+            times[name].append(time.thread_time() - t0)
+    return times
 
 
-t_plain = timed(lambda: chain64(x_chain).sum().backward())
-t_ckpt = timed(lambda: checkpoint_sequential(chain64, 8, x_chain, use_reentrant=False).sum().backward())
-print(f"step time: plain ~{t_plain * 1e3:.2f} ms, checkpointed ~{t_ckpt * 1e3:.2f} ms, overhead ~{(t_ckpt / t_plain - 1) * 100:.0f} %")
+times = thread_times({"plain": lambda: chain64(x_chain).sum().backward(),
+                      "checkpointed": lambda: checkpoint_sequential(chain64, 8, x_chain, use_reentrant=False).sum().backward()})
+overhead = float(np.median(np.array(times["checkpointed"]) / np.array(times["plain"]))) - 1
+flop_share = (N - N // 8) / N / 3
+print(f"step time: plain ~{np.median(times['plain']) * 1e3:.2f} ms, checkpointed ~{np.median(times['checkpointed']) * 1e3:.2f} ms;"
+      f" overhead ~{overhead:.0%}, more than twice the {flop_share:.1%} of extra arithmetic")
+assert overhead > 2 * flop_share
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-On this tiny chain (8×8 weights) the measured overhead is usually well above a third: each `checkpoint` call has a fixed cost (saving RNG state, installing hooks, bookkeeping in Python) that dwarfs a 256×8 matrix product. On layers with real arithmetic the fixed cost fades, but not all the way to a third: `benchmarks/checkpoint_memory.py` measures about +50 % on 128-wide layers, and models it term by term. Time is not FLOPs: there a backward costs about 1.5 forwards, not 2 (`tanh` is dear to compute and its derivative, $1 - y^2$, cheap), so one recomputed forward is a larger share of the step, about +34 %; every tensor saved in a checkpointed block passes three times through Python saved-tensor hooks (saved, saved again when recomputed, unpacked), about +10 %; and the calls' fixed costs add about +5 % (each term measured by `benchmarks/checkpoint_memory.py`).
+On this tiny chain (8×8 weights) the time overhead is far above the third that the arithmetic predicts: each `checkpoint` call has a fixed cost (saving the RNG state, installing hooks, bookkeeping in Python) that dwarfs a 256×8 matrix product. On layers with real arithmetic the fixed cost fades, but not all the way to a third. `benchmarks/checkpoint_memory.py` times the same step on 64 blocks of 128-wide layers at batch 1024 and explains the overhead term by term, each term measured apart from the checkpointed step; both runs recorded in `benchmarks/results/checkpoint_memory.txt` measured +58 %, against +29 % of extra arithmetic. The largest term in both runs of `benchmarks/checkpoint_memory.py` is that time is not FLOPs: a backward took only 1.1 forwards there, not 2 (`tanh` is dear to compute and its derivative, $1 - y^2$, cheap), so the recomputed forwards are a larger share of the step, +41 to +42 %. The rest, in the same recorded runs of `benchmarks/checkpoint_memory.py`, is Python: every tensor saved in a checkpointed block passes three times through saved-tensor hooks (saved, saved again when recomputed, unpacked), +2 to +9 %, and the calls' fixed costs add +5 to +8 %; the terms move between runs on a shared machine, and their sum came within 10 points of the measurement.
 """
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
@@ -674,17 +744,17 @@ r"""
 
 # %% [markdown] slideshow={"slide_type": "slide"}
 """
-## 5. The Tensor post's CNN, with one block checkpointed, trained on digits
+## 5. The Tensor post's CNN, trained with one block checkpointed
 
-The Tensor post checkpoints `cnn_block_2` only. We train two copies from the same weights for 10 steps of Adam (a few steps keep the notebook fast; they are enough to compare the two runs), one plain and one with block 2 checkpointed (`use_reentrant=False`, Dropout left *inside* the block: notebook 05 §1 shows why that is fine), with the same seed for each step's Dropout masks. The losses and the final weights agree to float32 rounding.
+The Tensor post checkpoints `cnn_block_2` only. We train two copies from the same weights, one plain and one with block 2 checkpointed (`use_reentrant=False`, Dropout left *inside* the block: notebook 05 §1.1 shows why that is fine), with the same seed for each step's Dropout masks: Adam on batches of 32, for one pass over the training images. The plain copy learns: its loss falls, and its accuracy on the held-out test images is far above guessing. The checkpointed copy learns exactly the same: every loss and every weight agree to float32 rounding.
 """
 
 
 # %% slideshow={"slide_type": "-"}
-def train_steps(model, steps=10, batch=32, seed=1):
+def train_steps(model, steps, batch=32, seed=1, desc=None):
     opt = torch.optim.Adam(model.parameters(), lr=2e-3)
     losses = []
-    for step in range(steps):
+    for step in tqdm(range(steps), desc=desc):
         seed_everything(seed + step)  # same Dropout masks for both models
         idx = torch.arange(step * batch, (step + 1) * batch) % len(train)
         loss = nn.functional.cross_entropy(model(train.x[idx]), train.y[idx])
@@ -695,17 +765,29 @@ def train_steps(model, steps=10, batch=32, seed=1):
     return losses
 
 
+def accuracy(model, data):
+    model.eval()  # no Dropout
+    with torch.no_grad():
+        correct = (model(data.x).argmax(dim=1) == data.y).float().mean().item()
+    model.train()
+    return correct
+
+
+STEPS = math.ceil(len(train) / 32)
 seed_everything(0)
 plain_cnn = DigitsCNN()
 ckpt_cnn = DigitsCNN(checkpointed={"cnn_block_2"})
 ckpt_cnn.load_state_dict(plain_cnn.state_dict())
-plain_losses = train_steps(plain_cnn)
-ckpt_losses = train_steps(ckpt_cnn)
+plain_losses = train_steps(plain_cnn, STEPS, desc="plain CNN")
+ckpt_losses = train_steps(ckpt_cnn, STEPS, desc="block 2 checkpointed")
 loss_gap = max(abs(a - b) for a, b in zip(plain_losses, ckpt_losses))
 weight_gap = max((a - b).abs().max().item() for a, b in zip(plain_cnn.parameters(), ckpt_cnn.parameters()))
 assert loss_gap < 1e-5 and weight_gap < 1e-5
-print(f"losses, plain: ~{plain_losses[0]:.3f} at step 1 ... ~{plain_losses[-1]:.3f} at step 10")
-print("10 steps, plain vs checkpointed: every loss and every weight equal within 1e-5 (float32 rounding)")
+first, last, acc = plain_losses[0], float(np.mean(plain_losses[-5:])), accuracy(plain_cnn, test)
+print(f"{STEPS} steps of 32 images, one pass over the {len(train)} training images")
+print(f"loss ~{first:.3f} at step 1, ~{last:.3f} over the last 5 steps; test accuracy ~{acc:.1%} (guessing: {1 / 10:.0%})")
+assert last < first / 2 and acc > 0.5
+print(f"plain vs checkpointed: all {STEPS} losses and every weight equal within 1e-5 (float32 rounding)")
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
@@ -726,38 +808,103 @@ assert kept["cnn_block_1"] > kept["cnn_block_2"] > kept["head"]
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-Now the measured peak of a step with each choice:
+Now, for each choice, what the step holds when backward starts (what the forward left allocated) and its peak. The peak includes the temporary buffers of the convolution kernels, which differ between machines: PyTorch's default convolutions on CPUs come from the oneDNN library, whose buffers depend on the CPU's instruction set (and on the number of threads, one in this notebook). So we measure the peak twice: with the default kernels (printed after `~`), and with PyTorch's own convolution kernels (`torch.backends.mkldnn.enabled = False`), whose buffers depend only on the shapes: those bytes are the same on every machine.
 """
 
+
 # %% slideshow={"slide_type": "-"}
+@contextmanager
+def pytorch_conv_kernels():
+    """Convolutions by PyTorch's own kernels, not oneDNN's, for as long as the block runs."""
+    enabled = torch.backends.mkldnn.enabled
+    torch.backends.mkldnn.enabled = False
+    try:
+        yield
+    finally:
+        torch.backends.mkldnn.enabled = enabled
+
+
 ce = lambda out: nn.functional.cross_entropy(out, yb)  # noqa: E731
-cnn_peaks = {}
-for label, blocks in [("nothing", ()), ("block 2 (seed)", ("cnn_block_2",)), ("block 1", ("cnn_block_1",)),
-                      ("blocks 1 and 2", ("cnn_block_1", "cnn_block_2"))]:
-    seed_everything(0)
+
+
+def forward_and_loss(model):
+    """The forward of step_peak_memory's step: the output and the loss, both kept until backward."""
+    out = model(xb)
+    return out, ce(out)
+
+
+choices = {"nothing": (), "block 2 (the post's)": ("cnn_block_2",), "block 1": ("cnn_block_1",),
+           "blocks 1 and 2": ("cnn_block_1", "cnn_block_2")}
+held, own_peak, default_peak = {}, {}, {}
+for label, blocks in choices.items():
     model = DigitsCNN(checkpointed=blocks)
     model.load_state_dict(plain_cnn.state_dict())
-    cnn_peaks[label] = step_peak_memory(model, xb, loss_fn=ce).peak_bytes
-    # the peak includes the convolution kernels' workspace, which differs between CPUs: printed after '~'
-    print(f"checkpointing {label:15s}: peak ~{format_bytes(cnn_peaks[label])}, change ~{cnn_peaks[label] / cnn_peaks['nothing'] - 1:+.1%}")
-change = {label: peak / cnn_peaks["nothing"] - 1 for label, peak in cnn_peaks.items()}
-assert all(abs(c) < 0.05 for c in change.values())
-print(f"every choice moves the peak by less than 5 % either way, although block 1 alone keeps "
-      f"{format_bytes(kept['cnn_block_1'])} for backward")
+    held[label] = measure_peak(lambda: forward_and_loss(model)).retained_bytes
+    default_peak[label] = step_peak_memory(model, xb, loss_fn=ce).peak_bytes
+    with pytorch_conv_kernels():
+        own_peak[label] = step_peak_memory(model, xb, loss_fn=ce).peak_bytes
+print(f"{'checkpointing':21s} {'held when backward starts':>25s} {'peak, PyTorch kernels':>22s} {'peak, default kernels':>22s}")
+for label in choices:
+    print(f"{label:21s} {format_bytes(held[label]):>25s} {format_bytes(own_peak[label]):>22s} {own_peak[label] - own_peak['nothing']:+7,} B"
+          f"   ~{format_bytes(default_peak[label])} (~{default_peak[label] / default_peak['nothing'] - 1:+.1%})")
+assert held["block 1"] < held["nothing"] / 2
+assert own_peak["block 2 (the post's)"] == own_peak["nothing"] and own_peak["block 1"] - own_peak["nothing"] == RNG_BYTES
+assert all(abs(p / default_peak["nothing"] - 1) < 0.05 for p in default_peak.values())
+print(f"checkpointing block 1 holds {format_bytes(held['nothing'] - held['block 1'])} less when backward starts; with PyTorch's"
+      f" kernels its peak is one RNG state ({RNG_BYTES:,} B) higher, with the default kernels within 5 % either way")
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-Much less than the table above suggests, and nothing for the Tensor post's choice. How much exactly depends on the temporary buffers your CPU's convolution kernels allocate, the one part of these peaks that differs between machines (hence the `~`): checkpointing block 1 lowered the peak by 2.5 % on the CPU that recorded this notebook (AVX-512), by 3.5 % with AVX2 kernels and not at all with PyTorch's portable kernels (`make test-portable` runs this notebook under both); block 2 moved it by less than 3 % either way on all three. The peak is a maximum *over time*, and checkpointing moves part of it into backward: a checkpointed block's activations come back when it is recomputed. Block 2 is recomputed while block 1's activations are still held, which is the moment of the plain peak, so nothing is gained. Block 1 is recomputed last, when everything else is freed, so the step's peak becomes block 1's own activations plus gradients: at best a few percent lower. Checkpointing pays off when there are *many* blocks of similar size, as in the chain of section 4, not one block that dominates. (Block 1's input is the raw image, which does not require grad; with the reentrant implementation that is a trap: notebook 05 §1.3. With `use_reentrant=False`, as here, it is fine.)
+Checkpointing block 1 cuts what the step holds when backward starts by more than half, and yet the peak does not go down: with PyTorch's kernels it goes *up*, by exactly one RNG state; with the default kernels it moves by a few percent, on this machine by the amount printed. The peak is a maximum over time, and it does not fall at the end of the forward. The memory in use through the whole step (PyTorch's kernels, so the same on every machine) shows where it falls:
+"""
+
+# %% slideshow={"slide_type": "-"}
+timeline = {}
+with pytorch_conv_kernels():
+    for label in ("nothing", "block 1"):
+        model = DigitsCNN(checkpointed=choices[label])
+        model.load_state_dict(plain_cnn.state_dict())
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+            held_out, held_loss = forward_and_loss(model)
+        n_forward = len(allocation_events(prof))  # the step below makes the same allocations first
+        del held_out, held_loss
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+            step_out, step_loss = forward_and_loss(model)  # the output is kept until backward ends
+            step_loss.backward()
+        del step_out, step_loss
+        timeline[label] = (allocation_events(prof), n_forward)
+fig, ax = plt.subplots(figsize=(6.5, 3.2))
+for label, (events, n_forward) in timeline.items():
+    t_ms = (np.array([t for t, _ in events]) - events[0][0]) / 1e6
+    sizes = [nbytes for _, nbytes in events]
+    in_use = np.cumsum(sizes)
+    at_peak, forward_end_ms = int(np.argmax(in_use)), t_ms[n_forward - 1]
+    line, = ax.step(t_ms, in_use / 2**20, where="post", label=f"checkpointing {label}")
+    ax.axvline(forward_end_ms, color=line.get_color(), ls=":", lw=1)
+    print(f"checkpointing {label:7s}: the forward ends ~{forward_end_ms:.1f} ms in, holding {format_bytes(int(in_use[n_forward - 1]))};"
+          f" the peak, {format_bytes(int(in_use[at_peak]))}, comes in backward, reached by allocating {sizes[at_peak]:,} B")
+    assert in_use[n_forward - 1] == held[label] and in_use[at_peak] == own_peak[label]  # the table's numbers, to the byte
+    assert at_peak >= n_forward and sizes[at_peak] == 128 * 64 * 8 * 8 * 4
+ax.set(title="Memory in use during one step of the CNN (PyTorch's kernels)", xlabel="time into the step (ms)",
+       ylabel="memory in use (MiB)")
+ax.legend(fontsize=8)
+plt.show()
+print(f"{128 * 64 * 8 * 8 * 4:,} B = {format_bytes(128 * 64 * 8 * 8 * 4)} = one float32 gradient of block 1's 128 x 64 x 8 x 8 feature maps")
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+The dotted lines mark the end of each forward. In the plain step the memory keeps climbing in backward: gradients are allocated for each layer while the activations of the layers below are still held, and the peak is reached inside block 1's backward, by a 2 MiB gradient of its 64×8×8 feature maps, with all of block 1's activations alive. Checkpointing block 2 removes memory that is already freed by that moment. Checkpointing block 1 keeps the forward low (the lower curve on the left), but backward recomputes block 1's activations right before that moment, so the peak is the same, plus the RNG state the checkpoint stored. The default oneDNN kernels add their buffers to whichever moments they run in, which can shift the peak by a few percent either way. Checkpointing pays when the memory is spread over *many* blocks of similar size, as in the chain of section 4, not when one block dominates. (Block 1's input is the raw image, which does not require grad; with the reentrant implementation that is a trap: notebook 05 §1.3. With `use_reentrant=False`, as here, it is fine.)
 """
 
 # %% [markdown] slideshow={"slide_type": "slide"}
 r"""
 ## Summary
 
-- A step's memory is parameters + gradients + optimizer state (0 for SGD, 1× for momentum, 2× plus step counters for Adam) + activations; only the activations grow with batch and depth, and they dominate at large batch. Around them: the CUDA context, the allocator's cache, DDP's buckets, autocast's cast copies and the optimizer step's temporaries (`foreach` ones the size of all parameters).
-- Saved-tensor hooks count what is kept; the *peak* needs the allocator: `torch.profiler(profile_memory=True)` events on CPU, `torch.cuda.max_memory_allocated` on GPU (`course_lib.memory`).
-- Checkpointing keeps a block's inputs and recomputes its forward in backward. Use `use_reentrant=False` (and always pass it: the silent default is still `True` in 2.13).
-- `checkpoint_sequential` counts children, never checkpoints the last segment; with $\sqrt N$ segments the peak grows as $N^{0.5}$ instead of $N^{1}$, for just under one extra forward pass: a third more matrix-product FLOPs, about half as much again in time on small CPU layers (hooks and bookkeeping).
+- A step's memory is parameters + gradients + optimizer state (0 for SGD, 1× for momentum, 2× plus a 4-byte step counter per tensor for Adam) + activations; only the activations grow with batch and depth, and they dominate at large batch (81 % of the CNN's step at batch 256). Around them: the optimizer step's temporaries (on the CPU, Adam's default is the per-tensor loop; `foreach`, the default on GPUs, needs temporaries the size of all parameters), autocast's cast copies, and on GPUs the CUDA context, the allocator's cache and DDP's buckets.
+- Saved-tensor hooks count what is kept; the *peak* needs the allocator: `torch.profiler(profile_memory=True)` events on CPU, `torch.cuda.max_memory_allocated` on GPU (`course_lib.memory`). The peak is a maximum over time, the moment of the step when the most is alive, and checkpointing can move that moment.
+- Checkpointing keeps a block's inputs and recomputes its forward in backward. Use `use_reentrant=False`, and always pass it: the silent default is still `True` in 2.13, although an exception was announced for 2.9. Each call also stores the CPU RNG state, 5,056 bytes.
+- `checkpoint_sequential` counts children and never checkpoints its last segment. The peak is smallest near $k = \sqrt N$ segments, and with $\sqrt N$ segments it grows as $N^{0.5}$ instead of $N^{1}$ (fitted slopes 0.476 and 0.960). The price is just under one extra forward pass: 29.2 % more matrix-product FLOPs. In time it costs more: on section 4's 8-wide chain, per-call bookkeeping dominates and the time overhead is more than twice that (section 4 prints this machine's figure); on 128-wide layers `benchmarks/checkpoint_memory.py` recorded +58 %.
+- A CNN with a checkpointed block learns exactly what the plain one learns. Checkpointing one dominant block barely moves its peak, because backward brings the block's activations back at the moment of the peak: checkpointing pays when the memory is spread over many similar blocks.
 """
 
 # %% [markdown] slideshow={"slide_type": "slide"}
@@ -798,12 +945,9 @@ r"""
 
 - T. Chen, B. Xu, C. Zhang, C. Guestrin, [Training Deep Nets with Sublinear Memory Cost](https://arxiv.org/abs/1604.06174), 2016 — the $\sqrt n$ and $\log n$ schedules.
 - PyTorch documentation: [torch.utils.checkpoint](https://pytorch.org/docs/stable/checkpoint.html) — `checkpoint`, `checkpoint_sequential`, `use_reentrant`, `preserve_rng_state`.
-- PyTorch documentation: [torch.profiler](https://pytorch.org/docs/stable/profiler.html) — `profile_memory=True`; and [CUDA memory management](https://pytorch.org/docs/stable/notes/cuda.html#memory-management) — `max_memory_allocated`.
-- PyTorch documentation: [BatchNorm1d](https://pytorch.org/docs/stable/generated/torch.nn.BatchNorm1d.html) — the momentum convention, `momentum=None` and `num_batches_tracked`.
 - PyTorch documentation: [Hooks for saved tensors](https://pytorch.org/tutorials/intermediate/autograd_saved_tensors_hooks_tutorial.html) — the mechanism behind the non-reentrant checkpoint.
-- S. Ioffe, C. Szegedy, [Batch Normalization](https://arxiv.org/abs/1502.03167), 2015.
-- PyTorch documentation: [torch.utils.checkpoint](https://pytorch.org/docs/stable/checkpoint.html) — `context_fn`, `create_selective_checkpoint_contexts`, `CheckpointPolicy`; and [torch.autograd.graph.save_on_cpu](https://pytorch.org/docs/stable/autograd.html#torch.autograd.graph.save_on_cpu).
-- PyTorch blog: [Current and New Activation Checkpointing Techniques in PyTorch](https://pytorch.org/blog/activation-checkpointing-techniques/), 2025 — selective checkpointing, the compile partitioner and the activation-memory budget.
-- J. Ansel et al., [PyTorch 2: Faster Machine Learning Through Dynamic Python Bytecode Transformation and Graph Compilation](https://doi.org/10.1145/3620665.3640366), ASPLOS 2024 — Dynamo, AOTAutograd, Inductor; and the [torch.compile documentation](https://pytorch.org/docs/stable/torch.compiler.html).
-- PyTorch documentation: [Understanding CUDA memory usage](https://pytorch.org/docs/stable/torch_cuda_memory.html) — memory snapshots and the viewer at pytorch.org/memory_viz; [CUDA semantics: memory management](https://pytorch.org/docs/stable/notes/cuda.html#memory-management) — the caching allocator and `PYTORCH_CUDA_ALLOC_CONF`.
+- PyTorch documentation: [torch.profiler](https://pytorch.org/docs/stable/profiler.html) — `profile_memory=True`; and [CUDA semantics: memory management](https://pytorch.org/docs/stable/notes/cuda.html#memory-management) — `max_memory_allocated`, the caching allocator, the CUDA context.
+- PyTorch documentation: [torch.optim](https://pytorch.org/docs/stable/optim.html) — the per-tensor, `foreach` and `fused` implementations, and which one is the default.
+- PyTorch documentation: [DistributedDataParallel](https://pytorch.org/docs/stable/generated/torch.nn.parallel.DistributedDataParallel.html) — `gradient_as_bucket_view`.
+- Notebook 05 goes on with Dropout, BatchNorm, selective checkpointing, offloading, `torch.compile` and the GPU's memory tools; its references cover them.
 """

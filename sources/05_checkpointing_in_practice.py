@@ -2,27 +2,28 @@
 """
 # 05 · Checkpointing in practice: pitfalls, selective checkpointing, offloading and `torch.compile`
 
-Notebook 04 measured what checkpointing saves and what it costs. Real models add what a deep chain of `Linear` layers does not have: randomness (Dropout), state that the forward updates (BatchNorm's running statistics), inputs that do not require grad, a choice of *which* tensors to recompute, a compiler that rewrites the graph, and a GPU allocator with a cache. This notebook takes them one at a time, each measured.
+Notebook 04 measured what checkpointing saves and what it costs, on models without surprises: a deep chain of `Linear` + `Tanh` blocks and a small CNN. From there you need four facts: a checkpointed block keeps its inputs and runs its forward a second time in backward; the non-reentrant form (`use_reentrant=False`) does it through saved-tensor hooks, the reentrant form through an `autograd.Function`; each call stores the RNG state; and the peak is a maximum over time, measured from the allocator's events (`course_lib.memory`). Real models add what that chain does not have: randomness (Dropout), state that the forward updates (BatchNorm's running statistics), inputs that do not require grad, a choice of *which* tensors to recompute, a compiler that rewrites the graph, and, on a GPU, an allocator with a cache. This notebook takes them one at a time, each measured.
 
 By the end of this notebook you will be able to:
-- avoid the three classic pitfalls: Dropout, BatchNorm running statistics, and a block whose input does not require grad;
-- choose what to save and what to recompute op by op (selective checkpointing), or move saved tensors elsewhere (`save_on_cpu`);
-- say what `torch.compile` does with a checkpoint and with the tensors autograd saves (AOTAutograd's rematerialisation, the activation-memory budget), and read a GPU memory snapshot;
+- avoid the three classic pitfalls: Dropout (safe today, and why), BatchNorm's running statistics updated twice (a recompute guard through `context_fn`, and the momentum algebra that explains the problem), and a block whose input does not require grad;
+- choose what to save and what to recompute op by op (selective checkpointing, with a `TorchDispatchMode` to count what really runs), or move saved tensors to CPU memory (`save_on_cpu`), and say what offloading costs on a GPU;
+- say what `torch.compile` does with a checkpoint and with the tensors autograd saves (Dynamo's graph, AOTAutograd's partitioner and its activation-memory budget), and why BatchNorm's statistics update once in a compiled checkpoint;
+- on a GPU, read `memory_allocated` against `memory_reserved`, configure the allocator, and record a memory snapshot;
 - decide when and where to checkpoint.
 
-This notebook assumes: notebook 04 (what checkpointing keeps and recomputes, `use_reentrant`, measuring peaks), and notebook 03 (a custom `autograd.Function`).
+This notebook assumes: notebook 04 (what checkpointing keeps and recomputes, `use_reentrant`, `checkpoint_sequential`, measuring peaks), notebook 03 (a custom `autograd.Function`) and notebook 02 (saved-tensor hooks).
 """
 
 # %% slideshow={"slide_type": "-"}
+import inspect
 import math
 import os
-import time
+import textwrap
 import warnings
 
-import matplotlib.pyplot as plt
 import torch
 from torch import nn
-from torch.utils.checkpoint import checkpoint
+from torch.utils.checkpoint import checkpoint, checkpoint_sequential
 
 from course_lib.checkpointing import (OpCounter, bn_safe_context_fn, checkpoint_bn_safe, checkpoint_momentum, deep_chain,
                                       frozen_bn_stats)
@@ -33,6 +34,7 @@ from course_lib.memory import measure_peak, step_peak_memory
 from course_lib.saved_tensors import SavedTensorMeter, format_bytes
 from course_lib.seeding import seed_everything
 
+torch.set_num_threads(1)  # one thread: steadier on a shared machine; nothing here needs two
 seed_everything(0)
 WIDTH = 8  # the width of notebook 04's deep chains
 train, test = digits()
@@ -92,11 +94,11 @@ for use_reentrant in (False, True):
         same = torch.allclose(g, g_ref)
         print(f"use_reentrant={use_reentrant!s:5}, preserve_rng_state={preserve!s:5}: gradients match the plain block: {same}")
         assert same is preserve
-print(f"the price of preserving it on CPU: a {torch.get_rng_state().numel()}-byte RNG state per checkpoint call")
+print(f"the price of preserving it on CPU: a {torch.get_rng_state().numel():,}-byte RNG state per checkpoint call")
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-Which GPUs' states? `checkpoint` asks `torch.utils.checkpoint.get_device_states(*args)`: the devices of the tensors passed *in*. A block that receives CPU tensors and moves them to a GPU inside, or draws random numbers on a GPU none of its inputs lives on, gets no GPU state saved, and its recomputed Dropout masks there differ. Under `torch.compile` the flag is ignored altogether (section 3). On this CPU there is nothing to save; notebook 04 §4 shows a GPU input.
+Which GPUs' states? `checkpoint` asks `torch.utils.checkpoint.get_device_states(*args)`: the devices of the tensors passed *in*. A block that receives CPU tensors and moves them to a GPU inside, or draws random numbers on a GPU none of its inputs lives on, gets no GPU state saved, and its recomputed Dropout masks there differ. Under `torch.compile` the flag is ignored altogether (section 3). On this CPU there is nothing to save; a GPU cell in section 4 shows a block with a GPU input.
 """
 
 # %% slideshow={"slide_type": "-"}
@@ -112,7 +114,7 @@ So keep Dropout wherever the model needs it, and leave `preserve_rng_state=True`
 
 ### 1.2 BatchNorm: the running statistics update twice
 
-In training mode, every BatchNorm forward updates `running_mean`, `running_var` and `num_batches_tracked`. A checkpointed block runs its forward twice per step, so the update happens twice:
+In training mode, every BatchNorm forward updates `running_mean`, `running_var` and `num_batches_tracked`. A checkpointed block runs its forward twice per step. Before you run the next cell: after one step, how many batches does the checkpointed block's counter say it has seen?
 """
 
 
@@ -148,7 +150,7 @@ assert (int(ref_bn.num_batches_tracked), int(ck_bn.num_batches_tracked)) == (1, 
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 r"""
-**The robust fix: leave the statistics alone while recomputing.** The recomputation exists only to rebuild tensors for backward; it has no business updating statistics. The non-reentrant `checkpoint` has a hook for exactly this: `context_fn`, a function returning two context managers, the first entered around the forward, the second around the recomputation. The second one here sets each BatchNorm layer's momentum to 0 (the update $r \leftarrow (1 - 0)\,r + 0 \cdot x$ leaves $r$ bit for bit unchanged) and hides its `num_batches_tracked` counter, then puts both back. The output does not change: in training mode BatchNorm normalises with the batch's own statistics. Written by hand, then checked over 10 steps against the block without checkpointing and against `course_lib.checkpointing.checkpoint_bn_safe`, which does the same:
+**The robust fix: leave the statistics alone while recomputing.** The recomputation exists only to rebuild tensors for backward; it has no business updating statistics. The non-reentrant `checkpoint` has a hook for exactly this: `context_fn`, a function returning two context managers, the first entered around the forward, the second around the recomputation. The second one here sets each BatchNorm layer's momentum to 0 (the update $r \leftarrow (1 - 0)\,r + 0 \cdot x$ leaves $r$ bit for bit unchanged) and hides its `num_batches_tracked` counter by setting the attribute to `None` (the cell after next shows why that stops the count, and why it is safe), then puts both back. The output does not change: in training mode BatchNorm normalises with the batch's own statistics. Written by hand, then checked over 10 steps against the block without checkpointing and against `course_lib.checkpointing.checkpoint_bn_safe`, which does the same:
 """
 
 # %% slideshow={"slide_type": "-"}
@@ -185,7 +187,29 @@ assert n_frozen == 1
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-Identical, not merely close: the statistics see the same single update per step as without checkpointing, and nothing about the module changes for good. `context_fn` exists only in the non-reentrant form, one more reason for `use_reentrant=False`; the reentrant form has a BatchNorm surprise of its own: when the block's input does not require grad it is never recomputed at all, so its statistics update once and its parameters learn nothing (section 1.3). Section 3 shows why the guard also matters under `torch.compile`, and why it takes a different form there.
+Why does `None` stop the counter? BatchNorm's `forward` adds 1 to the counter only if it is not `None`, and reads it in one other place, to compute a cumulative average when `momentum` is `None`. These are all the lines of its source that touch it:
+"""
+
+# %% slideshow={"slide_type": "-"}
+forward_source = textwrap.dedent(inspect.getsource(nn.modules.batchnorm._BatchNorm.forward))
+print("\n".join(line.split("  #")[0].rstrip() for line in forward_source.splitlines() if "num_batches_tracked" in line))
+block = bn_block()
+bn, x_demo = block[1], torch.randn(64, WIDTH)
+counter, mean_before = bn.num_batches_tracked, bn.running_mean.clone()
+with frozen_stats(block):
+    inside = bn.num_batches_tracked
+    block(x_demo)  # a training-mode forward, as the recomputation runs it
+print(f"inside the guard: num_batches_tracked is {inside}; a forward there leaves running_mean unchanged:"
+      f" {torch.equal(bn.running_mean, mean_before)}")
+print(f"after the guard: the same tensor object is back: {bn.num_batches_tracked is counter} (value {int(counter)}),"
+      f" and it is in the state_dict: {'num_batches_tracked' in bn.state_dict()}")
+assert inside is None and torch.equal(bn.running_mean, mean_before) and bn.num_batches_tracked is counter and int(counter) == 0
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+It is safe for three reasons. The guard is in place only while the recomputation runs, inside backward, and it puts back the very same tensor object, so the `state_dict`, `.to()` and anything else holding the counter see no change. In training mode the output depends on neither the counter nor the running statistics: the batch's own statistics normalise it. And `nn.Module` allows a registered buffer to be `None` for a while (it is left out of `state_dict` and `.to()` meanwhile); the other place that reads the counter, the cumulative average, is not reached, because the guard sets `momentum` to 0.0 at the same time.
+
+The guard's statistics were identical to the plain block's, not merely close: they see the same single update per step as without checkpointing, and nothing about the module changes for good. `context_fn` exists only in the non-reentrant form, one more reason for `use_reentrant=False`; the reentrant form has a BatchNorm surprise of its own: when the block's input does not require grad it is never recomputed at all, so its statistics update once and its parameters learn nothing (section 1.3). Section 3 shows why the guard also matters under `torch.compile`, and why it takes a different form there.
 """
 
 # %% slideshow={"slide_type": "-"}
@@ -225,8 +249,8 @@ for name, update in conventions.items():
     print(f"{name:10s}: coefficient of r: {sp.factor(coeff_r)} = 0;  roots {roots};  the momentum: m' = {solutions[name]}")
 assert sp.simplify(solutions["old-weight"] - sp.sqrt(m_)) == 0
 assert sp.simplify(solutions["pytorch"] - (1 - sp.sqrt(1 - m_))) == 0
-print(f"seed, m = 0.9 (old-weight): m' = sqrt(0.9) = {float(solutions['old-weight'].subs(m_, 0.9)):.4f}")
-print(f"PyTorch, m = 0.1         : m' = 1 - sqrt(0.9) = {float(solutions['pytorch'].subs(m_, 0.1)):.4f}")
+print(f"Tensor post, m = 0.9 (old-weight): m' = sqrt(0.9) = {float(solutions['old-weight'].subs(m_, 0.9)):.4f}")
+print(f"PyTorch, m = 0.1                 : m' = 1 - sqrt(0.9) = {float(solutions['pytorch'].subs(m_, 0.1)):.4f}")
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
@@ -248,7 +272,7 @@ print(f"num_batches_tracked after 10 steps with the momentum fix: {int(bn.num_ba
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-Close, but the counter still says 20 batches for 10 steps. It matters only with `momentum=None`, where BatchNorm keeps a plain cumulative average (momentum $1/n$). In that mode no fix is needed for the statistics: averaging every batch twice gives the same average, and only the counter doubles. The guard gets the counter right too:
+Close, but the counter still says 20 batches for 10 steps. It matters only with `momentum=None`, where BatchNorm keeps a plain cumulative average (momentum $1/n$). In that mode no fix is needed for the statistics: averaging every batch twice gives the same average, and only the counter is wrong, counting each batch twice. The guard gets the counter right too:
 """
 
 # %% slideshow={"slide_type": "-"}
@@ -308,13 +332,46 @@ Plain checkpointing is all or nothing for a block: every tensor it would save is
 
 ### 2.1 Selective activation checkpointing
 
-Recomputing a matrix product costs much more than recomputing a GELU, while their outputs are the same size. *Selective* activation checkpointing (SAC) decides op by op: `torch.utils.checkpoint.create_selective_checkpoint_contexts(policy)` builds the pair of contexts for `context_fn` (section 1.2's hook again), and the policy is a function called for every operation in the forward, `policy(ctx, op, *args, **kwargs)`, returning a `CheckpointPolicy`: `MUST_SAVE`/`PREFER_SAVE` to keep the output, `MUST_RECOMPUTE`/`PREFER_RECOMPUTE` to drop it (`MUST_` tells `torch.compile` not to overrule the choice). Below, a policy that keeps the products and recomputes everything else, against no checkpointing and plain checkpointing, on 4 blocks `Linear(64, 64)` + GELU. What is kept is read from the allocator (what the forward left allocated, minus its output); what is recomputed is counted by `course_lib.checkpointing.OpCounter`, a `TorchDispatchMode` that sees every operation that really runs (the profiler would also count the products SAC answers from its cache).
+Recomputing a matrix product costs much more than recomputing a GELU, while their outputs are the same size. *Selective* activation checkpointing (SAC) decides op by op: `torch.utils.checkpoint.create_selective_checkpoint_contexts(policy)` builds the pair of contexts for `context_fn` (section 1.2's hook again), and the policy is a function called for every operation in the forward, `policy(ctx, op, *args, **kwargs)`, returning a `CheckpointPolicy`: `MUST_SAVE`/`PREFER_SAVE` to keep the output, `MUST_RECOMPUTE`/`PREFER_RECOMPUTE` to drop it (`MUST_` tells `torch.compile` not to overrule the choice).
+
+How can a context see "every operation"? Through a **`TorchDispatchMode`**: a context manager whose `__torch_dispatch__` method PyTorch calls for each ATen operation (`aten.addmm`, `aten.tanh`, ...) that runs while it is active, instead of running it; the method decides what to do and usually runs the operation itself. It sits below autograd, so it sees the operations a module is made of, and in backward it sees the backward's operations and any recomputation, not Python calls. A tiny one, which prints what runs, in forward and then in backward:
+"""
+
+# %% slideshow={"slide_type": "-"}
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+
+
+class ListOps(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.append(str(func.overloadpacket).removeprefix("aten."))  # note the operation...
+        return func(*args, **(kwargs or {}))                             # ...and run it unchanged
+
+
+tiny = nn.Linear(4, 4)
+x_tiny = torch.randn(2, 4, requires_grad=True)
+with ListOps() as forward_ops:
+    loss_tiny = tiny(x_tiny).tanh().sum()
+with ListOps() as backward_ops:
+    loss_tiny.backward()
+print("forward :", forward_ops.ops)
+print("backward:", backward_ops.ops)
+assert "addmm" in forward_ops.ops and "tanh_backward" in backward_ops.ops
+sac_contexts = create_selective_checkpoint_contexts(lambda ctx, op, *args, **kwargs: CheckpointPolicy.PREFER_RECOMPUTE)
+print("SAC's two contexts are dispatch modes:", [isinstance(c, TorchDispatchMode) for c in sac_contexts])
+assert all(isinstance(c, TorchDispatchMode) for c in sac_contexts)
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+SAC's first mode runs around the forward, asks the policy about each operation and keeps the outputs to save; its second runs around the recomputation and answers the saved operations from that cache instead of running them. `course_lib.checkpointing.OpCounter` is a mode like `ListOps` that counts instead of listing. Below, a policy that keeps the products and recomputes everything else, against no checkpointing and plain checkpointing, on 4 blocks `Linear(64, 64)` + GELU. What is kept is read from the allocator (what the forward left allocated, minus its output); what is recomputed is counted by `OpCounter`, which sees only the operations that really run (the profiler would also count the products SAC answers from its cache).
 """
 
 # %% slideshow={"slide_type": "-"}
 from functools import partial
-
-from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
 MATMULS = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default}
 
@@ -357,7 +414,7 @@ Selective checkpointing sits between the two: it keeps the 4 product outputs (th
 
 ### 2.2 Offloading saved tensors: `save_on_cpu`
 
-Another way out: keep every saved tensor, but somewhere else. `torch.autograd.graph.save_on_cpu(pin_memory=True)` copies each tensor autograd saves to CPU memory in forward and copies it back in backward; with `pin_memory=True` the CPU copy is in page-locked memory, so the copies can overlap with GPU work. It is nothing more than a `saved_tensors_hooks` pair (notebook 02): its pack hook sees exactly the tensors `SavedTensorMeter` counts. On this CPU the copy is CPU to CPU and saves nothing, but the mechanism is the same:
+Another way out: keep every saved tensor, but somewhere else. `torch.autograd.graph.save_on_cpu(pin_memory=True)` copies each tensor autograd saves to CPU memory in forward and copies it back in backward; with `pin_memory=True` the CPU copy goes to page-locked (*pinned*) memory, which the GPU can copy to and from without the CPU waiting for the copy to finish. It is nothing more than a `saved_tensors_hooks` pair (notebook 02): its pack hook sees exactly the tensors `SavedTensorMeter` counts. On this CPU the copy is CPU to CPU and saves nothing, but the mechanism is the same:
 """
 
 # %% slideshow={"slide_type": "-"}
@@ -384,14 +441,27 @@ print("gradients equal those without offloading, within 1e-6")
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-Offloading costs transfer time instead of recomputation: on a GPU each saved tensor crosses the PCIe or NVLink-C2C link twice. It pays when the link is idle during compute and the activations are large; checkpointing pays when the arithmetic is cheap. The two combine: 2.13's `CheckpointPolicy` also has `MUST_CPU_OFFLOAD`/`PREFER_CPU_OFFLOAD`, for the compiler's partitioner to offload chosen operations' outputs (eager selective checkpointing treats them as recompute, as its source in `torch/utils/checkpoint.py` shows).
+Offloading costs transfer time instead of recomputation: on a GPU each saved tensor crosses the link between CPU and GPU twice, once each way. That link is PCIe on most machines; on NVIDIA's Grace Hopper superchips it is NVLink-C2C, a chip-to-chip link between the Grace CPU and the Hopper GPU in one package, several times faster than PCIe ([NVIDIA's Grace Hopper page](https://www.nvidia.com/en-us/data-center/grace-hopper-superchip/)).
+
+Can the copies hide behind the compute? Not with `save_on_cpu` as it is in 2.13. `non_blocking=True` makes a copy asynchronous *for the CPU*: Python goes on while the GPU copies. But a GPU runs the work of one CUDA stream in order, and `save_on_cpu` issues its copies on the current stream, the one the forward's and backward's kernels run on; so each copy waits for the kernels before it, and the kernels after it wait for the copy. Its source shows both copies, and no second stream:
+"""
+
+# %% slideshow={"slide_type": "-"}
+offload_source = inspect.getsource(save_on_cpu.__init__)  # its code: the pack and unpack hooks
+print("\n".join(line.strip() for line in offload_source.splitlines() if "non_blocking" in line))
+print("a second stream anywhere in that code:", "stream" in offload_source.lower())
+assert offload_source.count("non_blocking") == 2 and "stream" not in offload_source.lower()
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+Overlapping the copies with compute takes a second CUDA stream for them, and events that order them against the compute stream. torchtune's `OffloadActivations` ([torchtune documentation](https://docs.pytorch.org/torchtune/stable/generated/torchtune.training.OffloadActivations.html)) does that with the same saved-tensor hooks; and 2.13's `CheckpointPolicy` has `MUST_CPU_OFFLOAD`/`PREFER_CPU_OFFLOAD`, with which an SAC policy asks `torch.compile`'s partitioner to offload chosen outputs, behind the flag `torch._functorch.config.enable_activation_offloading` (marked for testing; `activation_offload_separate_stream` adds the second stream). Eager selective checkpointing treats those two as recompute, as its source in `torch/utils/checkpoint.py` shows. Offloading pays when the activations are large and the copies can hide behind compute; checkpointing pays when the arithmetic is cheap.
 """
 
 # %% [markdown] slideshow={"slide_type": "slide"}
 """
 ## 3. Checkpointing under `torch.compile`
 
-`torch.compile(fn)` has two stages that matter here. **Dynamo** reads the Python bytecode and captures the tensor operations as an FX graph; **AOTAutograd** traces that graph together with its backward into one *joint* graph, then *partitions* it into a forward graph and a backward graph, deciding which intermediate tensors the forward saves for the backward. A backend then compiles both graphs: Inductor generates fused kernels; `aot_eager` runs the two graphs with ordinary eager kernels, which shows the structure without a C++ compiler and in a second rather than tens. This section uses `aot_eager`.
+`torch.compile(fn)` has two stages that matter here. **Dynamo** reads the Python bytecode and captures the tensor operations as an *FX graph* (`torch.fx.Graph`: a plain list of nodes, each one call of a function with its arguments and result, which a program can read, print and rewrite; the lists printed below are its nodes); **AOTAutograd** traces that graph together with its backward into one *joint* graph, then *partitions* it into a forward graph and a backward graph, deciding which intermediate tensors the forward saves for the backward. A backend then compiles both graphs: Inductor generates fused kernels; `aot_eager` runs the two graphs with ordinary eager kernels, which shows the structure without a C++ compiler and in a second rather than tens. This section uses `aot_eager`.
 
 ### 3.1 Dynamo captures `checkpoint` whole
 
@@ -423,7 +493,7 @@ assert captured["graph"][0] == "tag_activation_checkpoint" and captured["wrap_bo
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-The whole checkpointed block became one node, a *higher-order operator* `tag_activation_checkpoint` whose body is the block's own graph. Nothing of checkpoint's Python code (its hooks, its RNG handling) runs inside the compiled function: AOTAutograd marks the body's operations "recompute" and its partitioner puts them into the backward graph. Catching the two graphs with `aot_autograd`'s `fw_compiler` and `bw_compiler` shows it:
+The whole checkpointed block became one node, a *higher-order operator* `tag_activation_checkpoint`: an operator that takes a function (here a subgraph, the block's own graph `wrap_body_0`) as an argument, as Python's `map` takes a function, so that the compiler sees the block whole and can decide what to do with it. Nothing of checkpoint's Python code (its hooks, its RNG handling) runs inside the compiled function: AOTAutograd marks the body's operations "recompute" and its partitioner puts them into the backward graph. Catching the two graphs with `aot_autograd`'s `fw_compiler` and `bw_compiler` shows it:
 """
 
 # %% slideshow={"slide_type": "-"}
@@ -442,8 +512,8 @@ def aot_graphs(fn, *args):
             return make_boxed_func(gm.forward)
         return compiler
 
-    backend = aot_autograd(fw_compiler=keep("forward"), bw_compiler=keep("backward"),
-                           partition_fn=min_cut_rematerialization_partition)
+    backend = aot_autograd(fw_compiler=keep("forward"), bw_compiler=keep("backward"),  # as backend="aot_eager" does
+                           partition_fn=min_cut_rematerialization_partition, keep_inference_input_mutations=True)
     torch.compile(fn, backend=backend)(*args).sum().backward()
     return graphs
 
@@ -504,7 +574,7 @@ print("gradients: equal within 1e-5 in all three")
 """
 Eager saves what each operation asks for: the product's output (for `sin` and for `cos`), `sin` and `cos` of it (for the product rule) and the ReLU's output, 4 activations; the default partitioner saves what the backward graph reads, the same 4. The min-cut partitioner saves 2, the product's output and the ReLU's output, and recomputes `sin` and `cos` in the backward graph. Inductor fuses that recomputation into the backward's own kernels, so on a GPU, where such operations are limited by memory traffic rather than arithmetic, it is almost free.
 
-**The activation-memory budget.** `torch._functorch.config.activation_memory_budget` (default 1.0) asks the partitioner to recompute more, down to a fraction of the activations it would otherwise save, choosing what to recompute by estimated cost (a knapsack problem): 0 recomputes everything it can. On two products with `tanh`:
+**The activation-memory budget.** `torch._functorch.config.activation_memory_budget` (default 1.0) asks the partitioner to recompute more, down to a fraction of the activations it would otherwise save, choosing what to recompute by estimated cost. That choice is a *knapsack problem*: from items that each have a value and a weight, pick the set of greatest value that fits a capacity; here the items are the tensors the forward could save, the capacity is the budget's share of their bytes, and the value of saving one is the recomputation time it spares. A budget of 0 recomputes everything it can. On two products with `tanh`:
 """
 
 
@@ -538,7 +608,27 @@ The knob trades memory for recomputation across the whole compiled graph, withou
 
 ### 3.3 BatchNorm in a compiled checkpoint
 
-Section 1.2's problem looks different compiled. AOTAutograd turns BatchNorm's update of its running statistics into an output of the forward graph, written back once; the recomputation in the backward graph rebuilds only what the gradients need. So a compiled checkpoint updates the statistics *once* per step, and the eager momentum fix, which assumed two updates, now under-updates, silently. The guard of section 1.2 has no such assumption, but its `context_fn` returns ordinary context managers, and under `torch.compile` `context_fn` must return two `TorchDispatchMode`s (the kind SAC uses). `checkpoint_bn_safe` therefore asks `torch.compiler.is_compiling()` and passes no guard when compiled, where none is needed. Ten steps each, eager and compiled:
+Section 1.2's problem looks different compiled. Before you read on: a plain `checkpoint` around a BatchNorm block, compiled, updates the running statistics how many times per step?
+
+AOTAutograd works on *functional* graphs, without in-place updates of a module's state. BatchNorm's update of its running statistics becomes a batch-norm operation that *returns* the new statistics, and the forward graph ends by copying them into the buffers (`copy_`), once. The recomputation in the backward graph runs the batch norm again, but only to rebuild what the gradients need: nothing copies its statistics anywhere. The two graphs of one compiled step of a checkpointed `Linear` + `BatchNorm1d` + `ReLU` block show it:
+"""
+
+# %% slideshow={"slide_type": "-"}
+torch._dynamo.reset()
+bn_ckpt_block = bn_block()
+bn_graphs = aot_graphs(lambda t: checkpoint(bn_ckpt_block, t, use_reentrant=False), torch.randn(64, WIDTH))
+for kind in ("forward", "backward"):
+    print(f"{kind:8s} graph: {bn_graphs[kind].count('_native_batch_norm_legit_functional')} batch norm,"
+          f" {bn_graphs[kind].count('copy_')} copies into the buffers")
+print("num_batches_tracked after the step:", int(bn_ckpt_block[1].num_batches_tracked))
+assert [bn_graphs[k].count("_native_batch_norm_legit_functional") for k in ("forward", "backward")] == [1, 1]
+assert [bn_graphs[k].count("copy_") for k in ("forward", "backward")] == [3, 0]  # running_mean, running_var, the counter
+assert int(bn_ckpt_block[1].num_batches_tracked) == 1
+torch._dynamo.reset()
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+So the plain `checkpoint` is *right* when compiled: one update per step, as without checkpointing, although the same code updates twice when run eagerly. That is the opposite of section 1.2's lesson, and it has a consequence: the eager momentum fix, which assumes two updates, under-updates when compiled, silently. The guard of section 1.2 assumes nothing, but its `context_fn` returns ordinary context managers, and under `torch.compile` `context_fn` must return two `TorchDispatchMode`s (section 2.1; SAC's contexts are such modes). `checkpoint_bn_safe` therefore asks `torch.compiler.is_compiling()` and passes no guard when compiled, where none is needed. Ten steps each, eager and compiled:
 """
 
 # %% slideshow={"slide_type": "-"}
@@ -560,6 +650,10 @@ for label, momentum, forward in [("checkpoint", 0.1, ckpt_forward),
 assert bn_rows == {("checkpoint", "eager"): (20, False), ("checkpoint", "compiled"): (10, True),
                    ("momentum fix", "eager"): (20, True), ("momentum fix", "compiled"): (10, False),
                    ("checkpoint_bn_safe", "eager"): (10, True), ("checkpoint_bn_safe", "compiled"): (10, True)}
+for label in ("checkpoint", "momentum fix", "checkpoint_bn_safe"):
+    right = [mode for mode in ("eager", "compiled") if bn_rows[label, mode][1]]
+    wrong = [mode for mode in ("eager", "compiled") if mode not in right]
+    print(f"{label:18s}: running statistics right {' and '.join(right)}" + (f", wrong {wrong[0]}" if wrong else ""))
 block = bn_block()
 with expect_error(torch._dynamo.exc.BackendCompilerFailed, match="must generate a tuple of two `TorchDispatchMode`s",
                   quiet=True) as caught:
@@ -571,9 +665,9 @@ torch._dynamo.reset()
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-Only the guard is right in both modes, and it never changes the module. (The plain checkpoint happens to be right when compiled; the same code then double-counts the day someone runs it eagerly, to debug, say.)
+Only the guard is right in both modes, and it never changes the module. That the plain checkpoint is right when compiled is no reason to rely on it: the same code updates twice whenever it runs eagerly: the day someone runs the model uncompiled to debug it, say.
 
-**What Inductor adds, and what you get without a compiler.** `torch.compile`'s default backend, Inductor, takes the same two graphs and generates fused kernels: Triton on GPUs, C++ with OpenMP on CPUs, which needs a working C++ compiler. The fusion is what makes the partitioner's recomputation nearly free. Its first compilation is slow: a tiny function took about 21 s on this course's 2-core machine while the course was written (not re-run here, to keep the notebook under a minute). Without a compiler, `backend="aot_eager"` runs everything in this section: Dynamo's capture, AOTAutograd's joint graph, the partitioner and the memory it saves; only the fused kernels, and so the speed, are missing.
+**What Inductor adds, and what you get without a compiler.** `torch.compile`'s default backend, Inductor, takes the same two graphs and generates fused kernels: Triton on GPUs, C++ with OpenMP on CPUs, which needs a working C++ compiler. The fusion is what makes the partitioner's recomputation nearly free. Its first compilation is slow, so it is not run here, to keep the notebook under a minute. `benchmarks/compile_time.py` compiles a small checkpointed step (4 blocks `Linear(64, 64)` + GELU) in a fresh process with an empty cache; in its recorded run (`benchmarks/results/compile_time.txt`, on this course's 2-core machine) the whole process used 29.17 CPU-seconds with Inductor, 7.33 with `aot_eager` and 4.86 running the step eagerly, `import torch` included in each: compiling with Inductor cost about 24 CPU-seconds. The wait grows when the machine is shared: that run's first Inductor call took 83.22 s of wall time, with a load average of 10 to 15 on the 2 cores (`benchmarks/compile_time.py` prints it). Without a compiler, `backend="aot_eager"` runs everything in this section: Dynamo's capture, AOTAutograd's joint graph, the partitioner and the memory it saves; only the fused kernels, and so the speed, are missing.
 """
 
 # %% [markdown] slideshow={"slide_type": "slide"}
@@ -605,8 +699,13 @@ if requires_gpu("checkpoint saves the RNG state of the GPUs holding its inputs")
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-**The caching allocator.** `cudaMalloc` and `cudaFree` are slow and synchronise the device, so PyTorch keeps freed GPU memory *reserved* in its own cache and reuses it. `torch.cuda.memory_allocated` counts what tensors use; `torch.cuda.memory_reserved` what PyTorch holds from the driver, which is what `nvidia-smi` shows (plus the CUDA context). The gap is reusable by PyTorch but not by another process, and when blocks of different sizes interleave it fragments: a step can fail "out of memory" with gigabytes reserved but free. `torch.cuda.empty_cache()` returns the unused cache to the driver (it does not make your own step fit). `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`, set before CUDA starts, lets the allocator grow segments in place instead of reserving new fixed-size ones, which avoids much of the fragmentation ([CUDA memory management notes](https://pytorch.org/docs/stable/notes/cuda.html#optimizing-memory-usage-with-pytorch-cuda-alloc-conf)).
+**The caching allocator.** `cudaMalloc` and `cudaFree` are slow and synchronise the device, so PyTorch keeps freed GPU memory *reserved* in its own cache and reuses it. `torch.cuda.memory_allocated` counts what tensors use; `torch.cuda.memory_reserved` what PyTorch holds from the driver, which is what `nvidia-smi` shows (plus the CUDA context). The gap is reusable by PyTorch but not by another process, and when blocks of different sizes interleave it fragments: a step can fail "out of memory" with gigabytes reserved but free. `torch.cuda.empty_cache()` returns the unused cache to the driver (it does not make your own step fit). The allocator is configured by an environment variable read when CUDA starts: `PYTORCH_ALLOC_CONF` in PyTorch 2.13, the device-generic name its documentation now uses, and `PYTORCH_CUDA_ALLOC_CONF`, the older name, still accepted, which most guides and scripts show. `expandable_segments:True` lets the allocator grow segments in place instead of reserving new fixed-size ones, which avoids much of the fragmentation ([CUDA memory management notes](https://pytorch.org/docs/stable/notes/cuda.html#optimizing-memory-usage-with-pytorch-cuda-alloc-conf)). The first cell below reads the new name in 2.13's own docstrings, on any machine; the second shows the cache on a GPU.
 """
+
+# %% slideshow={"slide_type": "-"}
+names = {name for name in ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF") if name in torch.cuda.memory.get_allocator_backend.__doc__}
+print(f"torch {torch.__version__}: torch.cuda.memory.get_allocator_backend's docstring names {sorted(names)}")
+assert names == {"PYTORCH_ALLOC_CONF"}
 
 # %% slideshow={"slide_type": "-"}
 if requires_gpu("the caching allocator: memory allocated vs reserved"):
@@ -621,12 +720,13 @@ if requires_gpu("the caching allocator: memory allocated vs reserved"):
     print(f"256 MiB tensor: allocated +{format_bytes(alloc1 - alloc0)}, reserved +{format_bytes(reserved1 - reserved0)}")
     print(f"after del     : allocated +{format_bytes(alloc2 - alloc0)}, reserved +{format_bytes(reserved2 - reserved0)} (kept in the cache)")
     print(f"empty_cache() : reserved +{format_bytes(reserved3 - reserved0)}")
-    print("PYTORCH_CUDA_ALLOC_CONF =", os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "(not set)"))
+    for name in ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF"):
+        print(f"{name} = {os.environ.get(name, '(not set)')}")
     assert alloc2 == alloc0 and reserved2 - reserved0 >= 256 * 2**20 and reserved3 <= reserved2
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-**Memory snapshots.** For every real out-of-memory error the tool of choice is the allocator's own history: `torch.cuda.memory._record_memory_history()` starts recording every allocation and free with its Python stack, `torch.cuda.memory._dump_snapshot(path)` writes it to a file, and the viewer at [pytorch.org/memory_viz](https://pytorch.org/memory_viz) (it runs in your browser) draws memory over time, one coloured band per tensor, with the stack that allocated it. A checkpointed step shows the saw-tooth of notebook 04 §4: each segment's activations come back during its recomputation and go again. The functions start with an underscore but are documented ([Understanding CUDA memory usage](https://pytorch.org/docs/stable/torch_cuda_memory.html)).
+**Memory snapshots.** For every real out-of-memory error the tool of choice is the allocator's own history: `torch.cuda.memory._record_memory_history()` starts recording every allocation and free with its Python stack, `torch.cuda.memory._dump_snapshot(path)` writes it to a file, and the viewer at [pytorch.org/memory_viz](https://pytorch.org/memory_viz) (it runs in your browser) draws memory over time, one coloured band per tensor, with the stack that allocated it. A checkpointed step shows each segment's activations coming back during its recomputation and going again (notebook 04 §5 draws such a curve on a CPU, from the profiler's events). The functions start with an underscore but are documented ([Understanding CUDA memory usage](https://pytorch.org/docs/stable/torch_cuda_memory.html)).
 """
 
 # %% slideshow={"slide_type": "-"}
@@ -638,7 +738,7 @@ if requires_gpu("a memory snapshot of a checkpointed training step, for pytorch.
     snap_chain = deep_chain(64, 256).cuda()
     xs_gpu = torch.randn(4096, 256, device="cuda", requires_grad=True)
     checkpoint_sequential(snap_chain, 8, xs_gpu, use_reentrant=False).sum().backward()
-    snapshot_path = Path(tempfile.gettempdir()) / "04_checkpointed_step.pickle"
+    snapshot_path = Path(tempfile.gettempdir()) / "05_checkpointed_step.pickle"
     torch.cuda.memory._dump_snapshot(str(snapshot_path))
     snapshot = torch.cuda.memory._snapshot()
     torch.cuda.memory._record_memory_history(enabled=None)  # stop recording
@@ -652,22 +752,24 @@ r"""
 
 Checkpointing trades memory for compute; spend it where it buys the most:
 
-- **Only when memory is the limit.** It never makes a step faster. If the batch fits, do not checkpoint; if it almost fits, checkpointing a little may let you double the batch.
-- **Measure the peak, not what is kept.** The peak is a maximum over time; a checkpointed block's activations return during its recomputation. In the CNN, checkpointing the dominant block gained a few percent and the Tensor post's block 2 nothing. Checkpointing works when the memory is spread over many similar blocks. On a GPU, a memory snapshot shows where the peak is.
+- **Only when memory is the limit.** It never shortens a step: it adds recomputation (notebook 04 §4 measured what it costs). If the batch fits, do not checkpoint; if it almost fits, checkpointing a little may let you double the batch.
+- **Measure the peak, not what is kept.** The peak is a maximum over time; a checkpointed block's activations return during its recomputation. In notebook 04 §5's CNN, checkpointing the dominant block cut what the forward holds by more than half and left the peak where it was (to within a few percent), and the Tensor post's block 2 changed nothing. Checkpointing works when the memory is spread over many similar blocks. On a GPU, a memory snapshot shows where the peak is.
 - **Large activations, cheap recomputation first.** Element-wise layers (activations, normalisation, Dropout) and high-resolution early layers hold big tensors and cost little to recompute; a big matmul or convolution costs the most to redo. Selective checkpointing (section 2.1) says exactly that, op by op; under `torch.compile` the partitioner already recomputes cheap operations, and the activation-memory budget asks for more (section 3.2).
-- **Blocks of a repeated structure, about $\sqrt N$ of them.** For a stack of identical layers (a Transformer, a ResNet stage), checkpoint each layer or group of layers; the memory minimum is near $\sqrt N$ segments and the cost is about one extra forward.
+- **Blocks of a repeated structure, about $\sqrt N$ of them.** For a stack of identical layers (a Transformer, a ResNet stage), checkpoint each layer or group of layers; the memory minimum is near $\sqrt N$ segments and the cost is about one extra forward. Notebook 14 measures what one transformer block keeps for backward, and what full and selective checkpointing change there.
 - **Mind the last segment and the head.** `checkpoint_sequential` leaves the last segment plain; the loss and head are usually cheap to keep.
 - **Always `use_reentrant=False`**, keep `preserve_rng_state=True` when there is randomness inside, and keep BatchNorm statistics out of the recomputation: `checkpoint_bn_safe` (a recompute guard through `context_fn`, right eager and compiled), or keep BatchNorm outside checkpointed blocks, or use a normalisation without running statistics (LayerNorm, GroupNorm). Do not change the momentum: that fix holds in eager mode only.
-- **Offload when the link is idle**: `save_on_cpu` trades transfers for recomputation.
+- **Offload when the copies can hide behind compute**: `save_on_cpu` trades transfers for recomputation, but in 2.13 it copies on the compute stream (section 2.2); overlap takes a second stream (torchtune's `OffloadActivations`) or the compiler's offload policies.
 """
 
 # %% [markdown] slideshow={"slide_type": "slide"}
 r"""
 ## Summary
 
-- Dropout is safe with `preserve_rng_state=True` (CPU and the GPUs holding the inputs); BatchNorm's running statistics need a recompute guard through `context_fn` (`checkpoint_bn_safe`), right in eager and compiled mode; the momentum $1 - \sqrt{1-m}$ explains the problem but holds in eager mode only; the reentrant form silently skips blocks whose input does not require grad.
-- Selective checkpointing chooses op by op what to save (`create_selective_checkpoint_contexts`); `save_on_cpu` offloads saved tensors; both are saved-tensor mechanisms.
-- Under `torch.compile`, `checkpoint` becomes a higher-order op and AOTAutograd's partitioner decides what is recomputed; it recomputes cheap operations even without checkpointing, and `activation_memory_budget` asks for more. On GPUs, `memory_allocated` vs `memory_reserved` and memory snapshots explain what `nvidia-smi` shows.
+- **Pitfalls (section 1).** Dropout is safe with `preserve_rng_state=True`: the recomputation restores the CPU RNG state (5,056 bytes per call) and that of each GPU holding one of the block's inputs. BatchNorm's running statistics update twice in an eager checkpointed block (20 batches counted in 10 steps); a recompute guard through `context_fn` (`checkpoint_bn_safe`: momentum 0 and the counter set to `None` while recomputing, both put back) makes them identical to the plain block's, eager and compiled. The momentum $1 - \sqrt{1-m}$ explains the problem but holds in eager mode only. The reentrant form silently skips blocks whose input does not require grad; the non-reentrant form does not.
+- **What to keep (section 2).** Selective checkpointing chooses op by op what to save, through a policy and a pair of `TorchDispatchMode`s (on the GELU chain: the 4 products kept, only GELUs recomputed). `save_on_cpu` moves saved tensors to CPU memory; in 2.13 its copies are asynchronous for the CPU but run on the compute stream, so they do not overlap with GPU compute.
+- **Compiled (section 3).** Dynamo captures `checkpoint` as one higher-order operator; AOTAutograd's partitioner decides what is recomputed, recomputes cheap operations even without checkpointing, and `activation_memory_budget` asks for more. A compiled checkpoint updates BatchNorm's statistics once per step, so there the plain checkpoint is right and the momentum fix wrong; only the guard is right in both modes.
+- **On a GPU (section 4).** `memory_allocated` against `memory_reserved`, the allocator's settings (`PYTORCH_ALLOC_CONF`, formerly `PYTORCH_CUDA_ALLOC_CONF`) and memory snapshots explain what `nvidia-smi` shows and where a peak is.
+- **When (section 5).** Only when memory is the limit; measure the peak; spread over many similar blocks; cheap recomputation first; always `use_reentrant=False`, with BatchNorm guarded.
 """
 
 # %% [markdown] slideshow={"slide_type": "slide"}
@@ -723,8 +825,10 @@ check_bn_safe_forward(forward)
 
 - PyTorch documentation: [BatchNorm1d](https://pytorch.org/docs/stable/generated/torch.nn.BatchNorm1d.html) — the momentum convention, `momentum=None` and `num_batches_tracked`.
 - S. Ioffe, C. Szegedy, [Batch Normalization](https://arxiv.org/abs/1502.03167), 2015.
-- PyTorch documentation: [torch.utils.checkpoint](https://pytorch.org/docs/stable/checkpoint.html) — `context_fn`, `create_selective_checkpoint_contexts`, `CheckpointPolicy`; and [torch.autograd.graph.save_on_cpu](https://pytorch.org/docs/stable/autograd.html#torch.autograd.graph.save_on_cpu).
+- PyTorch documentation: [torch.utils.checkpoint](https://pytorch.org/docs/stable/checkpoint.html) — `preserve_rng_state`, `context_fn`, `create_selective_checkpoint_contexts`, `CheckpointPolicy`; and [torch.autograd.graph.save_on_cpu](https://pytorch.org/docs/stable/autograd.html#torch.autograd.graph.save_on_cpu).
+- PyTorch documentation: [Extending PyTorch: `TorchDispatchMode`](https://pytorch.org/docs/stable/notes/extending.html#extending-all-torch-api-with-modes) — modes, and what they see below autograd.
 - PyTorch blog: [Current and New Activation Checkpointing Techniques in PyTorch](https://pytorch.org/blog/activation-checkpointing-techniques/), 2025 — selective checkpointing, the compile partitioner and the activation-memory budget.
-- J. Ansel et al., [PyTorch 2: Faster Machine Learning Through Dynamic Python Bytecode Transformation and Graph Compilation](https://doi.org/10.1145/3620665.3640366), ASPLOS 2024 — Dynamo, AOTAutograd, Inductor; and the [torch.compile documentation](https://pytorch.org/docs/stable/torch.compiler.html).
-- PyTorch documentation: [Understanding CUDA memory usage](https://pytorch.org/docs/stable/torch_cuda_memory.html) — memory snapshots and the viewer at pytorch.org/memory_viz; [CUDA semantics: memory management](https://pytorch.org/docs/stable/notes/cuda.html#memory-management) — the caching allocator and `PYTORCH_CUDA_ALLOC_CONF`.
+- torchtune documentation: [OffloadActivations](https://docs.pytorch.org/torchtune/stable/generated/torchtune.training.OffloadActivations.html) — activation offloading on a second CUDA stream.
+- J. Ansel et al., [PyTorch 2: Faster Machine Learning Through Dynamic Python Bytecode Transformation and Graph Compilation](https://doi.org/10.1145/3620665.3640366), ASPLOS 2024 — Dynamo, AOTAutograd, Inductor; the [torch.compile documentation](https://pytorch.org/docs/stable/torch.compiler.html); and [torch.fx](https://pytorch.org/docs/stable/fx.html) — the graphs Dynamo captures.
+- PyTorch documentation: [Understanding CUDA memory usage](https://pytorch.org/docs/stable/torch_cuda_memory.html) — memory snapshots and the viewer at pytorch.org/memory_viz; [CUDA semantics: memory management](https://pytorch.org/docs/stable/notes/cuda.html#memory-management) — the caching allocator, `PYTORCH_ALLOC_CONF` and `PYTORCH_CUDA_ALLOC_CONF`.
 """

@@ -1,4 +1,4 @@
-"""Checks for notebook 04 (where training memory goes, and gradient checkpointing)."""
+"""Checks for notebooks 04 (training memory, checkpointing measured) and 05 (checkpointing in practice)."""
 
 from __future__ import annotations
 
@@ -205,7 +205,7 @@ def check_bn_safe_forward(forward: Any) -> str:
         if not out.requires_grad:
             raise Wrong(
                 "the output does not require grad: with use_reentrant=True and an input that needs no grad, "
-                "nothing inside the block gets a gradient (section 6.3); use use_reentrant=False"
+                "nothing inside the block gets a gradient (notebook 05 §1.3); use use_reentrant=False"
             )
         with OpCounter() as ops:
             out.square().mean().backward()
