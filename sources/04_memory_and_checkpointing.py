@@ -178,7 +178,7 @@ Four parts are the model's; a real step has more, most of them on a GPU:
 - **Autocast's weight-cast cache** (notebook 07): inside one `torch.autocast` region each weight is cast to the low precision once and the copy is kept until the region ends. Shown below on CPU.
 - **The optimizer step's temporaries**: Adam can update one parameter tensor at a time (the per-tensor loop, `foreach=False`: temporaries for one tensor at a time, here two of the largest tensor's size), whole lists of tensors at once (`foreach=True`: fewer, larger kernel launches, and temporaries the size of *all* parameters), or in one fused kernel per step (`fused=True`, on GPUs and CPUs in recent releases), which avoids most temporaries. Left to itself (`foreach=None`, the default), Adam picks `foreach` only when all its parameters are on a GPU-like device (CUDA, XPU, MTIA); on the CPU it runs the per-tensor loop. Shown below on CPU.
 
-A transformer's activations have a shape of their own (attention's $s \times s$ scores, a wide MLP, the loss over a large vocabulary): notebook 14 points this notebook's meters at one decoder block.
+A transformer's activations have a shape of their own (attention's $s \times s$ scores, a wide MLP, the loss over a large vocabulary): notebook 14 §3 points this notebook's meters at one decoder block.
 """
 
 # %% slideshow={"slide_type": "-"}
