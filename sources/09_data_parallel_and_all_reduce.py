@@ -1105,7 +1105,7 @@ cap = 0.002   # MiB: 2,097 bytes, so that this small model (23,848 bytes of trai
 runs = run_ranks("_runs/hand_ddp.py:compare", nprocs=2, args=(cap,), timeout=600, echo="none")
 rank0 = runs[0]
 ddp = rank0[("DDP", cap)]["params"]
-print(f"4 AdamW steps, 2 ranks; all-reduced bytes per step (DDP counted by a communication hook):")
+print("4 AdamW steps, 2 ranks; all-reduced bytes per step (DDP counted by a communication hook):")
 print(f"  DDP, bucket_cap_mb={cap}: step 1 {rank0[('DDP', cap)]['all-reduced bytes'][0]}, "
       f"steps 2-4 {rank0[('DDP', cap)]['all-reduced bytes'][1]}")
 print(f"  DDP, bucket_cap_mb=0:     step 1 {rank0[('DDP', 0)]['all-reduced bytes'][0]}, "

@@ -662,7 +662,7 @@ Megatron's MLP block chains the two: the first `Linear` split by output features
 """
 
 # %% slideshow={"slide_type": "-"}
-from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
 import inspect
 import re
