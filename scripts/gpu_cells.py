@@ -56,6 +56,10 @@ CANNOT_RUN_ON_CPU = {
         "it times 4096-token bf16 attention on a GPU; the hand-written tile loop at that size takes minutes on a CPU,"
         " where notebook 14 checks the same Function at small sizes"
     ),
+    "context_parallel's ring attention with CUDA SDPA, against full attention": (
+        "context_parallel dispatches on the CUDA SDPA kernels (flash, efficient, cuDNN); on the CPU kernel it raises"
+        " NotImplementedError, which notebook 15 §3 shows in an unguarded cell"
+    ),
 }
 # Cells that run on the CPU up to one call that needs a GPU: everything before it (environment,
 # process group, conversion) is checked, and the call must fail with exactly this message.
