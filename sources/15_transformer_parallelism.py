@@ -629,7 +629,7 @@ assert crit_z < crit_c and len({sum(w) for w in zig}) == 1
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-In the contiguous split the last rank does 7 times the work of the first (the ratio above), and at every step some rank waits. With zig-zag every rank does the same work, and the critical path falls to the average. A partly masked chunk pair is counted whole, as a kernel computes a whole tile; that is why the zig-zag total per rank is slightly above half of the contiguous last rank's.
+In the contiguous split the last rank does 4 times the work of the first (the ratio above), and at every step some rank waits. With zig-zag every rank does the same work, and the critical path falls to the average. A partly masked chunk pair is counted whole, as a kernel computes a whole tile; that is why the zig-zag total per rank is slightly above half of the contiguous last rank's.
 
 ### PyTorch's `context_parallel`
 
@@ -1014,7 +1014,7 @@ print(check_a2a_send_counts(a2a_send_counts))
 
 - M. Shoeybi et al., *Megatron-LM: Training Multi-Billion Parameter Language Models Using Model Parallelism*, 2019, [arXiv:1909.08053](https://arxiv.org/abs/1909.08053) (the `f` and `g` operators, vocabulary-parallel embedding and loss).
 - V. Korthikanti et al., *Reducing Activation Recomputation in Large Transformer Models*, 2022, [arXiv:2205.05198](https://arxiv.org/abs/2205.05198) (sequence parallelism, the activation formula).
-- H. Liu, M. Zaharia, P. Abbeel, *Ring Attention with Blockwise Transformers for Near-Infinite Context*, 2023, [arXiv:2310.01889](https://arxiv.org/abs/2310.01889); the zig-zag split: Llama Team, *The Llama 3 Herd of Models*, 2024, [arXiv:2407.21783](https://arxiv.org/abs/2407.21783), §3.3.2.
+- H. Liu, M. Zaharia, P. Abbeel, *Ring Attention with Blockwise Transformers for Near-Infinite Context*, 2023, [arXiv:2310.01889](https://arxiv.org/abs/2310.01889); the zig-zag split: Llama Team, *The Llama 3 Herd of Models*, 2024, [arXiv:2407.21783](https://arxiv.org/abs/2407.21783) (its part on context parallelism).
 - N. Shazeer et al., *Outrageously Large Neural Networks: The Sparsely-Gated Mixture-of-Experts Layer*, 2017, [arXiv:1701.06538](https://arxiv.org/abs/1701.06538); D. Lepikhin et al., *GShard*, 2020, [arXiv:2006.16668](https://arxiv.org/abs/2006.16668); W. Fedus, B. Zoph, N. Shazeer, *Switch Transformers*, 2021, [arXiv:2101.03961](https://arxiv.org/abs/2101.03961) (capacity, the auxiliary loss); DeepSeek-AI, *DeepSeek-V3 Technical Report*, 2024, [arXiv:2412.19437](https://arxiv.org/abs/2412.19437) (bias-based balancing).
 - Hugging Face, [*The Ultra-Scale Playbook: Training LLMs on GPU Clusters*](https://huggingface.co/spaces/nanotron/ultrascale-playbook), 2025; [picotron](https://github.com/huggingface/picotron).
 - PyTorch docs and tutorials: [Tensor Parallelism (`torch.distributed.tensor.parallel`)](https://pytorch.org/docs/stable/distributed.tensor.parallel.html), [Large Scale Transformer model training with Tensor Parallel](https://pytorch.org/tutorials/intermediate/TP_tutorial.html), [Context Parallel tutorial](https://pytorch.org/tutorials/prototype/context_parallel.html), [`all_to_all_single`](https://pytorch.org/docs/stable/distributed.html#torch.distributed.all_to_all_single), [DeviceMesh](https://pytorch.org/tutorials/recipes/distributed_device_mesh.html).
