@@ -91,7 +91,7 @@ def _check_layout(layout: object) -> Layout:
         for chunk in chunks:
             if not (isinstance(chunk, tuple) and len(chunk) == 2 and all(isinstance(v, int) for v in chunk)):
                 raise TypeError(f"a chunk must be a (start, length) pair of ints, got {chunk!r}")
-    return layout  # type: ignore[return-value]
+    return layout
 
 
 def shard_sequence(x: torch.Tensor, layout: Layout, rank: int, dim: int = 1) -> torch.Tensor:

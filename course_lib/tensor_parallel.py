@@ -502,7 +502,7 @@ def parallelize_transformer_(model: Transformer, group: Any = None, *, sequence_
     rows = c.vocab_size // n
     model.embed.weight = nn.Parameter(model.embed.weight.detach()[rank * rows : (rank + 1) * rows].clone())
     _slice_param(model.head, 0, rank, n)
-    model.tp_group = group  # type: ignore[assignment]
+    model.tp_group = group
     model.sequence_parallel = sequence_parallel  # type: ignore[assignment]
     return model
 
