@@ -317,6 +317,7 @@ def check(rank, n):
 """
 
 
+@pytest.mark.slow  # launches 2 and 3 ranks
 @pytest.mark.parametrize("n", [2, 3])
 def test_every_parallel_version_equals_one_process_and_its_bytes_the_formula(tmp_path: Path, n: int) -> None:
     worker = tmp_path / "tp_worker.py"
