@@ -142,8 +142,8 @@ def ring_work(layout: Layout, *, causal: bool = True) -> list[list[int]]:
 
     >>> ring_work(contiguous_layout(8, 2))      # rank 0 skips rank 1's keys: idle half the time
     [[16, 0], [16, 16]]
-    >>> ring_work(zigzag_layout(8, 2))
-    [[8, 8], [8, 8]]
+    >>> ring_work(zigzag_layout(8, 2))          # 20 pairs each: even
+    [[12, 8], [12, 8]]
     """
     layout = _check_layout(layout)
     check_bool("causal", causal)
