@@ -27,6 +27,9 @@ this package itself exports nothing. One module per job:
 * :mod:`course_lib.hand_fsdp` — ``HandFSDP``: FSDP by hand (gather, free, reduce-scatter), notebook 13's canonical copy
 * :mod:`course_lib.sharded_optim` — ``ShardedOptimizer``: ZeRO-1 around any ``torch.optim`` optimizer
 * :mod:`course_lib.sharding` — ZeRO's memory model: state bytes per rank for DDP and ZeRO-1/2/3
+* :mod:`course_lib.tensor_parallel` — tensor and sequence parallelism of the transformer, collectives counted
+* :mod:`course_lib.context_parallel` — ring attention (forward and backward), contiguous and zig-zag layouts, its bytes
+* :mod:`course_lib.moe` — a top-k mixture-of-experts layer (router, capacity, auxiliary loss) and its expert parallelism
 * :mod:`course_lib.manifest` — the course's notebooks in order, from ``course.toml`` (reading only)
 * :mod:`course_lib.facts` — each comparison fact stated once, and the statements the course corrected
 * :mod:`course_lib.validation` — ``check_int``, ``check_number``, ``check_bool``: argument checks in one wording

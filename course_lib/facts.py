@@ -101,6 +101,38 @@ FACTS: dict[str, dict[str, str]] = {
         "idle": "none, but communication on the critical path of every layer",
         "needs": "very fast links: one node, NVLink",
         "use when": "single layers too big, or activations per layer; within a node",
+        "shown": "notebook 12 §6 (one layer), notebook 15 §1 (a whole block)",
+    },
+    "sequence": {
+        "name": "sequence parallel",
+        "split": "the tokens of the norm and dropout regions between tensor-parallel layers (with tensor parallelism)",
+        "communicated": "tensor parallelism's all-reduces become reduce-scatter + all-gather along the sequence: "
+        "the same bytes; plus an all-reduce of the norms' weight gradients",
+        "idle": "as tensor parallelism",
+        "needs": "tensor parallelism (the same group, the same fast links)",
+        "use when": "always with tensor parallelism: the norms' activations are otherwise replicated",
+        "shown": "notebook 15 §2",
+    },
+    "context": {
+        "name": "context parallel (ring attention)",
+        "split": "the sequence, through attention: each rank keeps the queries, keys and values of its positions",
+        "communicated": "key/value blocks around a ring, point-to-point: `2 (n-1)` blocks forward, `4n - 2` "
+        "backward per attention; the gradients all-reduced over the group",
+        "idle": "with a causal mask, uneven unless the sequence is split zig-zag; transfers overlap the "
+        "block's compute on GPUs",
+        "needs": "a sequence long enough that one block's attention outweighs passing its keys and values",
+        "use when": "long context: the activations of one sequence do not fit one device",
+        "shown": "notebook 15 §3",
+    },
+    "expert": {
+        "name": "expert parallel",
+        "split": "the experts of mixture-of-experts layers; each rank routes its own tokens",
+        "communicated": "two all-to-alls per MoE layer forward (dispatch, combine) and two backward, sizes set by "
+        "the router",
+        "idle": "load imbalance: the busiest expert's rank sets the pace; capacity drops the excess",
+        "needs": "a balanced router (auxiliary loss or bias) and fast all-to-all",
+        "use when": "mixture-of-experts models: more experts than fit one device",
+        "shown": "notebook 15 §4",
     },
     "checkpointing": {
         "bottleneck": "activations do not fit (deep or wide model, long sequences)",

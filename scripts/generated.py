@@ -74,6 +74,18 @@ TABLES: dict[str, TableSpec] = {
         ),
         headings=("data parallel (DDP)", "sharded data parallel (ZeRO, FSDP)", "pipeline parallel", "tensor parallel"),
     ),
+    "transformer-parallelism": TableSpec(
+        ("tensor", "sequence", "context", "expert"),
+        (
+            ("split", "what is split"),
+            ("communicated", "communicated"),
+            ("idle", "idle time"),
+            ("needs", "needs"),
+            ("use when", "use when"),
+            ("shown", "shown"),
+        ),
+        headings=("tensor parallel", "sequence parallel", "context parallel", "expert parallel"),
+    ),
     "remedies": TableSpec(
         ("checkpointing", "accumulation", "mixed precision", "ddp", "sharded", "pipeline"),
         (("bottleneck", "bottleneck"), ("remedy", "first remedy"), ("cost", "what it costs"), ("shown", "shown")),

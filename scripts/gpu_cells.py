@@ -60,6 +60,10 @@ CANNOT_RUN_ON_CPU = {
     "an NCCL all_reduce returns to the host before it is done": (
         "the claim is NCCL's stream semantics; gloo's all_reduce blocks the calling thread until it is done"
     ),
+    "context_parallel's ring attention with CUDA SDPA, against full attention": (
+        "context_parallel dispatches on the CUDA SDPA kernels (flash, efficient, cuDNN); on the CPU kernel it raises"
+        " NotImplementedError, which notebook 15 §3 shows in an unguarded cell"
+    ),
 }
 # Cells that run on the CPU up to one call that needs a GPU: everything before it (environment,
 # process group, conversion) is checked, and the call must fail with exactly this message.

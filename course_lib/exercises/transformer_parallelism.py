@@ -1,0 +1,126 @@
+"""Checks for notebook 15 (tensor, sequence, context and expert parallelism)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from ..context_parallel import ring_attention_bytes
+from ..moe import send_counts
+from ..tensor_parallel import COLUMN_PARALLEL, ROW_PARALLEL
+from .core import Wrong, as_number, call_learner, dict_answer, exercise
+
+__all__ = ["LINEAR_LAYERS", "check_a2a_send_counts", "check_parallel_styles", "check_ring_forward_bytes"]
+
+_STYLE = {name.split(".")[-1]: "column" for name in COLUMN_PARALLEL} | {
+    name.split(".")[-1]: "row" for name in ROW_PARALLEL
+}
+LINEAR_LAYERS: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+@exercise("column or row", todo='give "column" or "row" for each linear layer of LINEAR_LAYERS')
+def check_parallel_styles(answer: Any) -> str:
+    answer = dict_answer(answer, LINEAR_LAYERS, name="answer")
+    for name in LINEAR_LAYERS:
+        if answer[name] not in ("column", "row"):
+            raise Wrong(f'{name}: answer "column" or "row", got {answer[name]!r}')
+    got = {name: answer[name] for name in LINEAR_LAYERS}
+    if got == {k: ("row" if v == "column" else "column") for k, v in _STYLE.items()}:
+        raise Wrong(
+            "every answer is swapped: a column-parallel layer splits its *outputs* (each rank computes some "
+            "output features), which is how q, k, v and the MLP's first projections hand whole heads and "
+            "slices of d_ff to each rank"
+        )
+    for name in ("q_proj", "k_proj", "v_proj"):
+        if got[name] != "column":
+            raise Wrong(
+                f"{name}: for a rank to hold whole heads, it computes only its heads' outputs: split by columns"
+            )
+    if got["o_proj"] != "row":
+        raise Wrong(
+            "o_proj: its input is the heads' outputs, which each rank holds for its heads only: split it by "
+            "rows (inputs), and the partial sums are added by g"
+        )
+    for name in ("gate_proj", "up_proj"):
+        if got[name] != "column":
+            raise Wrong(
+                f"{name}: SwiGLU multiplies gate and up elementwise; splitting both by columns keeps each "
+                "rank's slice of d_ff local"
+            )
+    if got["down_proj"] != "row":
+        raise Wrong("down_proj: its input is the slice of d_ff each rank computed: split it by rows")
+    return "column-parallel q, k, v, gate, up; row-parallel o and down: one all-reduce (g) per sub-layer"
+
+
+RING_CASES: list[tuple[int, int, int, int, int, int]] = [
+    (1, 4, 128, 16, 4, 4),
+    (2, 2, 64, 16, 2, 4),
+    (1, 32, 8192, 128, 8, 2),
+    (4, 8, 4096, 64, 16, 2),
+    (1, 1, 6, 2, 3, 8),
+]
+
+
+@exercise("ring-attention bytes", todo="write ring_forward_bytes(batch, heads, seq_len, head_dim, n, p)")
+def check_ring_forward_bytes(fn: Any) -> str:
+    for b, h, s, d, n, p in RING_CASES:
+        call = f"ring_forward_bytes({b}, {h}, {s}, {d}, {n}, {p})"
+        got = as_number(call_learner(fn, b, h, s, d, n, p), call)
+        want = ring_attention_bytes(b, h, s, d, n, bytes_per_element=p, backward=False)
+        if math.isclose(got, want, rel_tol=1e-12, abs_tol=0.5):
+            continue
+        block = b * h * (s // n) * d * p
+        if math.isclose(got, want / 2):
+            raise Wrong(f"{call}: keys AND values travel: two blocks per step")
+        if math.isclose(got, 2 * n * block):
+            raise Wrong(f"{call}: n ranks need n - 1 steps of passing: a rank starts with its own block")
+        if math.isclose(got, 2 * block) or math.isclose(got, block):
+            raise Wrong(f"{call}: that is one step; the forward pass has n - 1 of them")
+        if math.isclose(got, want * n):
+            raise Wrong(f"{call}: a block holds this rank's slice of the sequence, seq_len / n positions")
+        raise Wrong(f"{call} returned {got:,.0f}, expected {want:,}: count the blocks that leave this rank")
+    return "2 (n - 1) blocks of batch x heads x (seq_len / n) x head_dim x p bytes, e.g. 7 x 2 x 8 MiB at 8 ranks"
+
+
+def _routings() -> list[tuple[str, torch.Tensor, torch.Tensor, int, int]]:
+    g = torch.Generator().manual_seed(0)
+    cases = []
+    for tokens, k, experts, ranks in ((8, 1, 4, 2), (16, 2, 4, 2), (32, 2, 8, 4), (20, 2, 6, 3), (12, 1, 4, 4)):
+        logits = torch.randn(tokens, experts, generator=g)
+        chosen = logits.topk(k, dim=-1).indices
+        kept = torch.rand(tokens, k, generator=g) > 0.2
+        cases.append((f"{tokens} tokens, top-{k}, {experts} experts on {ranks} ranks", chosen, kept, experts, ranks))
+    cases.append(
+        ("4 tokens, all kept", torch.tensor([[0, 3], [1, 2], [3, 2], [0, 1]]), torch.ones(4, 2, dtype=torch.bool), 4, 2)
+    )
+    return cases
+
+
+@exercise("all-to-all send counts", todo="write a2a_send_counts(experts, kept, n_experts, n_ranks)")
+def check_a2a_send_counts(fn: Any) -> str:
+    for name, experts, kept, n_experts, n_ranks in _routings():
+        got = call_learner(fn, experts.clone(), kept.clone(), n_experts, n_ranks)
+        if isinstance(got, torch.Tensor):
+            got = got.tolist()
+        if not isinstance(got, (list, tuple)) or len(got) != n_ranks:
+            raise Wrong(f"{name}: return one count per rank ({n_ranks} numbers), got {got!r}")
+        got = [int(as_number(c, name)) for c in got]
+        want = send_counts(experts, kept, n_experts, n_ranks)
+        if got == want:
+            continue
+        per = n_experts // n_ranks
+        if got == [int(((experts // per) == r).sum()) for r in range(n_ranks)]:
+            raise Wrong(f"{name}: dropped assignments (kept False) are not sent")
+        if got == [int(((experts[kept] % n_ranks) == r).sum()) for r in range(n_ranks)]:
+            raise Wrong(
+                f"{name}: experts are placed in blocks, expert e on rank e // (n_experts / n_ranks), not e % n_ranks"
+            )
+        tokens_per_rank = [int(((experts // per == r) & kept).any(1).sum()) for r in range(n_ranks)]
+        if got == tokens_per_rank:
+            raise Wrong(
+                f"{name}: a token with two experts on the same rank is sent twice: count assignments, not tokens"
+            )
+        raise Wrong(f"{name}: got {got}, expected {want}")
+    return "one row per kept assignment, to the rank of its expert: the input_split_sizes of all_to_all_single"

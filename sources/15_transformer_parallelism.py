@@ -1,0 +1,1021 @@
+# %% [markdown] slideshow={"slide_type": "slide"}
+"""
+# 15 · Parallelism for transformers: tensor, sequence, context and expert parallelism, on a 3-D mesh
+
+Data parallelism and sharding (notebooks 09–13) split the *batch*. The dimensions in this notebook split the *model's work on one batch*: the weights of each layer (tensor parallelism), the tokens between those layers (sequence parallelism), the sequence inside attention (context parallelism), and the experts of a mixture-of-experts layer (expert parallelism). A team training a current model chooses among them: long context is handled with context parallelism, mixture-of-experts models need expert parallelism and its all-to-all, and tensor parallelism without sequence parallelism leaves the norms' activations whole on every rank.
+
+Every parallel version here runs on CPU processes over gloo, uses notebook 14's transformer, and is checked against one process running the same model on the same data, forward and backward. Every one counts the bytes each rank sends per step and compares them with a formula.
+
+By the end you will be able to:
+- split a transformer block across ranks by hand (heads and MLP columns, column- then row-parallel), write Megatron's conjugate operators `f` and `g` as `autograd.Function`s, and shard the embedding and the loss over the vocabulary; then do the same with `parallelize_module`;
+- turn tensor parallelism into sequence parallelism (reduce-scatter plus all-gather instead of all-reduce, the same bytes) and count the activation bytes per rank it saves;
+- write ring attention (key/value blocks passed around a ring, partial results merged with the log-sum-exp rule), check it forward and backward against full causal attention, and balance its causal work with the zig-zag split;
+- route tokens to experts (top-k, capacity, dropped tokens), dispatch and combine them across ranks with `all_to_all_single`, and use the auxiliary loss against load imbalance;
+- combine three dimensions on a `DeviceMesh` of 8 processes and say which collective runs on which group, with how many bytes.
+
+This notebook assumes: notebook 09 (the collectives and their bytes), 12 §6 (tensor parallelism of one layer), 13 §4 (`DeviceMesh`, DTensor) and 14 (the transformer, its activation memory formula, attention's log-sum-exp merge). No GPU: every run is CPU processes on gloo, launched with `course_lib.launch.run_ranks`, one launch per section.
+"""
+
+# %% slideshow={"slide_type": "-"}
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+from tqdm.auto import tqdm
+
+from course_lib.context_parallel import contiguous_layout, ring_work, zigzag_layout
+from course_lib.device import requires_gpu
+from course_lib.errors import expect_error
+from course_lib.launch import free_port, run_ranks
+from course_lib.moe import MoE
+from course_lib.seeding import seed_everything
+from course_lib.tensor_parallel import COLUMN_PARALLEL, ROW_PARALLEL
+
+seed_everything(0)
+torch.set_num_threads(1)  # steady on a shared machine; the launched processes run one thread each too
+os.makedirs("_runs/n15", exist_ok=True)  # this notebook's worker scripts (git ignores _runs)
+sys.path.insert(0, os.path.abspath("_runs/n15"))
+notebook_start = time.perf_counter()
+print(f"torch {torch.__version__.split('+')[0]}, gloo available: {dist.is_gloo_available()}")
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+The model and the data, shared by every script: notebook 14's tiny decoder with an untied head (a tied head is one matrix used twice; sharding it once and using it in both places works, but keeps the code longer), 2 sequences of 64 bytes of Python's documentation, float32. `reference` is the one process every parallel version is compared with.
+"""
+
+# %% slideshow={"slide_type": "-"}
+# %%writefile _runs/n15/common.py
+"""Notebook 15's shared pieces: the model, the data, the one-process reference."""
+import torch
+
+from course_lib.data import text_batch, text_corpus
+from course_lib.transformer import Transformer, TransformerConfig
+
+CONFIG = TransformerConfig(vocab_size=256, d_model=64, n_layers=2, n_heads=4, d_ff=172, max_seq_len=128,
+                           tie_embeddings=False)
+BATCH, SEQ = 2, 64
+TOL = 1e-5                                       # float32: every comparison is max |difference| < TOL
+
+
+def batch(step=0, sequences=BATCH, seq_len=SEQ):
+    """Seeded windows of the corpus: the same on every rank and every machine."""
+    return text_batch(text_corpus().train, sequences, seq_len, generator=torch.Generator().manual_seed(step))
+
+
+def reference(ids, targets):
+    """One process, the whole model: its loss, with every gradient filled in."""
+    model = Transformer(CONFIG, seed=0)
+    loss = model.loss(ids, targets)
+    loss.backward()
+    return model, loss.detach()
+
+
+def max_diff(a, b):
+    return (a - b).abs().max().item()
+
+
+# %% slideshow={"slide_type": "fragment"}
+from common import BATCH, CONFIG, SEQ, TOL  # noqa: E402
+
+print(CONFIG.describe())
+print(f"data: {BATCH} sequences x {SEQ} tokens; tolerance of every comparison: max |difference| < {TOL:g}")
+
+# %% [markdown] slideshow={"slide_type": "slide"}
+"""
+## 1. Tensor parallelism of a whole block, by hand
+
+Notebook 12 §6 split one linear layer: by its **columns** (outputs; each rank computes some output features from the whole input) or by its **rows** (inputs; each rank computes a partial sum over its share of the input features, and the partial sums are added). A block of notebook 14's transformer chains them so that a block needs one sum per sub-layer (Shoeybi et al., 2019, Megatron-LM):
+
+- **attention**: `q_proj`, `k_proj`, `v_proj` column-parallel, so each rank holds whole *heads* (attention itself then runs on local heads, no communication); `o_proj` row-parallel, its input is exactly the local heads' output;
+- **MLP**: `gate_proj` and `up_proj` column-parallel (each rank a slice of `d_ff`), SwiGLU's product elementwise on that slice; `down_proj` row-parallel.
+
+Two operators mark where the ranks meet. **`g`** after a row-parallel layer: forward, an all-reduce of the partial sums; backward, the gradient passes unchanged (every rank needs all of it). **`f`** before the column-parallel layers: forward, the identity (every rank has the whole input); backward, an all-reduce, because each rank's layers give only part of the input's gradient. They are conjugate: each is the other's backward.
+
+The norms sit outside these regions and are computed, whole and identical, on every rank.
+"""
+
+# %% slideshow={"slide_type": "fragment"}
+print("column-parallel (split by output rows of the weight):", ", ".join(COLUMN_PARALLEL))
+print("row-parallel    (split by input columns of the weight):", ", ".join(ROW_PARALLEL))
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+The embedding and the head are split over the **vocabulary**: each rank holds `vocab_size / n` rows. A rank looks up the ids that fall in its rows and writes zeros for the others, so the lookup is a `g` (the sum over ranks fills every row). The head gives each rank the logits of its slice of the vocabulary, and the cross-entropy never gathers a full row of logits: it needs, per token, the global maximum (for a stable `exp`), the sum of `exp` over the whole vocabulary, and the target's logit, which lives on one rank. Three all-reduces of one number per token, against `vocab_size` numbers per token for gathering the logits.
+
+The script below writes all of it by hand, counts what each all-reduce sends with the ring formula of notebook 09 (`2 (n-1)/n` of the tensor), and compares the loss and every gradient with one process.
+"""
+
+# %% slideshow={"slide_type": "-"}
+# %%writefile _runs/n15/tp_hand.py
+"""Tensor parallelism of the whole model, by hand: f and g, the sharded blocks, the vocabulary-parallel ends."""
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+SENT = {"bytes": 0}                              # what this rank sent: 2 (n-1)/n of every all-reduced tensor
+
+
+def all_reduce_(t, op=dist.ReduceOp.SUM):
+    n = dist.get_world_size()
+    SENT["bytes"] += 2 * (n - 1) * t.numel() * t.element_size() // n
+    dist.all_reduce(t, op=op)
+    return t
+
+
+class CopyToTP(torch.autograd.Function):         # f: identity forward, all-reduce backward
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return all_reduce_(grad.clone())
+
+
+class ReduceFromTP(torch.autograd.Function):     # g: all-reduce forward, identity backward
+    @staticmethod
+    def forward(ctx, x):
+        return all_reduce_(x.clone())
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad
+
+
+f, g = CopyToTP.apply, ReduceFromTP.apply
+
+
+def shard(model, rank, n):
+    """Keep this rank's rows (column-parallel layers, embedding, head) or columns (row-parallel layers)."""
+    def keep(module, dim):
+        module.weight = nn.Parameter(module.weight.detach().chunk(n, dim)[rank].clone())
+    for layer in model.layers:
+        for column in (layer.attn.q_proj, layer.attn.k_proj, layer.attn.v_proj, layer.mlp.gate_proj, layer.mlp.up_proj):
+            keep(column, 0)
+        for row in (layer.attn.o_proj, layer.mlp.down_proj):
+            keep(row, 1)
+    keep(model.embed, 0)
+    keep(model.head, 0)
+    return model
+
+
+def block(layer, x, rope, enter=f, leave=g):
+    h = x + leave(layer.attn(enter(layer.attn_norm(x)), rope))    # attention runs on this rank's heads
+    return h + leave(layer.mlp(enter(layer.mlp_norm(h))))
+
+
+def embed(model, ids, rank, leave=g):
+    rows = model.embed.weight.shape[0]
+    mine = (ids >= rank * rows) & (ids < (rank + 1) * rows)
+    local = F.embedding((ids - rank * rows) * mine, model.embed.weight) * mine.unsqueeze(-1)
+    return leave(local)                                         # zeros where another rank holds the row
+
+
+def cross_entropy(logits, targets, rank):
+    """Mean cross-entropy with this rank's slice of the vocabulary: three all-reduces of one number per token."""
+    rows = logits.shape[-1]
+    top = all_reduce_(logits.detach().max(-1).values, op=dist.ReduceOp.MAX)  # the global max: exp cannot overflow
+    total = g(torch.exp(logits - top.unsqueeze(-1)).sum(-1))                  # softmax denominator, whole vocabulary
+    mine = (targets >= rank * rows) & (targets < (rank + 1) * rows)
+    picked = torch.gather(logits, -1, ((targets - rank * rows) * mine).unsqueeze(-1)).squeeze(-1)
+    target_logit = g((picked - top) * mine)                                   # one rank holds it, the others add 0
+    return (torch.log(total) - target_logit).mean()
+
+
+def loss_fn(model, ids, targets, rank, enter=f, leave=g):
+    x = embed(model, ids, rank, leave)
+    for layer in model.layers:
+        x = block(layer, x, (model.rope_cos, model.rope_sin), enter, leave)
+    return cross_entropy(model.head(enter(model.norm(x))), targets, rank)
+
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+The same plan with PyTorch's API: `parallelize_module` takes a module and a plan (`{submodule name: style}`) and replaces each named weight by a `DTensor` sharded on a 1-D `DeviceMesh` (notebook 13 §4). `ColwiseParallel` and `RowwiseParallel` are the two splits with `f` and `g` built in; on an `nn.Embedding` `RowwiseParallel` splits the table by vocabulary rows. `use_local_output=False` keeps the head's logits a `DTensor` sharded on the vocabulary, and inside `loss_parallel()` `F.cross_entropy` on them computes the vocabulary-parallel loss. `CommDebugMode` counts the collectives DTensor runs.
+
+The job runs the hand version, the API version and the library's twin (`course_lib.tensor_parallel`, the copy notebooks 16 and 17 reuse, which counts its collectives with `CommCounter`) on 2 processes.
+"""
+
+# %% slideshow={"slide_type": "-"}
+# %%writefile _runs/n15/tp_api.py
+"""The same tensor parallelism with parallelize_module, and the job of section 1."""
+import torch
+import torch.nn.functional as F
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import DTensor, Replicate, Shard
+from torch.distributed.tensor.debug import CommDebugMode
+from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel, SequenceParallel,
+                                               loss_parallel, parallelize_module)
+
+import course_lib.tensor_parallel as tp
+import tp_hand
+from common import CONFIG, TOL, batch, max_diff, reference
+from course_lib.transformer import Transformer
+
+
+def plans(sequence_parallel=False):
+    """(the model's plan, each block's plan); with sequence_parallel the norms work on slices of the sequence."""
+    if not sequence_parallel:
+        model_plan = {"embed": RowwiseParallel(input_layouts=Replicate()), "head": ColwiseParallel(use_local_output=False)}
+        block_plan = {}
+    else:
+        model_plan = {"embed": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
+                      "norm": SequenceParallel(),
+                      "head": ColwiseParallel(input_layouts=Shard(1), use_local_output=False)}
+        block_plan = {"attn_norm": SequenceParallel(), "mlp_norm": SequenceParallel(),
+                      "attn": PrepareModuleInput(input_layouts=(Shard(1), None), desired_input_layouts=(Replicate(), None)),
+                      "mlp": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))}
+    out = Shard(1) if sequence_parallel else Replicate()
+    block_plan |= {"attn.q_proj": ColwiseParallel(), "attn.k_proj": ColwiseParallel(), "attn.v_proj": ColwiseParallel(),
+                   "attn.o_proj": RowwiseParallel(output_layouts=out),
+                   "mlp.gate_proj": ColwiseParallel(), "mlp.up_proj": ColwiseParallel(),
+                   "mlp.down_proj": RowwiseParallel(output_layouts=out)}
+    return model_plan, block_plan
+
+
+def api_grads(rank, n, ids, targets, sequence_parallel=False):
+    """Loss, gradients (this rank's shards) and collective counts of the parallelize_module version."""
+    mesh = init_device_mesh("cpu", (n,), mesh_dim_names=("tp",))
+    model = Transformer(CONFIG, seed=0)
+    model_plan, block_plan = plans(sequence_parallel)
+    parallelize_module(model, mesh, model_plan)
+    for layer in model.layers:
+        parallelize_module(layer, mesh, block_plan)
+    with CommDebugMode() as comm:
+        logits = model(ids)
+        with loss_parallel():
+            loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+            loss.backward()
+    grads = {}
+    for name, p in model.named_parameters():
+        grad = p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad
+        grads[name] = tp.shard_of(name, grad, rank, n)
+    counts = {str(k).split(".")[-1]: v for k, v in comm.get_comm_counts().items()}
+    placement = str(logits.placements[0])
+    return loss.full_tensor().item(), grads, counts, placement
+
+
+def section1(rank, n):
+    ids, targets = batch()
+    ref, ref_loss = reference(ids, targets)
+    full = {name: p.grad for name, p in ref.named_parameters()}
+    # by hand
+    hand = tp_hand.shard(Transformer(CONFIG, seed=0), rank, n)
+    tp_hand.SENT["bytes"] = 0
+    loss = tp_hand.loss_fn(hand, ids, targets, rank)
+    loss.backward()
+    hand_grads = {name: p.grad for name, p in hand.named_parameters()}
+    # the library's twin, its collectives counted
+    lib = tp.parallelize_transformer_(Transformer(CONFIG, seed=0), None)
+    with tp.CommCounter() as counter:
+        lib_loss = tp.tensor_parallel_loss(lib, ids, targets)
+        lib_loss.backward()
+    # parallelize_module
+    api_loss, api, counts, placement = api_grads(rank, n, ids, targets)
+    return {
+        "loss": (ref_loss.item(), loss.item(), lib_loss.item(), api_loss),
+        "hand vs one process": max(max_diff(hand_grads[k], tp.shard_of(k, full[k], rank, n)) for k in full),
+        "library vs hand": max(max_diff(p.grad, hand_grads[k]) for k, p in lib.named_parameters()),
+        "api vs hand": max(max_diff(api[k], hand_grads[k]) for k in full),
+        "shapes": {k: (tuple(full[k].shape), tuple(hand_grads[k].shape)) for k in full if k.startswith("layers.0") or k in ("embed.weight", "head.weight")},
+        "hand sent": tp_hand.SENT["bytes"], "library sent": counter.sent(), "library table": counter.table(),
+        "api counts": counts, "logits placement": placement, "tol": TOL,
+    }
+
+
+# %% slideshow={"slide_type": "subslide"}
+t0 = time.perf_counter()
+s1 = run_ranks("_runs/n15/tp_api.py:section1", nprocs=2, timeout=240, echo="none")
+print(f"2 processes, every rank exit code 0 (~{time.perf_counter() - t0:.0f} s with the start of the processes)")
+r = s1[0]
+for name, (full_shape, local) in r["shapes"].items():
+    print(f"{name:<28} one process {str(full_shape):<10} rank 0 holds {local}")
+
+# %% slideshow={"slide_type": "fragment"}
+from course_lib.tensor_parallel import tp_bytes_per_step  # noqa: E402
+
+for rank, res in enumerate(s1):
+    ref_loss, hand_loss, lib_loss, api_loss = res["loss"]
+    assert max(abs(x - ref_loss) for x in (hand_loss, lib_loss, api_loss)) < TOL
+    assert max(res["hand vs one process"], res["library vs hand"], res["api vs hand"]) < TOL
+print(f"loss, one process {s1[0]['loss'][0]:.4f}; by hand, library, parallelize_module: the same (|difference| < {TOL:g}) on both ranks")
+print(f"every gradient shard: by hand = one process's slice, library = by hand, parallelize_module = by hand (< {TOL:g})")
+print(f"logits of the API version: a DTensor placed {s1[0]['logits placement']} (the vocabulary dimension)")
+
+tokens = BATCH * SEQ
+formula = tp_bytes_per_step(CONFIG, tokens, 2)
+print(f"\nbytes one rank sends per training step, n = 2, {tokens} tokens, float32:")
+for part, b in formula.items():
+    print(f"  {part:<20} {b:>9,}")
+print(f"  {'formula total':<20} {sum(formula.values()):>9,}")
+print(f"  {'counted by hand':<20} {s1[0]['hand sent']:>9,}")
+print(f"  {'counted (library)':<20} {s1[0]['library sent']:>9,}   {s1[0]['library table']}")
+print(f"collectives DTensor ran (CommDebugMode): {s1[0]['api counts']}")
+assert all(res["hand sent"] == res["library sent"] == sum(formula.values()) for res in s1)
+ours = s1[0]["library table"][("all_reduce", "world")][0]
+extra = CONFIG.n_layers * (len(COLUMN_PARALLEL) - 2)  # per block: one f per column-parallel layer instead of 2
+print(f"all-reduces: f and g by hand {ours}; parallelize_module {s1[0]['api counts']['all_reduce']} = {ours} + "
+      f"{CONFIG.n_layers} blocks x ({len(COLUMN_PARALLEL)} column-parallel layers - 2 f's)")
+assert s1[0]["api counts"] == {"all_reduce": ours + extra}
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+Read the count against the code: per block, `g` twice forward (after attention, after the MLP) and `f` twice backward, four all-reduces of `tokens x d_model` floats; the embedding's `g` and the head's `f` add two more; the loss three all-reduces of one float per token.
+
+`parallelize_module` gives the same gradients but runs more all-reduces: each `ColwiseParallel` layer turns its own input into a replicated `DTensor`, so in backward each of `q_proj`, `k_proj`, `v_proj` (and `gate_proj`, `up_proj`) all-reduces its own share of the input's gradient, where the hand-written `f` adds the three shares locally and all-reduces once. A `PrepareModuleInput` on `attn` and `mlp` (as in the sequence-parallel plan of section 2) makes the input a `DTensor` once, and its gradient is reduced once.
+
+The price is in the count: every block waits for four all-reduces of its activations, forward and backward together, on the critical path (the compute cannot go on until the sum arrives). That is why tensor parallelism stays inside a node, on NVLink, in practice: the activations cross the link in every layer.
+"""
+
+# %% [markdown] slideshow={"slide_type": "slide"}
+"""
+## 2. Sequence parallelism
+
+In section 1 the norms (and, in models that use it, dropout) run whole on every rank: the same computation, and the same saved activations, `n` times. Sequence parallelism (Korthikanti et al., 2022) splits those regions along the **sequence** instead: between the blocks' parallel regions each rank keeps only `1/n` of the tokens. An all-reduce is a reduce-scatter followed by an all-gather (notebook 09 §3), so the communication only moves:
+
+- `g` (all-reduce) becomes a **reduce-scatter** along the sequence: each rank receives the summed output of *its* tokens;
+- `f` (identity) becomes an **all-gather** along the sequence: the column-parallel layers need every token;
+- and in backward the other way round (the all-gather's backward is a reduce-scatter, and vice versa).
+
+Same bytes: `(n-1)/n` each half, `2 (n-1)/n` together. One new cost: the norms' weights see only a slice of the tokens on each rank, so their gradients are partial and need an all-reduce (`h` floats per norm, small).
+"""
+
+# %% slideshow={"slide_type": "-"}
+# %%writefile _runs/n15/sp.py
+"""Sequence parallelism by hand, its bytes, its activation memory, and PyTorch's SequenceParallel; the job of section 2."""
+import torch
+import torch.distributed as dist
+
+import course_lib.tensor_parallel as tp
+import tp_api
+import tp_hand
+from common import BATCH, CONFIG, SEQ, TOL, batch, max_diff, reference
+from course_lib.saved_tensors import SavedTensorMeter
+from course_lib.transformer import Transformer
+
+
+def all_gather_seq(x):
+    n = dist.get_world_size()
+    out = torch.empty((n * x.shape[1], x.shape[0], *x.shape[2:]), dtype=x.dtype)
+    tp_hand.SENT["bytes"] += (n - 1) * out.numel() * out.element_size() // n
+    dist.all_gather_into_tensor(out, x.transpose(0, 1).contiguous())
+    return out.transpose(0, 1).contiguous()                         # (batch, n * local tokens, ...)
+
+
+def reduce_scatter_seq(x):
+    n = dist.get_world_size()
+    front = x.transpose(0, 1).contiguous()
+    out = torch.empty((front.shape[0] // n, *front.shape[1:]), dtype=x.dtype)
+    tp_hand.SENT["bytes"] += (n - 1) * front.numel() * front.element_size() // n
+    dist.reduce_scatter_tensor(out, front)
+    return out.transpose(0, 1).contiguous()                         # (batch, local tokens, ...), summed
+
+
+class GatherSeq(torch.autograd.Function):       # replaces f: all-gather forward, reduce-scatter backward
+    @staticmethod
+    def forward(ctx, x):
+        return all_gather_seq(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return reduce_scatter_seq(grad)
+
+
+class ScatterSeq(torch.autograd.Function):      # replaces g: reduce-scatter forward, all-gather backward
+    @staticmethod
+    def forward(ctx, x):
+        return reduce_scatter_seq(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return all_gather_seq(grad)
+
+
+def saved_per_rank(rank, n):
+    """What one block keeps for backward: one process, tensor parallel, tensor + sequence parallel."""
+    model = Transformer(CONFIG, seed=0)
+    x = torch.randn(BATCH, SEQ, CONFIG.d_model, generator=torch.Generator().manual_seed(1), requires_grad=True)
+    rope, layer = (model.rope_cos, model.rope_sin), model.layers[0]
+    out = {}
+    with SavedTensorMeter(exclude=[*model.parameters(), *model.buffers()]) as m:
+        layer(x, rope)
+    out["one process"] = m.bytes
+    tp_hand.shard(model, rank, n)
+    skip = [*model.parameters(), *model.buffers()]
+    with SavedTensorMeter(exclude=skip) as m:
+        tp_hand.block(layer, x, rope)
+    out["tensor parallel"] = m.bytes
+    x_slice = x.detach().chunk(n, 1)[rank].contiguous().requires_grad_()
+    with SavedTensorMeter(exclude=skip) as m:
+        tp_hand.block(layer, x_slice, rope, GatherSeq.apply, ScatterSeq.apply)
+    out["tensor + sequence parallel"] = m.bytes
+    return out
+
+
+def section2(rank, n):
+    ids, targets = batch()
+    ref, ref_loss = reference(ids, targets)
+    full = {name: p.grad for name, p in ref.named_parameters()}
+    hand = tp_hand.shard(Transformer(CONFIG, seed=0), rank, n)
+    tp_hand.SENT["bytes"] = 0
+    loss = tp_hand.loss_fn(hand, ids, targets, rank, GatherSeq.apply, ScatterSeq.apply)
+    loss.backward()
+    for name, p in hand.named_parameters():
+        if name.endswith("norm.weight"):
+            tp_hand.all_reduce_(p.grad)                             # each rank saw 1/n of the tokens
+    hand_grads = {name: p.grad for name, p in hand.named_parameters()}
+    lib = tp.parallelize_transformer_(Transformer(CONFIG, seed=0), None, sequence_parallel=True)
+    with tp.CommCounter() as counter:
+        lib_loss = tp.tensor_parallel_loss(lib, ids, targets)
+        lib_loss.backward()
+        tp.sync_sequence_parallel_grads(lib)
+    api_loss, api, counts, _ = tp_api.api_grads(rank, n, ids, targets, sequence_parallel=True)
+    return {
+        "loss": (ref_loss.item(), loss.item(), lib_loss.item(), api_loss),
+        "hand vs one process": max(max_diff(hand_grads[k], tp.shard_of(k, full[k], rank, n)) for k in full),
+        "library vs hand": max(max_diff(p.grad, hand_grads[k]) for k, p in lib.named_parameters()),
+        "api vs hand": max(max_diff(api[k], hand_grads[k]) for k in full),
+        "hand sent": tp_hand.SENT["bytes"], "library sent": counter.sent(), "library table": counter.table(),
+        "api counts": counts, "saved": saved_per_rank(rank, n), "tol": TOL,
+    }
+
+
+# %% slideshow={"slide_type": "subslide"}
+t0 = time.perf_counter()
+s2 = run_ranks("_runs/n15/sp.py:section2", nprocs=2, timeout=240, echo="none")
+print(f"2 processes, every rank exit code 0 (~{time.perf_counter() - t0:.0f} s)")
+for res in s2:
+    assert max(abs(x - res["loss"][0]) for x in res["loss"][1:]) < TOL
+    assert max(res["hand vs one process"], res["library vs hand"], res["api vs hand"]) < TOL
+print(f"sequence parallel: loss and every gradient shard equal one process's (< {TOL:g}): by hand, library, SequenceParallel plan")
+sp_formula = tp_bytes_per_step(CONFIG, tokens, 2, sequence_parallel=True)
+for part, b in sp_formula.items():
+    print(f"  {part:<22} {b:>9,}")
+print(f"  {'formula total':<22} {sum(sp_formula.values()):>9,}   (tensor parallel alone: {sum(formula.values()):,})")
+print(f"  {'counted by hand':<22} {s2[0]['hand sent']:>9,}")
+print(f"  {'counted (library)':<22} {s2[0]['library sent']:>9,}   {s2[0]['library table']}")
+print(f"collectives DTensor ran (CommDebugMode): {s2[0]['api counts']}")
+assert all(res["hand sent"] == res["library sent"] == sum(sp_formula.values()) for res in s2)
+activations = sum(v for k, v in sp_formula.items() if k != "norm weight gradients")
+print(f"activations' bytes: {activations:,} with sequence parallelism, {sum(formula.values()):,} without: "
+      f"{'the same' if activations == sum(formula.values()) else 'different'}")
+assert activations == sum(formula.values())
+table = s2[0]["library table"]
+assert (table[("reduce_scatter", "world")][0], table[("all_gather", "world")][0]) == (s2[0]["api counts"]["reduce_scatter_tensor"], s2[0]["api counts"]["all_gather_into_tensor"])
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+### Activation bytes per rank
+
+What one block keeps for backward, per rank, against notebook 14 §3's formula (`block_saved_terms`) with the right terms divided by `n` (`course_lib.tensor_parallel.tp_saved_bytes`): tensor parallelism divides what lives on the local heads and the local slice of `d_ff`; sequence parallelism also divides the norms' inputs and statistics. The projections' inputs stay whole in both: they are the all-gathered tensors the linear layers keep. (Megatron-LM keeps only the slice and gathers it again in backward, one more all-gather per sub-layer, to divide that term too.)
+"""
+
+# %% slideshow={"slide_type": "fragment"}
+from course_lib.tensor_parallel import tp_saved_bytes  # noqa: E402
+
+expected = {"one process": sum(tp_saved_bytes(CONFIG, SEQ, 1, batch=BATCH).values()),
+            "tensor parallel": sum(tp_saved_bytes(CONFIG, SEQ, 2, batch=BATCH).values()),
+            "tensor + sequence parallel": sum(tp_saved_bytes(CONFIG, SEQ, 2, batch=BATCH, sequence_parallel=True).values())}
+print(f"one block, {BATCH} x {SEQ} tokens, float32, bytes kept for backward per rank (n = 2):")
+for kind, want in expected.items():
+    got = [res["saved"][kind] for res in s2]
+    print(f"  {kind:<28} measured {got[0]:>8,} (both ranks: {got[0] == got[1]})   formula {want:>8,}")
+    assert got == [want, want]
+sp_over_tp = expected["tensor + sequence parallel"] / expected["tensor parallel"]
+tp_over_one = expected["tensor parallel"] / expected["one process"]
+print(f"tensor parallel / one process: {tp_over_one:.3f}; with sequence parallelism / without: {sp_over_tp:.3f} (smaller)")
+terms_tp, terms_sp = tp_saved_bytes(CONFIG, SEQ, 2, batch=BATCH), tp_saved_bytes(CONFIG, SEQ, 2, batch=BATCH, sequence_parallel=True)
+print("terms that sequence parallelism divides:", ", ".join(k for k in terms_tp if terms_sp[k] < terms_tp[k]))
+assert expected["tensor + sequence parallel"] < expected["tensor parallel"] < expected["one process"]
+
+# %% [markdown] slideshow={"slide_type": "slide"}
+"""
+## 3. Context parallelism: ring attention
+
+Sequence parallelism splits the tokens only *between* the parallel regions; attention itself still sees every token on every rank. For a context of a million tokens that is not possible: the keys and values of one layer no longer fit. Context parallelism splits the sequence **through** attention: each rank keeps the queries, keys and values of its slice of the positions. A query needs every key, so the key/value blocks travel: in ring attention (Liu et al., 2023) each rank passes its current key/value block to the next rank and receives one from the previous, `n - 1` times. At each step it computes its queries' attention over the block it holds, with global positions for the causal mask, and folds it into its running result with notebook 14 §5's log-sum-exp merge (`course_lib.attention.merge_attention`): partial softmaxes over disjoint key blocks combine exactly.
+
+Backward passes the blocks around once more, with their gradient accumulators travelling alongside, and recomputes each block's probabilities from the saved log-sum-exp (FlashAttention-2's backward, notebook 14 §5); at the end the accumulators take one last hop home.
+"""
+
+# %% slideshow={"slide_type": "-"}
+# %%writefile _runs/n15/ring.py
+"""Ring attention by hand (forward), the library's version (forward and backward), against full attention; section 3's job."""
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from common import TOL, max_diff
+from course_lib.attention import attention_block, merge_attention
+from course_lib.context_parallel import (contiguous_layout, ring_attention, ring_attention_bytes, shard_sequence,
+                                         zigzag_layout)
+from course_lib.tensor_parallel import CommCounter
+
+SENT = {"bytes": 0}
+
+
+def pass_right(*tensors):
+    """Send to the next rank, receive from the previous one: all posted at once, so nobody waits on an order."""
+    rank, n = dist.get_rank(), dist.get_world_size()
+    received = [torch.empty(t.shape) for t in tensors]
+    ops = [dist.P2POp(dist.isend, t.contiguous(), (rank + 1) % n) for t in tensors]
+    ops += [dist.P2POp(dist.irecv, r, (rank - 1) % n) for r in received]
+    for work in dist.batch_isend_irecv(ops):
+        work.wait()
+    SENT["bytes"] += sum(t.numel() * t.element_size() for t in tensors)
+    return received
+
+
+def ring_forward(q, k, v, layout):
+    """This rank's queries against every key/value block, the blocks passed around the ring; returns (out, work)."""
+    rank, n = dist.get_rank(), dist.get_world_size()
+    out = torch.zeros_like(q)
+    lse = torch.full(q.shape[:-1], float("-inf"))
+    work = []
+    for step in range(n):
+        source = (rank - step) % n                  # whose block this rank holds at this step
+        done, q_off = 0, 0
+        for q_start, q_len in layout[rank]:
+            k_off = 0
+            for k_start, k_len in layout[source]:
+                if k_start <= q_start + q_len - 1:  # otherwise the causal mask hides the whole chunk pair
+                    qs, ks = slice(q_off, q_off + q_len), slice(k_off, k_off + k_len)
+                    part = attention_block(q[..., qs, :], k[..., ks, :], v[..., ks, :], causal=True,
+                                           q_start=q_start, k_start=k_start)
+                    out[..., qs, :], lse[..., qs] = merge_attention(out[..., qs, :], lse[..., qs], *part)
+                    done += q_len * k_len
+                k_off += k_len
+            q_off += q_len
+        work.append(done)
+        if step < n - 1:
+            k, v = pass_right(k, v)
+    return out, work
+
+
+def section3(rank, n, batch=1, heads=4, seq=128, head_dim=16):
+    g = torch.Generator().manual_seed(0)
+    q, k, v, grad = (torch.randn(batch, heads, seq, head_dim, generator=g) for _ in range(4))
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    full = F.scaled_dot_product_attention(*leaves, is_causal=True)
+    full.backward(grad)
+    results = {}
+    for name, layout in (("contiguous", contiguous_layout(seq, n)), ("zig-zag", zigzag_layout(seq, n))):
+        local = [shard_sequence(t, layout, rank, 2) for t in (q, k, v)]
+        SENT["bytes"] = 0
+        out, work = ring_forward(*local, layout)
+        hand_sent = SENT["bytes"]
+        mine = [t.clone().requires_grad_() for t in local]
+        with CommCounter() as counter:
+            lib_out = ring_attention(*mine, layout=layout)
+            lib_out.backward(shard_sequence(grad, layout, rank, 2))
+        results[name] = {
+            "hand forward": max_diff(out, shard_sequence(full, layout, rank, 2)),
+            "library forward": max_diff(lib_out, shard_sequence(full, layout, rank, 2)),
+            "library backward": max(max_diff(a.grad, shard_sequence(b.grad, layout, rank, 2)) for a, b in zip(mine, leaves)),
+            "work": work, "hand sent": hand_sent, "library sent": counter.sent(),
+            "formula forward": ring_attention_bytes(batch, heads, seq, head_dim, n, backward=False),
+            "formula step": ring_attention_bytes(batch, heads, seq, head_dim, n),
+            "positions": [list(c) for c in layout[rank]],
+        }
+    return {"results": results, "tol": TOL, "shape": (batch, heads, seq, head_dim)}
+
+
+# %% slideshow={"slide_type": "subslide"}
+t0 = time.perf_counter()
+s3 = run_ranks("_runs/n15/ring.py:section3", nprocs=4, timeout=240, echo="none")
+print(f"4 processes, every rank exit code 0 (~{time.perf_counter() - t0:.0f} s)")
+b_, h_, s_, d_ = s3[0]["shape"]
+print(f"q, k, v: batch {b_}, {h_} heads, {s_} positions, head_dim {d_}; causal")
+for name in ("contiguous", "zig-zag"):
+    worst = max(max(res["results"][name][k] for k in ("hand forward", "library forward", "library backward")) for res in s3)
+    print(f"{name:<10}: ring forward (by hand and library) and backward (library) equal full attention on all 4 ranks "
+          f"(< {TOL:g}): {worst < TOL}")
+    assert worst < TOL
+one = s3[0]["results"]["contiguous"]
+block_bytes = b_ * h_ * (s_ // 4) * d_ * 4
+print(f"\nbytes one rank sends per call: forward, counted by hand {one['hand sent']:,}, formula 2 (n-1) B = "
+      f"{one['formula forward']:,} with B = {block_bytes:,} (one key or value block)")
+print(f"forward + backward, counted (library) {one['library sent']:,}, formula 2 (n-1) B + (4n - 2) B = {one['formula step']:,}")
+assert all(res["results"][n_]["hand sent"] == one["formula forward"] for res in s3 for n_ in ("contiguous", "zig-zag"))
+assert all(res["results"][n_]["library sent"] == one["formula step"] for res in s3 for n_ in ("contiguous", "zig-zag"))
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+### Balancing the causal mask: the zig-zag split
+
+With a causal mask, a query sees only the keys before it. In the contiguous split the rank with the first slice of positions has work only at the first step (its own block); every later block comes from positions after its queries, and it skips it. The rank with the last slice works at every step. The ring is synchronous (a step ends when the slowest rank has its next block), so the step time is set by the busiest rank.
+
+The zig-zag split (used by Llama 3's context parallelism and by ring-flash-attention) cuts the sequence into `2n` chunks and gives rank `r` chunks `r` and `2n - 1 - r`: an early one and a late one. Below, the query-key pairs each rank computed at each of the 4 ring steps, as counted inside the hand-written loop, next to `course_lib.context_parallel.ring_work`, which counts the same from the layout alone.
+"""
+
+# %% slideshow={"slide_type": "fragment"}
+for name, layout_fn in (("contiguous", contiguous_layout), ("zig-zag", zigzag_layout)):
+    counted = [res["results"][name]["work"] for res in s3]
+    assert counted == ring_work(layout_fn(s_, 4))
+    per_rank = [sum(w) for w in counted]
+    critical = sum(max(col) for col in zip(*counted))              # each step lasts as long as its busiest rank
+    print(f"{name}: positions of rank 0 {s3[0]['results'][name]['positions']}")
+    for rank, w in enumerate(counted):
+        print(f"  rank {rank}: pairs per step {w}, total {sum(w):>6,}")
+    print(f"  busiest / least busy rank: {max(per_rank) / min(per_rank):.2f}; steps' critical path {critical:,} pairs "
+          f"for {sum(per_rank) // 4:,} per rank on average (ratio {critical / (sum(per_rank) / 4):.2f})")
+contig = ring_work(contiguous_layout(s_, 4))
+zig = ring_work(zigzag_layout(s_, 4))
+crit_c, crit_z = (sum(max(col) for col in zip(*w)) for w in (contig, zig))
+print(f"critical path, zig-zag / contiguous: {crit_z / crit_c:.2f} (shorter)")
+assert crit_z < crit_c and len({sum(w) for w in zig}) == 1
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+In the contiguous split the last rank does 4 times the work of the first (the ratio above), and at every step some rank waits. With zig-zag every rank does the same work, and the critical path falls to the average. A partly masked chunk pair is counted whole, as a kernel computes a whole tile; that is why the zig-zag total per rank is slightly above half of the contiguous last rank's.
+
+### PyTorch's `context_parallel`
+
+PyTorch has the same idea as an experimental API: `torch.distributed.tensor.experimental.context_parallel(mesh, buffers=..., buffer_seq_dims=...)` shards the listed tensors along the sequence in place and, inside the context, replaces `F.scaled_dot_product_attention` with a ring version (load balancing included). It dispatches on the SDPA *kernel*, and only the CUDA kernels (flash, memory-efficient, cuDNN) have a ring version; on the CPU it refuses:
+"""
+
+# %% slideshow={"slide_type": "fragment"}
+import torch.nn.functional as F  # noqa: E402
+from torch.distributed.device_mesh import init_device_mesh  # noqa: E402
+from torch.distributed.tensor.experimental import context_parallel  # noqa: E402
+
+dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+mesh = init_device_mesh("cpu", (1,), mesh_dim_names=("cp",))
+qc, kc, vc = (torch.randn(1, 4, 128, 16) for _ in range(3))
+with expect_error(NotImplementedError, match="does not have a sharding strategy"):
+    with context_parallel(mesh, buffers=[qc, kc, vc], buffer_seq_dims=[2, 2, 2]):
+        F.scaled_dot_product_attention(qc, kc, vc, is_causal=True)
+del mesh
+dist.destroy_process_group()
+
+# %% slideshow={"slide_type": "fragment"}
+if requires_gpu("context_parallel's ring attention with CUDA SDPA, against full attention", count=2):
+    with open("_runs/n15/cp_gpu.py", "w") as fh:
+        fh.write('''
+import torch, torch.nn.functional as F
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor.experimental import context_parallel
+from torch.distributed.tensor.experimental._attention import context_parallel_unshard
+
+def run(rank, n):
+    mesh = init_device_mesh("cuda", (n,), mesh_dim_names=("cp",))
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (torch.randn(1, 8, 4096, 64, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(3))
+    full = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    with context_parallel(mesh, buffers=[q, k, v], buffer_seq_dims=[2, 2, 2]):
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    (out,) = context_parallel_unshard(mesh, [out], [2])
+    return (out.float() - full.float()).abs().max().item()
+''')
+    diffs = run_ranks("_runs/n15/cp_gpu.py:run", nprocs=2, device="cuda", backend="nccl", timeout=300)
+    print(f"context_parallel on 2 GPUs against full attention, bf16: largest difference ~{max(diffs):.3f}")
+
+# %% [markdown] slideshow={"slide_type": "slide"}
+"""
+## 4. Expert parallelism
+
+A mixture-of-experts (MoE) layer replaces a block's MLP by `E` smaller MLPs, the experts, and a **router**: a linear layer that scores each token against each expert. Each token goes to its `k` best experts (top-k), and its output is their outputs weighted by the router's probabilities; so a token costs `k` experts' FLOPs while the layer holds `E` experts' parameters. An expert accepts at most a **capacity** of `ceil(capacity_factor x tokens x k / E)` tokens per batch; assignments past that are **dropped** (the token keeps only its residual path for that slot). `course_lib.moe.route` makes these decisions; first choices are served before second choices.
+
+With **expert parallelism** each rank holds `E / n` experts and its own tokens. After routing, each rank sends every kept assignment's token row to the rank of its expert (**dispatch**), the experts run on the rows they received, and the results go back to the tokens' ranks (**combine**). Both moves are an **all-to-all**: every rank sends a different amount to every other rank. `dist.all_to_all_single` takes the split sizes: how many rows go to each rank, and how many come from each; the receivers learn these counts from a first, small all-to-all of the per-expert counts.
+"""
+
+# %% slideshow={"slide_type": "-"}
+# %%writefile _runs/n15/ep.py
+"""Expert parallelism by hand: dispatch and combine with all_to_all_single; section 4's job."""
+import torch
+import torch.distributed as dist
+
+from common import TOL, max_diff
+from course_lib.moe import MoE, expert_parallel_bytes, expert_parallel_forward, route
+from course_lib.tensor_parallel import CommCounter
+
+SENT = {"bytes": 0}
+D_MODEL, D_FF, EXPERTS, TOP_K, TOKENS = 64, 128, 4, 2, 128
+
+
+def exchange(rows, send, recv):
+    """all_to_all_single: send[r] rows to rank r, recv[r] rows from rank r."""
+    out = torch.empty((sum(recv), *rows.shape[1:]), dtype=rows.dtype)
+    dist.all_to_all_single(out, rows.contiguous(), output_split_sizes=recv, input_split_sizes=send)
+    SENT["bytes"] += (sum(send) - send[dist.get_rank()]) * rows[0].numel() * rows.element_size()
+    return out
+
+
+class AllToAll(torch.autograd.Function):        # backward: the same exchange, the other way
+    @staticmethod
+    def forward(ctx, rows, send, recv):
+        ctx.send, ctx.recv = send, recv
+        return exchange(rows, send, recv)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return exchange(grad, ctx.recv, ctx.send), None, None
+
+
+def ep_forward(moe, x):
+    rank, n = dist.get_rank(), dist.get_world_size()
+    per = moe.n_experts // n                                        # experts per rank: e lives on rank e // per
+    r = route(moe.router(x), moe.top_k, moe.capacity_factor)
+    token, slot = torch.nonzero(r.kept, as_tuple=True)              # the kept assignments
+    expert = r.experts[token, slot]
+    order = torch.argsort(expert, stable=True)                      # grouped by expert, so by destination rank
+    token, slot, expert = token[order], slot[order], expert[order]
+    per_expert = torch.bincount(expert, minlength=moe.n_experts)
+    counts_in = exchange(per_expert.view(n, per), [1] * n, [1] * n)  # rows each rank sends to each of my experts
+    send, recv = per_expert.view(n, per).sum(1).tolist(), counts_in.sum(1).tolist()
+    rows = AllToAll.apply(x[token], send, recv)                     # dispatch
+    which = torch.arange(per).repeat(n).repeat_interleave(counts_in.flatten())  # local expert of each row
+    done = torch.zeros_like(rows)
+    for j in range(per):
+        idx = torch.nonzero(which == j, as_tuple=True)[0]
+        done = done.index_copy(0, idx, moe.experts[rank * per + j](rows[idx]))
+    back = AllToAll.apply(done, recv, send)                         # combine
+    return torch.zeros_like(x).index_add(0, token, back * r.weights[token, slot].unsqueeze(-1)), r, send, recv
+
+
+def section4(rank, n):
+    xs = torch.randn(n, TOKENS, D_MODEL, generator=torch.Generator().manual_seed(0))   # every rank's tokens
+    ref = MoE(D_MODEL, D_FF, EXPERTS, TOP_K, capacity_factor=1.25, seed=0)
+    ref_x = xs.clone().requires_grad_()
+    sum((ref(ref_x[s]) ** 2).mean() for s in range(n)).backward()   # one process: every rank's tokens in turn
+    moe = MoE(D_MODEL, D_FF, EXPERTS, TOP_K, capacity_factor=1.25, seed=0)
+    x = xs[rank].clone().requires_grad_()
+    SENT["bytes"] = 0
+    y, routing, send, recv = ep_forward(moe, x)
+    (y ** 2).mean().backward()
+    dist.all_reduce(moe.router.weight.grad)                         # the router is replicated: sum its gradients
+    lib = MoE(D_MODEL, D_FF, EXPERTS, TOP_K, capacity_factor=1.25, seed=0)
+    lx = xs[rank].clone().requires_grad_()
+    with CommCounter() as counter:
+        ly = expert_parallel_forward(lib, lx)
+        (ly ** 2).mean().backward()
+    per = EXPERTS // n
+    mine = range(rank * per, (rank + 1) * per)
+    ref_y = MoE(D_MODEL, D_FF, EXPERTS, TOP_K, capacity_factor=1.25, seed=0)(xs[rank])
+    expert_diff = max(max_diff(p.grad, q.grad) for e in mine
+                      for p, q in zip(moe.experts[e].parameters(), ref.experts[e].parameters()))
+    return {
+        "forward": max_diff(y, ref_y), "library": max_diff(ly, y), "input grads": max_diff(x.grad, ref_x.grad[rank]),
+        "expert grads": expert_diff, "router grads": max_diff(moe.router.weight.grad, ref.router.weight.grad),
+        "send": send, "recv": recv, "wanted": routing.wanted.tolist(), "load": routing.load.tolist(),
+        "capacity": routing.capacity, "dropped": routing.dropped, "hand sent": SENT["bytes"],
+        "library sent": counter.sent(), "library table": counter.table(),
+        "formula": expert_parallel_bytes(send, recv, rank, D_MODEL * 4, n_experts=EXPERTS),
+        "others' experts untouched": all(p.grad is None for e in range(EXPERTS) if e not in mine
+                                         for p in moe.experts[e].parameters()),
+    }
+
+
+# %% slideshow={"slide_type": "subslide"}
+t0 = time.perf_counter()
+s4 = run_ranks("_runs/n15/ep.py:section4", nprocs=2, timeout=240, echo="none")
+print(f"2 processes, every rank exit code 0 (~{time.perf_counter() - t0:.0f} s)")
+for res in s4:
+    assert max(res[k] for k in ("forward", "library", "input grads", "expert grads", "router grads")) < TOL
+    assert res["others' experts untouched"]
+print(f"expert parallel = one process (< {TOL:g}): outputs, input gradients, each rank's experts' gradients, the router's")
+print(f"4 experts, top-2, capacity {s4[0]['capacity']} per expert per rank (capacity factor 1.25, 128 tokens per rank)")
+for rank, res in enumerate(s4):
+    print(f"rank {rank}: routed per expert {res['wanted']}, kept {res['load']}, dropped {res['dropped']};"
+          f" rows sent to ranks {res['send']}, received from ranks {res['recv']}")
+for rank, res in enumerate(s4):
+    print(f"rank {rank} bytes per step: by hand {res['hand sent']:,}, library {res['library sent']:,}, formula {res['formula']:,}")
+    assert res["hand sent"] == res["library sent"] == res["formula"]
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+The formula, per rank and step: the counts (`E - E/n` int64 numbers to the other ranks), then the rows it dispatches to other ranks and the rows it sends back at combine (those it received), each `d_model` floats; backward repeats both exchanges in reverse. The row for the collectives table of notebook 09: an all-to-all sends each rank's `n` pieces to their `n` ranks, a rank sending `sum of its pieces for others` bytes, `(n-1)/n` of its buffer when the split is even, as the all-gather; but here the split is whatever the router decided.
+
+### Load imbalance, and the auxiliary loss
+
+Nothing in the task loss asks the router to spread the tokens. A router that sends most tokens to a few experts overloads their ranks (the all-to-all and the experts' compute wait for the busiest one) and drops the assignments past capacity. Switch Transformers (Fedus et al., 2021) add an auxiliary loss `E x sum over e of f_e P_e`, where `f_e` is the fraction of assignments routed to expert `e` and `P_e` its mean router probability: it equals 1 when both are even, and more when the router concentrates. Below, one process trains the layer on a small regression task, with and without the auxiliary loss (coefficient 0.1), from the same start.
+"""
+
+# %% slideshow={"slide_type": "fragment"}
+gen = torch.Generator().manual_seed(1)
+x_task = torch.randn(256, 16, generator=gen) + 1.0          # inputs with a common direction: an easy one to collapse onto
+y_task = torch.tanh(x_task @ torch.randn(16, 16, generator=gen))
+AUX, STEPS = 0.1, 80
+runs = {}
+for coef in tqdm((0.0, AUX), desc="training with and without the auxiliary loss"):
+    layer = MoE(16, 32, n_experts=4, top_k=2, capacity_factor=1.25, seed=0)
+    opt = torch.optim.Adam(layer.parameters(), lr=1e-2)
+    layer(x_task)
+    start = layer.last_routing
+    for _ in range(STEPS):
+        out = layer(x_task)
+        loss = ((out - y_task) ** 2).mean() + coef * layer.last_routing.aux_loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    with torch.no_grad():
+        task = ((layer(x_task) - y_task) ** 2).mean().item()
+    runs[coef] = (start, layer.last_routing, task)
+start = runs[0.0][0]
+print(f"at the start: routed per expert {start.wanted.tolist()}, max/mean {start.wanted.max().item() / start.wanted.float().mean().item():.2f}")
+for coef, (_, end, task) in runs.items():
+    imbalance = end.wanted.max().item() / end.wanted.float().mean().item()
+    print(f"after {STEPS} steps, aux coefficient {coef}: max/mean load ~{imbalance:.2f}, dropped ~{end.dropped} of "
+          f"{end.kept.numel()} assignments, aux loss ~{end.aux_loss.item():.2f}, task loss ~{task:.3f}")
+imb = {c: e.wanted.max().item() / e.wanted.float().mean().item() for c, (_, e, _) in runs.items()}
+assert imb[0.0] > 1.5 and imb[AUX] < 1.2 and runs[AUX][1].dropped < runs[0.0][1].dropped
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+Without the auxiliary loss, the router concentrates the tokens on some of the experts (max/mean load well above 1), and the capacity cut drops many assignments; the other experts' parameters are nearly idle. With it the load stays close to even and almost nothing is dropped; on this task the layer even fits better, because all four experts are used. The coefficient is a trade-off (Switch used 0.01); newer models also balance with a per-expert bias on the router's scores instead of a loss (DeepSeek-V3, Liu et al., 2024).
+"""
+
+# %% [markdown] slideshow={"slide_type": "slide"}
+"""
+## 5. A 3-D mesh: data × context × tensor parallelism on 8 processes
+
+The dimensions compose. `init_device_mesh("cpu", (2, 2, 2), mesh_dim_names=("dp", "cp", "tp"))` arranges 8 processes in a cube; each named dimension has its own process group, of the ranks that differ only in that coordinate. One training step then uses all three:
+
+- **tp**: the model is tensor-parallel over the `tp` group (`course_lib.tensor_parallel.parallelize_transformer_`, section 1's twin);
+- **cp**: each attention's core is replaced by ring attention over the `cp` group, with the zig-zag layout, and the rotary positions are those of the rank's chunks;
+- **dp**: each `dp` rank trains on its own sequences;
+- the weights are replicated across `dp` and `cp` (each saw different tokens), so after backward their gradients are all-reduced over `cp` and then over `dp`, and divided by 4.
+
+Three Adam steps against one process training on the whole batch (4 sequences of 64 tokens), with every collective counted per group by `CommCounter(tp=..., cp=..., dp=...)`.
+"""
+
+# %% slideshow={"slide_type": "-"}
+# %%writefile _runs/n15/mesh.py
+"""dp x cp x tp on 8 processes, three Adam steps, against one process; section 5's job."""
+import functools
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+
+import course_lib.tensor_parallel as tp
+from common import CONFIG, SEQ, TOL, batch, max_diff
+from course_lib.context_parallel import ring_attention, shard_sequence, zigzag_layout
+from course_lib.transformer import Transformer
+
+STEPS, SEQUENCES, LR = 3, 4, 1e-3
+
+
+def section5(rank, world):
+    mesh = init_device_mesh("cpu", (2, 2, 2), mesh_dim_names=("dp", "cp", "tp"))
+    groups = {d: mesh.get_group(d) for d in ("dp", "cp", "tp")}
+    coord = {d: mesh.get_local_rank(d) for d in ("dp", "cp", "tp")}
+    layout = zigzag_layout(SEQ, 2)
+    model = tp.parallelize_transformer_(Transformer(CONFIG, seed=0), groups["tp"])
+    for layer in model.layers:                                     # attention proper: the ring over cp
+        layer.attn.core = functools.partial(ring_attention, group=groups["cp"], layout=layout)
+    positions = shard_sequence(torch.arange(SEQ).view(1, -1), layout, coord["cp"]).view(-1)
+    opt = torch.optim.Adam(model.parameters(), lr=LR)
+    ref = Transformer(CONFIG, seed=0)
+    ref_opt = torch.optim.Adam(ref.parameters(), lr=LR)
+    per_dp = SEQUENCES // 2
+    losses, ref_losses = [], []
+    for step in range(STEPS):
+        ids, targets = batch(step, SEQUENCES)
+        ref_opt.zero_grad()
+        ref_loss = ref.loss(ids, targets)
+        ref_loss.backward()
+        ref_opt.step()
+        ref_losses.append(ref_loss.item())
+        rows = slice(coord["dp"] * per_dp, (coord["dp"] + 1) * per_dp)        # this dp rank's sequences
+        ids_l, targets_l = (shard_sequence(t[rows], layout, coord["cp"]) for t in (ids, targets))  # its positions
+        opt.zero_grad()
+        with tp.CommCounter(**groups) as counter:
+            loss = tp.tensor_parallel_loss(model, ids_l, targets_l, positions=positions)
+            loss.backward()
+            for p in model.parameters():                           # replicated over cp and dp: average
+                tp.all_reduce(p.grad, groups["cp"])
+                tp.all_reduce(p.grad, groups["dp"])
+                p.grad /= 4
+        opt.step()
+        whole = loss.detach().clone()
+        dist.all_reduce(whole)                                     # (not counted: only to print the global loss)
+        losses.append(whole.item() / 8)                            # the 2 tp ranks of a (dp, cp) pair hold the same
+    ref_params = dict(ref.named_parameters())
+    return {
+        "coord": coord, "losses": losses, "ref losses": ref_losses,
+        "params": max(max_diff(p, tp.shard_of(k, ref_params[k], coord["tp"], 2)) for k, p in model.named_parameters()),
+        "held": sum(p.numel() for p in model.parameters()), "full": sum(p.numel() for p in ref.parameters()),
+        "sequences": list(range(SEQUENCES))[rows], "positions": [list(c) for c in layout[coord["cp"]]],
+        "table": counter.table(), "tokens": ids_l.numel(), "local heads": model.layers[0].attn.q_proj.weight.shape[0] // CONFIG.head_dim,
+        "tol": TOL,
+    }
+
+
+# %% slideshow={"slide_type": "subslide"}
+t0 = time.perf_counter()
+s5 = run_ranks("_runs/n15/mesh.py:section5", nprocs=8, timeout=300, echo="none")
+print(f"8 processes, every rank exit code 0 (~{time.perf_counter() - t0:.0f} s)")
+print("rank  (dp, cp, tp)  sequences  positions           parameters held")
+for rank, res in enumerate(s5):
+    c = res["coord"]
+    print(f"{rank:>4}  ({c['dp']}, {c['cp']}, {c['tp']})      {str(res['sequences']):<9}  {str(res['positions']):<18}  "
+          f"{res['held']:,} of {res['full']:,}")
+for step, (mine, ref) in enumerate(zip(s5[0]["losses"], s5[0]["ref losses"])):
+    print(f"step {step}: loss, 8 processes {mine:.4f}, one process {ref:.4f}")
+assert all(abs(a - b) < TOL for res in s5 for a, b in zip(res["losses"], res["ref losses"]))
+assert max(res["params"] for res in s5) < TOL
+print(f"after {len(s5[0]['losses'])} Adam steps every rank's parameters equal the one-process model's slice (< {TOL:g})")
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+What each rank sent in the last step, by group, against the formulas of sections 1 and 3 and notebook 09's ring all-reduce: on `tp`, section 1's count for this rank's `2 x 32` tokens; on `cp`, the ring attention of each of the 2 layers (on the 2 local heads) and the all-reduce of the gradients of the parameters this rank holds; on `dp`, that all-reduce again.
+"""
+
+# %% slideshow={"slide_type": "fragment"}
+from course_lib.context_parallel import ring_attention_bytes  # noqa: E402
+from course_lib.tensor_parallel import collective_bytes  # noqa: E402
+
+res = s5[0]
+grad_bytes = res["held"] * 4
+want = {
+    "tp": sum(tp_bytes_per_step(CONFIG, res["tokens"], 2).values()),
+    "cp": CONFIG.n_layers * ring_attention_bytes(2, res["local heads"], SEQ, CONFIG.head_dim, 2)
+    + collective_bytes("all_reduce", grad_bytes, 2),
+    "dp": collective_bytes("all_reduce", grad_bytes, 2),
+}
+print(f"{'group':<6}{'collective':<16}{'calls':>6}{'bytes':>11}")
+for (op, group), (calls, sent) in res["table"].items():
+    print(f"{group:<6}{op:<16}{calls:>6}{sent:>11,}")
+for group, formula_bytes in want.items():
+    counted = sum(sent for (op, g), (_, sent) in res["table"].items() if g == group)
+    print(f"{group}: counted {counted:,} bytes, formula {formula_bytes:,}")
+    assert all(sum(s for (o, g), (_, s) in r["table"].items() if g == group) == formula_bytes for r in s5)
+print(f"notebook so far ~{time.perf_counter() - notebook_start:.0f} s")
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+The table is the map of a real run at small scale: the per-layer, latency-critical collectives (tensor parallelism's all-reduces, the ring's point-to-point blocks) stay in the innermost groups, and the gradient all-reduce, once per step and overlappable with backward, runs on the outer group. On a cluster the mesh is laid out so that `tp` is inside a node (NVLink) and `dp` spans nodes; `cp` in between. Expert parallelism takes a dimension the same way (often sharing the ranks of `dp` or `cp`: the experts are split over ranks that otherwise hold copies), and pipeline parallelism (notebook 12) another.
+
+## 6. Which dimension for which problem
+
+<!-- BEGIN generated: facts-transformer-parallelism -->
+| | tensor parallel | sequence parallel | context parallel | expert parallel |
+|---|---|---|---|---|
+| what is split | each layer's weight matrices | the tokens of the norm and dropout regions between tensor-parallel layers (with tensor parallelism) | the sequence, through attention: each rank keeps the queries, keys and values of its positions | the experts of mixture-of-experts layers; each rank routes its own tokens |
+| communicated | activations inside every layer (all-reduce / all-gather) | tensor parallelism's all-reduces become reduce-scatter + all-gather along the sequence: the same bytes; plus an all-reduce of the norms' weight gradients | key/value blocks around a ring, point-to-point: `2 (n-1)` blocks forward, `4n - 2` backward per attention; the gradients all-reduced over the group | two all-to-alls per MoE layer forward (dispatch, combine) and two backward, sizes set by the router |
+| idle time | none, but communication on the critical path of every layer | as tensor parallelism | with a causal mask, uneven unless the sequence is split zig-zag; transfers overlap the block's compute on GPUs | load imbalance: the busiest expert's rank sets the pace; capacity drops the excess |
+| needs | very fast links: one node, NVLink | tensor parallelism (the same group, the same fast links) | a sequence long enough that one block's attention outweighs passing its keys and values | a balanced router (auxiliary loss or bias) and fast all-to-all |
+| use when | single layers too big, or activations per layer; within a node | always with tensor parallelism: the norms' activations are otherwise replicated | long context: the activations of one sequence do not fit one device | mixture-of-experts models: more experts than fit one device |
+| shown | notebook 12 §6 (one layer), notebook 15 §1 (a whole block) | notebook 15 §2 | notebook 15 §3 | notebook 15 §4 |
+<!-- END generated -->
+"""
+
+# %% [markdown] slideshow={"slide_type": "slide"}
+"""
+## Summary
+
+- **Tensor parallelism** splits q/k/v and the MLP's first projections by columns (heads, `d_ff`) and o/down by rows; Megatron's `f` (identity forward, all-reduce backward) and `g` (all-reduce forward, identity backward) are the only communication: 4 all-reduces of the activations per block and step, plus 2 for the vocabulary-parallel embedding and head and 3 small ones for the vocabulary-parallel loss. By hand, `course_lib` and `parallelize_module` gave one process's gradients and the counted bytes matched the formula.
+- **Sequence parallelism** replaces each all-reduce by a reduce-scatter and an all-gather along the sequence, the same activation bytes, plus an all-reduce of the norms' weight gradients; the norms' activations are divided by the ranks, measured to the byte against notebook 14's formula.
+- **Context parallelism** (ring attention) keeps the queries and passes key/value blocks around the ring, merged by log-sum-exp: equal to full causal attention forward and backward, sending `2 (n-1)` blocks forward and `4n - 2` backward. The zig-zag split evens the causal work per rank (table in section 3); PyTorch's `context_parallel` needs CUDA's SDPA kernels.
+- **Expert parallelism** dispatches token rows to their experts' ranks and combines them back with two `all_to_all_single` calls, equal to the one-process MoE; the auxiliary loss kept the load close to even where training without it collapsed onto some experts.
+- The dimensions compose on a `DeviceMesh`: dp × cp × tp on 8 processes trained like one process, and each group carried its own collectives.
+"""
+
+# %% [markdown] slideshow={"slide_type": "slide"}
+"""
+## Exercises
+
+1. For each linear layer of a block, say whether tensor parallelism splits it by columns (`"column"`) or by rows (`"row"`).
+2. Write `ring_forward_bytes(batch, heads, seq_len, head_dim, n, p)`: the bytes one rank sends in the forward pass of one ring-attention call on `n` ranks (`p` bytes per element, heads of key and value equal to the query's).
+3. Write `a2a_send_counts(experts, kept, n_experts, n_ranks)`: the rows one rank sends to each rank at dispatch, given its routing (`experts` and `kept` of shape `(tokens, k)`, expert `e` on rank `e // (n_experts / n_ranks)`).
+"""
+
+# %% slideshow={"slide_type": "-"}
+from course_lib.exercises.transformer_parallelism import (  # noqa: E402
+    LINEAR_LAYERS, check_a2a_send_counts, check_parallel_styles, check_ring_forward_bytes,
+)
+
+print(", ".join(LINEAR_LAYERS))
+answer = {name: ... for name in LINEAR_LAYERS}  # "column" or "row"
+print(check_parallel_styles(answer))
+
+
+# %% slideshow={"slide_type": "-"}
+def ring_forward_bytes(batch, heads, seq_len, head_dim, n, p):
+    raise NotImplementedError  # your code here
+
+
+print(check_ring_forward_bytes(ring_forward_bytes))
+
+
+# %% slideshow={"slide_type": "-"}
+def a2a_send_counts(experts, kept, n_experts, n_ranks):
+    raise NotImplementedError  # your code here
+
+
+print(check_a2a_send_counts(a2a_send_counts))
+
+# %% [markdown] slideshow={"slide_type": "slide"}
+"""
+## References
+
+- M. Shoeybi et al., *Megatron-LM: Training Multi-Billion Parameter Language Models Using Model Parallelism*, 2019, [arXiv:1909.08053](https://arxiv.org/abs/1909.08053) (the `f` and `g` operators, vocabulary-parallel embedding and loss).
+- V. Korthikanti et al., *Reducing Activation Recomputation in Large Transformer Models*, 2022, [arXiv:2205.05198](https://arxiv.org/abs/2205.05198) (sequence parallelism, the activation formula).
+- H. Liu, M. Zaharia, P. Abbeel, *Ring Attention with Blockwise Transformers for Near-Infinite Context*, 2023, [arXiv:2310.01889](https://arxiv.org/abs/2310.01889); the zig-zag split: Llama Team, *The Llama 3 Herd of Models*, 2024, [arXiv:2407.21783](https://arxiv.org/abs/2407.21783) (its part on context parallelism).
+- N. Shazeer et al., *Outrageously Large Neural Networks: The Sparsely-Gated Mixture-of-Experts Layer*, 2017, [arXiv:1701.06538](https://arxiv.org/abs/1701.06538); D. Lepikhin et al., *GShard*, 2020, [arXiv:2006.16668](https://arxiv.org/abs/2006.16668); W. Fedus, B. Zoph, N. Shazeer, *Switch Transformers*, 2021, [arXiv:2101.03961](https://arxiv.org/abs/2101.03961) (capacity, the auxiliary loss); DeepSeek-AI, *DeepSeek-V3 Technical Report*, 2024, [arXiv:2412.19437](https://arxiv.org/abs/2412.19437) (bias-based balancing).
+- Hugging Face, [*The Ultra-Scale Playbook: Training LLMs on GPU Clusters*](https://huggingface.co/spaces/nanotron/ultrascale-playbook), 2025; [picotron](https://github.com/huggingface/picotron).
+- PyTorch docs and tutorials: [Tensor Parallelism (`torch.distributed.tensor.parallel`)](https://pytorch.org/docs/stable/distributed.tensor.parallel.html), [Large Scale Transformer model training with Tensor Parallel](https://pytorch.org/tutorials/intermediate/TP_tutorial.html), [Context Parallel tutorial](https://pytorch.org/tutorials/prototype/context_parallel.html), [`all_to_all_single`](https://pytorch.org/docs/stable/distributed.html#torch.distributed.all_to_all_single), [DeviceMesh](https://pytorch.org/tutorials/recipes/distributed_device_mesh.html).
+"""

@@ -1,0 +1,98 @@
+from __future__ import annotations
+
+import torch
+
+from checks import assert_check
+from course_lib.exercises.transformer_parallelism import (
+    LINEAR_LAYERS,
+    check_a2a_send_counts,
+    check_parallel_styles,
+    check_ring_forward_bytes,
+)
+
+RIGHT = {
+    "q_proj": "column",
+    "k_proj": "column",
+    "v_proj": "column",
+    "o_proj": "row",
+    "gate_proj": "column",
+    "up_proj": "column",
+    "down_proj": "row",
+}
+
+
+def _blank(*args: object) -> object:
+    raise NotImplementedError
+
+
+def test_parallel_styles() -> None:
+    swapped = {k: "row" if v == "column" else "column" for k, v in RIGHT.items()}
+    assert_check(
+        check_parallel_styles,
+        right=[RIGHT, {**RIGHT, "extra": "ignored"}],
+        right_says="row-parallel o and down",
+        not_done=[..., None, {name: ... for name in LINEAR_LAYERS}],
+        wrong=[
+            (swapped, "every answer is swapped"),
+            ({**RIGHT, "k_proj": "row"}, "k_proj"),
+            ({**RIGHT, "o_proj": "column"}, "o_proj"),
+            ({**RIGHT, "gate_proj": "row"}, "SwiGLU"),
+            ({**RIGHT, "down_proj": "column"}, "down_proj"),
+            ({**RIGHT, "q_proj": "col"}, 'answer "column" or "row"'),
+            ({"q_proj": "column"}, "no answer for"),
+            (["column"] * 7, "should be a dict"),
+        ],
+    )
+
+
+def _ring(b: int, h: int, s: int, d: int, n: int, p: int) -> int:
+    return 2 * (n - 1) * b * h * (s // n) * d * p
+
+
+def test_ring_forward_bytes() -> None:
+    assert_check(
+        check_ring_forward_bytes,
+        right=[_ring, lambda *a: float(_ring(*a)), lambda *a: torch.tensor(_ring(*a))],
+        right_says="2 (n - 1) blocks",
+        not_done=[_blank, ...],
+        wrong=[
+            (lambda b, h, s, d, n, p: _ring(b, h, s, d, n, p) // 2, "keys AND values"),
+            (lambda b, h, s, d, n, p: 2 * n * b * h * (s // n) * d * p, "n - 1 steps"),
+            (lambda b, h, s, d, n, p: 2 * b * h * (s // n) * d * p, "that is one step"),
+            (lambda b, h, s, d, n, p: 2 * (n - 1) * b * h * s * d * p, "seq_len / n"),
+            (lambda b, h, s, d, n, p: 7, "count the blocks"),
+            (lambda b, h, s, d, n, p: "a lot", "should return a number"),
+        ],
+    )
+
+
+def _counts(experts: torch.Tensor, kept: torch.Tensor, n_experts: int, n_ranks: int) -> list[int]:
+    per = n_experts // n_ranks
+    owner = experts[kept] // per
+    return [int((owner == r).sum()) for r in range(n_ranks)]
+
+
+def test_a2a_send_counts() -> None:
+    def no_kept(experts, kept, n_experts, n_ranks):  # noqa: ANN001, ANN202
+        return _counts(experts, torch.ones_like(kept), n_experts, n_ranks)
+
+    def round_robin(experts, kept, n_experts, n_ranks):  # noqa: ANN001, ANN202
+        return [int(((experts[kept] % n_ranks) == r).sum()) for r in range(n_ranks)]
+
+    def tokens(experts, kept, n_experts, n_ranks):  # noqa: ANN001, ANN202
+        per = n_experts // n_ranks
+        return [int(((experts // per == r) & kept).any(1).sum()) for r in range(n_ranks)]
+
+    assert_check(
+        check_a2a_send_counts,
+        right=[_counts, lambda *a: torch.tensor(_counts(*a)), lambda *a: tuple(_counts(*a))],
+        right_says="input_split_sizes",
+        not_done=[_blank, ...],
+        wrong=[
+            (no_kept, "dropped assignments"),
+            (round_robin, "placed in blocks"),
+            (tokens, "count assignments, not tokens"),
+            (lambda e, k, ne, nr: [0] * nr, "expected"),
+            (lambda e, k, ne, nr: [1], "one count per rank"),
+        ],
+    )
