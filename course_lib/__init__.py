@@ -5,7 +5,7 @@ this package itself exports nothing. One module per job:
 
 * :mod:`course_lib.seeding` — ``seed_everything``: the same numbers on every run
 * :mod:`course_lib.device` — ``requires_gpu`` (the guard of GPU-only cells), ``best_device``, ``environment_report``
-* :mod:`course_lib.data` — the scikit-learn digits as seeded tensors (no downloads)
+* :mod:`course_lib.data` — the scikit-learn digits as seeded tensors; Python's documentation as bytes (no downloads)
 * :mod:`course_lib.errors` — ``expect_error`` for cells that demonstrate an error
 * :mod:`course_lib.graph_view` — draw and describe the autograd graph behind a tensor
 * :mod:`course_lib.saved_tensors` — ``SavedTensorMeter``: bytes autograd keeps for backward; autocast's weight copies
@@ -17,6 +17,8 @@ this package itself exports nothing. One module per job:
 * :mod:`course_lib.allreduce_sim` — parameter server and ring all-reduce simulated, bytes counted
 * :mod:`course_lib.collectives` — the ring all-reduce on real processes (notebook 09 writes it by hand)
 * :mod:`course_lib.timing` — matrix-multiply throughput in TFLOP/s (GPU events or wall clock)
+* :mod:`course_lib.transformer` — the course's Llama-style decoder and its formulas: parameters, saved bytes, FLOPs, MFU
+* :mod:`course_lib.attention` — attention one key block at a time: partial results, their merge, their backward
 * :mod:`course_lib.launch` — run ``torchrun``/spawn jobs from a notebook: free port, timeout, no orphans
 * :mod:`course_lib.pipeline` — GPipe schedules, the bubble fraction, Gantt charts
 * :mod:`course_lib.manifest` — the course's notebooks in order, from ``course.toml``

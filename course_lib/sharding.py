@@ -18,7 +18,10 @@ ZeRO-3/FSDP   + parameters                ``(P + G + K) Ψ / N``
 
 A shard is ``ceil(Ψ / N)`` elements (the flat buffer is padded so every rank owns the same length),
 which is what :func:`model_state_bytes` counts. Activations are not sharded by any stage: each rank
-keeps those of its own micro-batch, estimated separately by :func:`activation_bytes`.
+keeps those of its own micro-batch. For the course's transformer (:mod:`course_lib.transformer`,
+notebook 14) :func:`transformer_activation_bytes` counts them with the formula notebook 14 checks to
+the byte against ``SavedTensorMeter``; :func:`rank_memory` uses it when given the model's
+configuration. For any other stack of layers, :func:`activation_bytes` takes the bytes of one layer.
 """
 
 from __future__ import annotations
@@ -26,6 +29,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import torch
+
+from .transformer import TransformerConfig, block_saved_bytes, model_saved_bytes
 from .validation import check_bool, check_int
 
 __all__ = [
@@ -37,6 +43,7 @@ __all__ = [
     "bytes_per_parameter",
     "model_state_bytes",
     "rank_memory",
+    "transformer_activation_bytes",
     "zero_table",
 ]
 
@@ -158,6 +165,49 @@ def activation_bytes(micro_batch: int, bytes_per_sample_per_layer: int, layers: 
     return micro_batch * per * (k - 1 + math.ceil(layers / k))
 
 
+def transformer_activation_bytes(
+    config: TransformerConfig,
+    seq_len: int,
+    micro_batch: int,
+    *,
+    dtype: torch.dtype = torch.bfloat16,
+    checkpointing: bool = False,
+) -> int:
+    """Activation bytes one rank needs for a micro-batch of the course's transformer (notebook 14's formula).
+
+    Without checkpointing: everything the model keeps for backward,
+    :func:`course_lib.transformer.model_saved_bytes` (its blocks, embedding, head and loss), with the
+    attention the config names (SDPA for the presets). With checkpointing of every block: each block
+    keeps only its input, and in backward one block at a time is recomputed, so one block's full
+    activations come on top (``checkpointing="full"`` plus one :func:`~course_lib.transformer.block_saved_bytes`).
+
+    >>> from course_lib.transformer import PRESETS
+    >>> round(transformer_activation_bytes(PRESETS["llama2-7b"], 2048, 1) / 1e9, 2)
+    10.37
+    >>> round(transformer_activation_bytes(PRESETS["llama2-7b"], 2048, 1, checkpointing=True) / 1e9, 2)
+    1.15
+    """
+    if not isinstance(config, TransformerConfig):
+        raise TypeError(f"config must be a course_lib.transformer.TransformerConfig, got {type(config).__name__}")
+    micro_batch = check_int("micro_batch", micro_batch, minimum=0)
+    if micro_batch == 0:
+        check_int("seq_len", seq_len, minimum=1)
+        return 0
+    if not check_bool("checkpointing", checkpointing):
+        return model_saved_bytes(config, seq_len, batch=micro_batch, dtype=dtype, checkpointing="none")
+    kept = model_saved_bytes(config, seq_len, batch=micro_batch, dtype=dtype, checkpointing="full")
+    return kept + block_saved_bytes(config, seq_len, batch=micro_batch, dtype=dtype, checkpointing="none")
+
+
+def _activation_dtype(prec: Precision) -> torch.dtype:
+    """The dtype activations are kept in: 16-bit when the parameters are, float32 when they are 4 bytes."""
+    if prec.parameter == 2:
+        return torch.bfloat16
+    if prec.parameter == 4:
+        return torch.float32
+    raise ValueError(f"a transformer's activations need 2- or 4-byte parameters, got {prec.parameter}")
+
+
 def rank_memory(
     num_params: int,
     world_size: int,
@@ -168,14 +218,35 @@ def rank_memory(
     bytes_per_sample_per_layer: int = 0,
     layers: int = 1,
     checkpointing: bool = False,
+    model: TransformerConfig | None = None,
+    seq_len: int | None = None,
 ) -> dict[str, int]:
     """Model state and activations of one rank, and their sum (what the calculator shows).
 
+    Activations: for the course's transformer pass ``model`` (its configuration) and ``seq_len``;
+    :func:`transformer_activation_bytes` counts them, in bf16 for 2-byte parameters and float32 for
+    4-byte ones. For another layer stack pass ``bytes_per_sample_per_layer`` and ``layers``
+    (:func:`activation_bytes`).
+
     >>> rank_memory(1000, 2, "zero2", "fp32_adam", micro_batch=4, bytes_per_sample_per_layer=100, layers=4)
     {'parameters': 4000, 'gradients': 2000, 'optimizer': 4000, 'activations': 1600, 'total': 11600}
+    >>> from course_lib.transformer import PRESETS
+    >>> r = rank_memory(6_738_415_616, 8, "zero3", micro_batch=1, model=PRESETS["llama2-7b"], seq_len=2048)
+    >>> {k: round(v / 1e9, 1) for k, v in r.items()}
+    {'parameters': 1.7, 'gradients': 1.7, 'optimizer': 10.1, 'activations': 10.4, 'total': 23.8}
     """
     state = model_state_bytes(num_params, world_size, stage, precision)
-    acts = activation_bytes(micro_batch, bytes_per_sample_per_layer, layers, checkpointing=checkpointing)
+    if model is not None:
+        if bytes_per_sample_per_layer:
+            raise ValueError("give either model (and seq_len) or bytes_per_sample_per_layer, not both")
+        if seq_len is None:
+            raise ValueError("model needs seq_len, the length of each sequence of the micro-batch")
+        dtype = _activation_dtype(_check_precision(precision))
+        acts = transformer_activation_bytes(model, seq_len, micro_batch, dtype=dtype, checkpointing=checkpointing)
+    else:
+        if seq_len is not None:
+            raise ValueError("seq_len is used with model only")
+        acts = activation_bytes(micro_batch, bytes_per_sample_per_layer, layers, checkpointing=checkpointing)
     return {
         "parameters": state.parameters,
         "gradients": state.gradients,

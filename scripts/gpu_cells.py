@@ -52,6 +52,10 @@ CANNOT_RUN_ON_CPU = {
     "a memory snapshot of a checkpointed training step, for pytorch.org/memory_viz": (
         "torch.cuda.memory's history recorder and snapshot exist only for the CUDA allocator"
     ),
+    "SDPA's flash kernel against the hand-written FlashAttention, forward and backward": (
+        "it times 4096-token bf16 attention on a GPU; the hand-written tile loop at that size takes minutes on a CPU,"
+        " where notebook 14 checks the same Function at small sizes"
+    ),
 }
 # Cells that run on the CPU up to one call that needs a GPU: everything before it (environment,
 # process group, conversion) is checked, and the call must fail with exactly this message.

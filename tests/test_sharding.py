@@ -3,6 +3,7 @@ from __future__ import annotations
 import math
 
 import pytest
+import torch
 
 from course_lib.sharding import (
     PRECISIONS,
@@ -12,8 +13,10 @@ from course_lib.sharding import (
     bytes_per_parameter,
     model_state_bytes,
     rank_memory,
+    transformer_activation_bytes,
     zero_table,
 )
+from course_lib.transformer import PRESETS, block_saved_bytes, model_saved_bytes
 
 
 def test_zero_paper_numbers() -> None:
@@ -55,6 +58,26 @@ def test_activations_and_rank_memory() -> None:
     assert r == {"parameters": 4000, "gradients": 4000, "optimizer": 0, "activations": 16, "total": 8016}
 
 
+def test_transformer_activations_use_notebook_14s_formula() -> None:
+    llama = PRESETS["llama2-7b"]
+    plain = transformer_activation_bytes(llama, 2048, 2)
+    assert plain == model_saved_bytes(llama, 2048, batch=2, dtype=torch.bfloat16)
+    ckpt = transformer_activation_bytes(llama, 2048, 2, checkpointing=True)
+    kept = (
+        32 * 2 * 2048 * 4096 * 2
+        + model_saved_bytes(llama, 2048, batch=2, dtype=torch.bfloat16)
+        - 32 * (block_saved_bytes(llama, 2048, batch=2, dtype=torch.bfloat16))
+    )
+    assert ckpt == kept + block_saved_bytes(llama, 2048, batch=2, dtype=torch.bfloat16)
+    assert ckpt < plain / 8
+    assert transformer_activation_bytes(llama, 2048, 0) == 0
+    # rank_memory: bf16 activations for 2-byte parameters, float32 for 4-byte ones
+    r = rank_memory(1000, 1, "ddp", micro_batch=2, model=llama, seq_len=2048)
+    assert r["activations"] == plain and r["total"] == 16000 + plain
+    r32 = rank_memory(1000, 1, "ddp", "fp32_adam", micro_batch=1, model=PRESETS["tiny"], seq_len=64)
+    assert r32["activations"] == model_saved_bytes(PRESETS["tiny"], 64, dtype=torch.float32)
+
+
 def test_table() -> None:
     lines = zero_table((1, 2), "fp32_adam").splitlines()
     assert lines[0].split() == ["bytes/param", "N=1", "N=2"]
@@ -75,6 +98,20 @@ def test_table() -> None:
         (lambda: activation_bytes(1, 1, 1, checkpointing=1), TypeError, "checkpointing"),
         (lambda: zero_table(()), TypeError, "non-empty"),
         (lambda: bytes_per_parameter(True, "ddp"), TypeError, "world_size"),
+        (lambda: transformer_activation_bytes("llama", 10, 1), TypeError, "TransformerConfig"),
+        (lambda: transformer_activation_bytes(PRESETS["tiny"], 10, -1), ValueError, "micro_batch"),
+        (lambda: rank_memory(10, 1, "ddp", model=PRESETS["tiny"]), ValueError, "needs seq_len"),
+        (lambda: rank_memory(10, 1, "ddp", seq_len=8), ValueError, "with model only"),
+        (
+            lambda: rank_memory(10, 1, "ddp", model=PRESETS["tiny"], seq_len=8, bytes_per_sample_per_layer=4),
+            ValueError,
+            "not both",
+        ),
+        (
+            lambda: rank_memory(10, 1, "ddp", Precision(1, 1, 4), micro_batch=1, model=PRESETS["tiny"], seq_len=8),
+            ValueError,
+            "2- or 4-byte parameters",
+        ),
     ],
 )
 def test_validation(call, error, match) -> None:  # type: ignore[no-untyped-def]
