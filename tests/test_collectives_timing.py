@@ -14,6 +14,7 @@ from course_lib.manifest import written_file
 from course_lib.timing import matmul_tflops
 
 
+@pytest.mark.slow  # launches a process tree
 def test_ring_all_reduce_equals_dist_all_reduce_and_notebook_07s_ring(tmp_path: Path) -> None:
     """Notebook 09's worker (its _runs/ring.py, read from the text source) runs its hand-written ring,
     dist.all_reduce and course_lib's copy on every rank; all three must agree, bytes sent included."""
@@ -44,6 +45,7 @@ def check(rank, world_size):
 """
 
 
+@pytest.mark.slow  # launches a process tree
 def test_tree_and_parameter_server_equal_dist_all_reduce(tmp_path: Path) -> None:
     worker = tmp_path / "tree_ps.py"
     worker.write_text(_TREE_PS_WORKER)

@@ -205,6 +205,7 @@ def test_invalid_arguments_are_refused_before_anything_starts(jobs: Path) -> Non
     _assert_nothing_left()
 
 
+@pytest.mark.slow  # launches a process tree
 def test_run_torchrun_streams_each_rank_and_returns_its_output(jobs: Path, capsys: pytest.CaptureFixture[str]) -> None:
     result = run_torchrun("ok.py", cwd=jobs, timeout=60, echo="live")
     assert isinstance(result, LaunchResult) and result.returncode == 0
@@ -216,6 +217,7 @@ def test_run_torchrun_streams_each_rank_and_returns_its_output(jobs: Path, capsy
     _assert_nothing_left()
 
 
+@pytest.mark.slow  # launches a process tree
 def test_two_torchrun_agents_make_a_two_node_job(jobs: Path) -> None:
     result = run_torchrun("ok.py", cwd=jobs, nnodes=2, nproc_per_node=1, timeout=60, echo="none")
     assert len(result.commands) == 2
@@ -224,6 +226,7 @@ def test_two_torchrun_agents_make_a_two_node_job(jobs: Path) -> None:
     _assert_nothing_left()
 
 
+@pytest.mark.slow  # launches a process tree
 def test_launcher_args_reach_torchrun_and_max_restarts_restarts_every_worker(jobs: Path) -> None:
     with pytest.raises(LaunchError):  # no restart allowed: rank 1's death fails the job
         run_torchrun("fails_once.py", cwd=jobs, timeout=60, echo="none")
@@ -236,6 +239,7 @@ def test_launcher_args_reach_torchrun_and_max_restarts_restarts_every_worker(job
     _assert_nothing_left()
 
 
+@pytest.mark.slow  # launches a process tree
 def test_a_rank_that_raises_gives_its_traceback(jobs: Path) -> None:
     start = time.monotonic()
     with pytest.raises(LaunchError, match="rank 1 failed") as info:
@@ -249,6 +253,7 @@ def test_a_rank_that_raises_gives_its_traceback(jobs: Path) -> None:
     _assert_nothing_left()
 
 
+@pytest.mark.slow  # launches a process tree
 def test_a_job_that_hangs_is_killed_at_the_timeout_with_each_ranks_last_words() -> None:
     # plain Python, no torch: it starts in milliseconds even on a loaded machine, so the ranks have
     # printed before the timeout, whatever the load, and the message can quote them
@@ -264,6 +269,7 @@ def test_a_job_that_hangs_is_killed_at_the_timeout_with_each_ranks_last_words() 
     _assert_nothing_left()
 
 
+@pytest.mark.slow  # launches a process tree
 def test_a_rank_that_hangs_in_a_collective_under_torchrun_is_killed(jobs: Path) -> None:
     # torchrun's workers run in their own sessions: the marker sweep must find and kill them too. The
     # timeout leaves room for `import torch` on a loaded machine; the outcome is a timeout either way.
@@ -274,6 +280,7 @@ def test_a_rank_that_hangs_in_a_collective_under_torchrun_is_killed(jobs: Path) 
     _assert_nothing_left()
 
 
+@pytest.mark.slow  # launches a process tree
 def test_a_busy_port_is_a_clear_error(jobs: Path) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -306,6 +313,7 @@ def test_a_bad_script_path_is_a_clear_error(jobs: Path) -> None:
     _assert_nothing_left()
 
 
+@pytest.mark.slow  # launches a process tree
 def test_run_ranks_returns_each_ranks_value_in_rank_order(jobs: Path, capsys: pytest.CaptureFixture[str]) -> None:
     values = run_ranks(str(jobs / "launch_test_workers.py") + ":add_ranks", 2, (10.0,), timeout=60, echo="grouped")
     assert values == [30.0, 30.0]
@@ -324,6 +332,7 @@ def test_run_ranks_returns_each_ranks_value_in_rank_order(jobs: Path, capsys: py
     _assert_nothing_left()
 
 
+@pytest.mark.slow  # launches a process tree
 def test_run_ranks_names_the_rank_that_raised(jobs: Path) -> None:
     with pytest.raises(LaunchError, match="rank 1 failed") as info:
         run_ranks(str(jobs / "launch_test_workers.py") + ":raise_on_rank_1", 2, timeout=60, echo="none")
@@ -371,6 +380,7 @@ def test_script_rank_prefix_labels_lines_without_a_launcher(jobs: Path) -> None:
     assert result.output(1) == "from one" and result.output(0) == "from zero" and result.output("main") == "plain"
 
 
+@pytest.mark.slow  # launches a process tree
 def test_cpu_jobs_hide_the_gpus_unless_asked(jobs: Path) -> None:
     # every launcher: the processes see no GPU, so a CPU job stays on the CPU on a GPU machine
     assert run_ranks(str(jobs / "launch_test_workers.py") + ":visible_gpus", 2, echo="none") == [("", "")] * 2
