@@ -17,6 +17,7 @@ This notebook assumes: notebook 05 (activation checkpointing), 07 (autocast and 
 # %% slideshow={"slide_type": "-"}
 import json
 import os
+import shutil
 import time
 
 import torch
@@ -28,6 +29,8 @@ from course_lib.transformer import PRESETS
 
 seed_everything(0)
 os.makedirs("_runs", exist_ok=True)  # scratch folder for the scripts this notebook writes (git ignores it)
+for old in ("fsdp", "fsdp_ref", "fsdp_bf16", "fsdp_resumed"):  # a previous run's outputs and checkpoints
+    shutil.rmtree(f"_runs/{old}", ignore_errors=True)
 notebook_start = time.perf_counter()
 print(f"torch {torch.__version__.split('+')[0]}; the model: {PRESETS['tiny'].describe()}")
 
@@ -284,8 +287,9 @@ The same script runs twice: as one plain process (no process group, nothing shar
 reference = run_script(["python", "_runs/fsdp_train.py", "--out", "_runs/fsdp_ref"], timeout=300, echo="none")
 sharded = run_torchrun("_runs/fsdp_train.py", nproc_per_node=2, args=["--out", "_runs/fsdp", "--save-at", "2"],
                        timeout=300, echo="none")
-for who, line in sharded.lines:
-    print(who, "|", line.replace("[rank0]: ", ""))
+for who, line in sharded.lines:  # rank 0's lines; a library's warning (and its source line), if any, left out
+    if who == "rank 0" and "Warning:" not in line and not line.startswith((" ", "\t")):
+        print(who, "|", line)
 
 # %% slideshow={"slide_type": "subslide"}
 ref_log = json.load(open("_runs/fsdp_ref/log.json"))
@@ -334,7 +338,7 @@ for i, c in enumerate(counts[:micro]):
 per_step = {"all_gather": sum(c.get("_allgather_base_", 0) for c in counts[:micro]),
             "reduce_scatter": sum(c.get("_reduce_scatter_base_", 0) for c in counts[:micro])}
 synced = collectives_per_step(n_blocks, micro, sync_every_micro_batch=True)
-print(f"one step: {per_step}; the same steps every step: {all(c == counts[i % micro] for i, c in enumerate(counts))}")
+print(f"one step: {per_step}; the same counts every step: {all(c == counts[i % micro] for i, c in enumerate(counts))}")
 print(f"reduce-scatters per step: {per_step['reduce_scatter']} with sync on the last micro-batch only, "
       f"{synced['reduce_scatter']} if every micro-batch synchronized")
 assert per_step == collectives_per_step(n_blocks, micro) and per_step["reduce_scatter"] < synced["reduce_scatter"]
@@ -412,7 +416,6 @@ Bit for bit, because everything a step depends on came back: the parameters, Ada
 1. Write `collectives(n_blocks, micro_batches, sync_every_micro_batch)`: the all-gathers and reduce-scatters of one step of this script's model (one unit per block plus the root, `reshard_after_forward` at its default), as `{"all_gather": ..., "reduce_scatter": ...}`.
 2. Write `gather_bytes(config, param_dtype)`: the bytes one block's all-gather brings together for a `TransformerConfig`, when `MixedPrecisionPolicy(param_dtype=param_dtype)` is used (count the parameters of a block of notebook 14's transformer).
 """
-
 
 # %% slideshow={"slide_type": "-"}
 from course_lib.exercises.fsdp_in_practice import check_block_gather_bytes, check_collectives_per_step
