@@ -14,7 +14,7 @@ PYTEST_NBVAL := --nbval --nbval-current-env --nbval-sanitize-with tests/sanitize
 CHROMIUM ?= /usr/bin/chromium
 NPM_STAMP := node_modules/.package-lock.json
 
-.PHONY: help venv venv-learner lab test check lint lint-sources test-lib test-notebooks test-portable test-gpu-visible test-load test-browser test-slurm test-learner-install execute sync generated footprint slides html lock benchmarks clean
+.PHONY: help venv venv-learner lab test check lint lint-sources test-lib test-notebooks test-portable test-gpu-visible test-load test-extra test-browser test-slurm test-learner-install execute sync generated footprint slides html lock benchmarks clean
 
 help:
 	@echo "make lab        - create $(VENV), install the pinned learner environment, open JupyterLab in notebooks/"
@@ -29,6 +29,7 @@ help:
 	@echo "make test-portable - nbval over every notebook under simulated CPUs (portable kernels, AVX2)"
 	@echo "make test-gpu-visible - nbval over every notebook with a CPU-only torch made to report 2 CUDA GPUs"
 	@echo "make test-load  - nbval over every notebook while a CPU hog keeps every core busy"
+	@echo "make test-extra - CI's two extra nbval passes: portable CPU + 2 simulated GPUs; AVX2 CPU + every core busy"
 	@echo "make test-browser - the real-browser tests (JupyterLab, decks, site) with $(CHROMIUM)"
 	@echo "make test-slurm - the real-Slurm tests: a two-node cluster on this machine (needs slurm-wlm, munge)"
 	@echo "make test-learner-install - the learner's install alone in a fresh venv: imports, no dev tools"
@@ -113,9 +114,9 @@ test-notebooks: $(DEV_STAMP)
 # under simulated CPUs. Each entry is one CPU, as environment variables: PyTorch's portable kernels
 # with one thread (what an old or unusual CPU gets), and AVX2 (a typical laptop). CONTRIBUTING.md
 # gives the rule for outputs that pass on all of them.
-PORTABLE_CPUS ?= \
-  "ATEN_CPU_CAPABILITY=default ONEDNN_MAX_CPU_ISA=SSE41 MKL_ENABLE_INSTRUCTIONS=SSE4_2 OMP_NUM_THREADS=1" \
-  "ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2"
+CPU_PORTABLE := ATEN_CPU_CAPABILITY=default ONEDNN_MAX_CPU_ISA=SSE41 MKL_ENABLE_INSTRUCTIONS=SSE4_2 OMP_NUM_THREADS=1
+CPU_AVX2 := ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2
+PORTABLE_CPUS ?= "$(CPU_PORTABLE)" "$(CPU_AVX2)"
 
 test-portable: $(DEV_STAMP)
 	@for cpu in $(PORTABLE_CPUS); do \
@@ -140,6 +141,18 @@ test-gpu-visible: $(DEV_STAMP)
 test-load: $(DEV_STAMP)
 	@echo "== nbval on a loaded machine"
 	$(BIN)/python scripts/cpu_hog.py -- $(BIN)/python -m pytest -p no:cacheprovider $(PYTEST_NBVAL) $(NB)
+
+# CI's extra passes over every notebook, two conditions per nbval run so that four cost two: the portable CPU
+# (one thread) with $(SIMULATED_GPUS) simulated GPUs visible, then the AVX2 CPU with every core kept busy. Each
+# condition alone is the target above (test-portable, test-gpu-visible, test-load).
+test-extra: $(DEV_STAMP)
+	@echo "== nbval under the portable simulated CPU, with $(SIMULATED_GPUS) simulated CUDA GPUs visible"
+	env $(CPU_PORTABLE) $(GPU_VISIBLE_ENV) $(BIN)/python scripts/cpu_capability.py
+	env $(CPU_PORTABLE) $(GPU_VISIBLE_ENV) $(BIN)/python -c "import torch; assert torch.cuda.device_count() == $(SIMULATED_GPUS)"
+	env $(CPU_PORTABLE) $(GPU_VISIBLE_ENV) $(BIN)/python -m pytest -p no:cacheprovider $(PYTEST_NBVAL) $(NB)
+	@echo "== nbval under the AVX2 simulated CPU, on a loaded machine"
+	env $(CPU_AVX2) $(BIN)/python scripts/cpu_capability.py
+	env $(CPU_AVX2) $(BIN)/python scripts/cpu_hog.py -- $(BIN)/python -m pytest -p no:cacheprovider $(PYTEST_NBVAL) $(NB)
 
 # The real-browser tests (tests/browser): JupyterLab runs every notebook, the decks and the site
 # are stepped through offline. Playwright drives $(CHROMIUM); it never downloads a browser.

@@ -58,7 +58,7 @@ The limits come from `torch.finfo`; `course_lib.float_formats.float_format` adds
 """
 
 # %% slideshow={"slide_type": "fragment"}
-from course_lib.float_formats import FORMATS, bits_of, describe, float_format, from_bits, neighbors, round_to, ulp
+from course_lib.float_formats import FORMATS, bits_of, describe, float_format, from_bits, ulp
 
 for dt in FORMATS:
     fi = torch.finfo(dt)

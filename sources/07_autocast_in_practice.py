@@ -23,7 +23,6 @@ This notebook assumes: notebook 06 (fp16 and bf16, loss scaling, `GradScaler`, m
 import math
 import warnings
 
-import matplotlib.pyplot as plt
 import torch
 import torch.nn as nn
 import torch.nn.functional as F

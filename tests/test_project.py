@@ -122,10 +122,17 @@ def test_cpu_capability_script_checks_the_simulated_cpu() -> None:
     assert bad.returncode == 1 and "cannot simulate 'no-such-cpu'" in bad.stderr
 
 
-def test_ci_runs_the_portability_check_after_the_readme_command() -> None:
+def test_ci_runs_the_extra_passes_after_the_readme_command() -> None:
     ci = (ROOT / ".ci" / "run").read_text()
-    assert "make test\n" in ci and "make test-portable" in ci
-    assert ci.index("make test\n") < ci.index("make test-portable")
+    assert "make test\n" in ci and "make test-extra" in ci and "make test-slurm" in ci
+    assert ci.index("make test\n") < ci.index("make test-extra")
+    # test-extra covers every condition of test-portable, test-gpu-visible and test-load, two per nbval pass
+    make = (ROOT / "Makefile").read_text()
+    extra = make[make.index("\ntest-extra:") :].split("\n\n")[0]
+    assert extra.count("$(PYTEST_NBVAL)") == 2
+    for condition in ("$(CPU_PORTABLE)", "$(CPU_AVX2)", "$(GPU_VISIBLE_ENV)", "cpu_hog.py"):
+        assert condition in extra, condition
+    assert '"$(CPU_PORTABLE)" "$(CPU_AVX2)"' in make  # test-portable's CPUs are the same two
 
 
 def test_every_course_lib_package_and_the_tooling_are_installed() -> None:

@@ -341,6 +341,7 @@ def test_meta_build_then_to_empty_then_init_equals_a_direct_build() -> None:
             assert torch.equal(meta.rope_cos, direct.rope_cos)
 
 
+@pytest.mark.slow  # torch.compile: seconds of tracing on a loaded machine
 def test_compiles_with_aot_eager() -> None:
     model = Transformer(dataclasses.replace(NANO, checkpointing="selective"), seed=0)
     ids = torch.randint(0, NANO.vocab_size, (2, 8), generator=torch.Generator().manual_seed(0))
