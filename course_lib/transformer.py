@@ -371,6 +371,17 @@ class Block(nn.Module):
         return h + self.mlp(self.mlp_norm(h))
 
 
+def _assign(param: torch.Tensor, value: torch.Tensor) -> None:
+    """``param.copy_(value)``; for a ``DTensor`` parameter, its local piece of ``value`` (sliced on this rank)."""
+    if torch.distributed.is_available():
+        from torch.distributed.tensor import DTensor, distribute_tensor
+
+        if isinstance(param, DTensor):
+            mesh = param.device_mesh
+            value = distribute_tensor(value.to(mesh.device_type), mesh, param.placements, src_data_rank=None)
+    param.copy_(value)
+
+
 class Transformer(nn.Module):
     """A decoder-only language model: ``embed -> layers -> norm -> head``; ``forward(ids)`` returns logits.
 
@@ -408,6 +419,10 @@ class Transformer(nn.Module):
 
         A model built on ``meta`` and moved with ``to_empty(device=...)`` holds uninitialized memory:
         call this next. The values come from a CPU generator, so they are the same on every device.
+        A parameter that is a ``DTensor`` (sharded by FSDP2's ``fully_shard``, or split by tensor
+        parallelism) gets this rank's piece of the same draw: the full value of one parameter at a
+        time is drawn on every rank and sliced locally (``distribute_tensor(..., src_data_rank=None)``,
+        no communication), so a sharded model starts exactly where ``Transformer(config, seed=seed)`` does.
         """
         check_int("seed", seed, minimum=0)
         if self.embed.weight.device.type == "meta":
@@ -426,7 +441,7 @@ class Transformer(nn.Module):
                 p.fill_(1.0)
                 continue
             std = out_std if name.endswith(("o_proj.weight", "down_proj.weight")) else 0.02
-            p.copy_(torch.randn(p.shape, generator=g, dtype=torch.float32) * std)
+            _assign(p, torch.randn(p.shape, generator=g, dtype=torch.float32) * std)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         if not isinstance(ids, torch.Tensor) or ids.dtype != torch.int64 or ids.dim() != 2:

@@ -1,0 +1,98 @@
+"""Checks for notebook 16 (FSDP2 in a real script: per-block units, accumulation, mixed precision)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from ..transformer import PRESETS, Transformer, TransformerConfig
+from .core import Wrong, as_number, call_learner, exercise
+
+__all__ = ["block_gather_bytes", "check_block_gather_bytes", "check_collectives_per_step", "collectives_per_step"]
+
+
+def collectives_per_step(n_blocks: int, micro_batches: int, *, sync_every_micro_batch: bool = False) -> dict[str, int]:
+    """FSDP2's collectives in one step: one unit per block plus the root unit, ``reshard_after_forward``
+    left at its default (blocks gathered again in backward; the root stays gathered), and gradients
+    reduce-scattered after the last micro-batch only (``set_requires_gradient_sync``) or after each one.
+
+    >>> collectives_per_step(2, 2)
+    {'all_gather': 10, 'reduce_scatter': 3}
+    """
+    if n_blocks < 0 or micro_batches < 1:
+        raise ValueError("n_blocks must be >= 0 and micro_batches >= 1")
+    units = n_blocks + 1
+    return {
+        "all_gather": micro_batches * (1 + 2 * n_blocks),
+        "reduce_scatter": units * (micro_batches if sync_every_micro_batch else 1),
+    }
+
+
+def block_gather_bytes(config: TransformerConfig, param_dtype: torch.dtype) -> int:
+    """Bytes of one block's parameters gathered whole, in ``param_dtype`` (what one all-gather brings
+    together; ``MixedPrecisionPolicy(param_dtype=...)`` casts the shards before gathering).
+
+    >>> block_gather_bytes(PRESETS["tiny"], torch.float32)
+    198144
+    """
+    if not isinstance(config, TransformerConfig):
+        raise TypeError(f"config must be a TransformerConfig, got {type(config).__name__}")
+    with torch.device("meta"):
+        block = Transformer(config).layers[0]
+    size = torch.empty((), dtype=param_dtype).element_size()
+    return sum(p.numel() for p in block.parameters()) * size
+
+
+@exercise(
+    "collectives of an accumulated step",
+    todo="write collectives(n_blocks, micro_batches, sync_every_micro_batch) returning "
+    "{'all_gather': ..., 'reduce_scatter': ...}",
+)
+def check_collectives_per_step(collectives: Any) -> str:
+    cases = [(2, 2, False), (2, 2, True), (4, 1, False), (8, 4, False), (8, 4, True), (0, 3, False)]
+    for n, m, sync in cases:
+        call = f"collectives({n}, {m}, {sync})"
+        got = call_learner(collectives, n, m, sync)
+        if not isinstance(got, dict) or set(got) != {"all_gather", "reduce_scatter"}:
+            raise Wrong(f"{call} should return a dict with the keys 'all_gather' and 'reduce_scatter', got {got!r}")
+        want = collectives_per_step(n, m, sync_every_micro_batch=sync)
+        ag = as_number(got["all_gather"], f"{call}['all_gather']")
+        rs = as_number(got["reduce_scatter"], f"{call}['reduce_scatter']")
+        if ag != want["all_gather"]:
+            if ag == m * 2 * (n + 1):
+                raise Wrong(f"{call}: the root unit is not gathered again in backward (it stays gathered)")
+            if ag == m * (n + 1):
+                raise Wrong(f"{call}: each block is gathered twice per micro-batch, once in forward, once in backward")
+            if ag == 1 + 2 * n and m > 1:
+                raise Wrong(f"{call}: every micro-batch runs forward and backward, so it gathers again")
+            raise Wrong(f"{call}['all_gather'] = {ag:g}; count per micro-batch: the root once, each block twice")
+        if rs != want["reduce_scatter"]:
+            if n > 0 and rs == want["reduce_scatter"] // (n + 1) * n:
+                raise Wrong(f"{call}: the root unit (embedding, final norm) has gradients to reduce-scatter too")
+            if not sync and rs == (n + 1) * m:
+                raise Wrong(f"{call}: without sync, gradients are reduce-scattered after the last micro-batch only")
+            raise Wrong(f"{call}['reduce_scatter'] = {rs:g}; one per unit each time gradients are synchronized")
+    return "the root once and each block twice per micro-batch; one reduce-scatter per unit per synchronization"
+
+
+@exercise("bytes of one block's all-gather", todo="write gather_bytes(config, param_dtype)")
+def check_block_gather_bytes(gather_bytes: Any) -> str:
+    cases = [(PRESETS["tiny"], torch.float32), (PRESETS["tiny"], torch.bfloat16), (PRESETS["nano"], torch.float32)]
+    cases += [(PRESETS["llama2-7b"], torch.bfloat16)]
+    for config, dtype in cases:
+        call = f"gather_bytes(<{config.d_model} wide>, {dtype})"
+        got = as_number(call_learner(gather_bytes, config, dtype), call)
+        want = block_gather_bytes(config, dtype)
+        if math.isclose(got, want, rel_tol=1e-9):
+            continue
+        size = torch.empty((), dtype=dtype).element_size()
+        if math.isclose(got, want * 4 / size) and size != 4:
+            raise Wrong(f"{call} = {got:,.0f} counts 4 bytes per parameter: the policy gathers in {dtype}")
+        if math.isclose(got, want - 2 * config.d_model * size):
+            raise Wrong(f"{call} = {got:,.0f} leaves out the block's two norm weights")
+        if math.isclose(got, want / size):
+            raise Wrong(f"{call} = {got:,.0f} is the number of parameters: multiply by the bytes per element")
+        raise Wrong(f"{call} = {got:,.0f}: count every parameter of one block (attention, MLP, norms)")
+    return "one block's parameters whole, in the policy's param_dtype: the largest buffer a block unit gathers"

@@ -1,0 +1,446 @@
+# %% [markdown] slideshow={"slide_type": "slide"}
+"""
+# 16 · FSDP2 in practice: a training script you can lift into your project
+
+Notebook 13 showed what `fully_shard` does to a few linear layers. A real job shards a real model, and the way it is written matters: the model must never exist whole on one device (it may not fit), each transformer block must be its own unit so that only one block is gathered at a time, accumulation must not reduce-scatter after every micro-batch, and the checkpoint must be written by every rank in parallel. This notebook writes that script once, for notebook 14's transformer, runs it on CPU processes, and checks each of those choices with a measurement.
+
+By the end you will be able to:
+- build a model on the `meta` device, shard it block by block with `fully_shard` on an explicit mesh, materialize it with `to_empty` and initialize it exactly like an unsharded model;
+- say what each unit's all-gather holds, and count the collectives of an accumulated step with `set_requires_gradient_sync`;
+- combine `MixedPrecisionPolicy` and activation checkpointing with `fully_shard`, and say which dtype each tensor has;
+- clip gradients that are DTensors and check the norm against one process;
+- save a sharded run with `torch.distributed.checkpoint` and resume it exactly.
+
+This notebook assumes: notebook 05 (activation checkpointing), 07 (autocast and bf16), 08 (gradient accumulation), 10 (a DDP training script and `torchrun`), 13 (`fully_shard`, DTensor, `torch.distributed.checkpoint`) and 14 (the transformer and its blocks). No GPU: every run here is CPU processes over gloo, launched with `course_lib.launch`; the script has a `--device cuda` path for a machine with GPUs.
+"""
+
+# %% slideshow={"slide_type": "-"}
+import json
+import os
+import shutil
+import time
+
+import torch
+
+from course_lib.exercises.fsdp_in_practice import block_gather_bytes, collectives_per_step
+from course_lib.launch import run_script, run_torchrun
+from course_lib.seeding import seed_everything
+from course_lib.transformer import PRESETS
+
+seed_everything(0)
+os.makedirs("_runs", exist_ok=True)  # scratch folder for the scripts this notebook writes (git ignores it)
+for old in ("fsdp", "fsdp_ref", "fsdp_bf16", "fsdp_resumed"):  # a previous run's outputs and checkpoints
+    shutil.rmtree(f"_runs/{old}", ignore_errors=True)
+notebook_start = time.perf_counter()
+print(f"torch {torch.__version__.split('+')[0]}; the model: {PRESETS['tiny'].describe()}")
+
+# %% [markdown] slideshow={"slide_type": "slide"}
+"""
+## 1. The script
+
+`_runs/fsdp_train.py` below is the whole program. What to look for, in order:
+
+- **the device is an argument**, never "cuda if available": `--device cpu` (the default) runs gloo between CPU processes, `--device cuda` binds each process to the GPU numbered by its `LOCAL_RANK` and uses NCCL, as in notebook 10's script;
+- **an explicit mesh** (`init_device_mesh`) of the device chosen: without one, `fully_shard` builds a mesh on the accelerator it finds, and a CPU job on a GPU machine would move its parameters to the GPU; `--replicate R` makes it 2-D (HSDP: `R` replicas × `N/R` shards);
+- **meta-device construction**: `with torch.device("meta")` gives parameters with shapes and no memory; `fully_shard` then turns them into sharded DTensors, still on meta; `to_empty` allocates only this rank's shards and `init_weights` fills them;
+- **one unit per block**, then the root (embedding, final norm, tied head): each unit is gathered, used and freed on its own. An explicit prefetch order (`set_modules_to_forward_prefetch`/`_backward_prefetch`) gathers the next block while this one computes;
+- **accumulation**: `set_requires_gradient_sync(False)` for every micro-batch but the last, FSDP2's `no_sync`;
+- **`clip_grad_norm_` on DTensor gradients**, which computes the norm of the whole gradient across ranks;
+- **`torch.distributed.checkpoint`** (`--save-at`, `--resume`): each rank writes and reads its own shards of the model and of AdamW's state;
+- at the end, the full parameters gathered to rank 0's CPU (`get_model_state_dict(..., full_state_dict=True, cpu_offload=True)`).
+
+Every rank draws the same global batch for a step and takes its own rows of each micro-batch, so a run on `N` ranks computes the gradient of the same batch as one process.
+"""
+
+# %% slideshow={"slide_type": "-"}
+# %%writefile _runs/fsdp_train.py
+"""Train the course's transformer with FSDP2, the way a real job does; lift it into your project.
+
+    torchrun --nproc_per_node=N fsdp_train.py --out DIR [--device cpu|cuda] [--replicate R] [--steps 4]
+             [--batch 16] [--micro-batches 2] [--seq-len 64] [--lr 3e-3] [--clip 1.0]
+             [--bf16] [--checkpointing] [--no-prefetch] [--save-at K] [--resume DIR --from-step K]
+    python fsdp_train.py --out DIR       # one process, nothing sharded: the reference
+
+1. process group and mesh: gloo between CPU processes (an explicit CPU mesh), or NCCL with one GPU
+   per process (--device cuda); a 1-D mesh (FSDP) or, with --replicate R, R replicas x N/R shards (HSDP);
+2. the model built on the meta device (shapes, no memory), sharded block by block and then at the
+   root, materialized with to_empty and initialized;
+3. each step accumulates --micro-batches micro-batches without reduce-scattering all but the last,
+   clips the global gradient norm and steps AdamW;
+4. a sharded checkpoint (model and optimizer, torch.distributed.checkpoint) after step --save-at, which
+   --resume DIR --from-step K loads to carry on;
+5. the full parameters gathered to rank 0 and saved, with the losses and gradient norms.
+"""
+import argparse
+import json
+import os
+import sys
+import warnings
+
+import torch
+import torch.distributed as dist
+import torch.distributed.nn  # noqa: F401  (before init_process_group: see notebook 10's teardown)
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_state_dict,
+                                                     set_state_dict)
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor.debug import CommDebugMode
+
+from course_lib.data import text_batch, text_corpus
+from course_lib.transformer import PRESETS, Transformer
+
+CONFIG = PRESETS["tiny"]  # your model's configuration
+# FSDP2's hooks warn about two patterns this model has and handles: a view as the root's output, no input requiring grad
+warnings.filterwarnings("ignore", message=".*returned a view tensor.*")
+warnings.filterwarnings("ignore", message="Full backward hook is firing.*")
+
+
+def log(*parts):
+    """Rank 0 speaks for everyone (every rank runs the same program on its own shard)."""
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        sys.stdout.write(f"[rank0]: {' '.join(map(str, parts))}\n")
+        sys.stdout.flush()
+
+
+def describe(model, names=("embed.weight", "layers.0.attn.q_proj.weight")):
+    """Where a few parameters live and what this rank holds of them."""
+    out = []
+    for name, p in model.named_parameters():
+        if name.replace("._checkpoint_wrapped_module", "") in names:
+            local = p.to_local() if hasattr(p, "to_local") else p
+            out.append(f"{name} {type(p).__name__} {str(p.device)} {tuple(p.shape)} local {tuple(local.shape)}")
+    return out
+
+
+def build_model(mesh, device, args):
+    """Meta init, per-block fully_shard, then materialize: the model never exists whole on any rank."""
+    with torch.device("meta"):
+        model = Transformer(CONFIG, seed=args.seed)  # shapes and dtypes only: no memory, no values
+    log("built on meta:", *describe(model))
+    UNIT_SIZES.update({f"layers.{i}": sum(p.numel() for p in b.parameters()) for i, b in enumerate(model.layers)})
+    UNIT_SIZES["root"] = sum(p.numel() for p in model.parameters()) - sum(UNIT_SIZES.values())
+    if mesh is not None:
+        kwargs = {"mesh": mesh}
+        if args.bf16:  # compute in bf16 on fp32 shards; reduce-scatter gradients in fp32
+            kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        for i, block in enumerate(model.layers):  # one unit per transformer block
+            if args.checkpointing:  # checkpointing first, then fully_shard the checkpointed block
+                block = model.layers[i] = checkpoint_wrapper(block)
+            fully_shard(block, **kwargs)
+        fully_shard(model, **kwargs)  # the root unit: embedding, final norm, (tied) head
+        if not args.no_prefetch:  # explicit order: gather the next block while this one runs
+            for i, block in enumerate(model.layers):
+                if i + 1 < len(model.layers):
+                    block.set_modules_to_forward_prefetch([model.layers[i + 1]])
+                if i > 0:
+                    block.set_modules_to_backward_prefetch([model.layers[i - 1]])
+        log("sharded, still on meta:", *describe(model))
+    model.to_empty(device=device)  # allocate this rank's shards, uninitialized
+    model.init_weights(args.seed)  # the same values as a model built whole; each rank writes its shard
+    log("materialized:", *describe(model))
+    return model
+
+
+def micro_batches(step, args, rank, world):
+    """Step `step`'s global batch (the same draw on every rank), cut into micro-batches; my rows of each."""
+    g = torch.Generator().manual_seed(1000 + step)
+    x, y = text_batch(DATA, args.batch, args.seq_len, generator=g)
+    size = args.batch // args.micro_batches
+    for m in range(args.micro_batches):
+        rows = slice(m * size, (m + 1) * size)
+        yield x[rows][rank::world].contiguous(), y[rows][rank::world].contiguous()
+
+
+def make_mesh(device, replicate):
+    """An explicit mesh on the device we chose: without one, fully_shard builds it on the accelerator it
+    finds, and a CPU job on a GPU machine would move its parameters to the GPU."""
+    world = dist.get_world_size()
+    if replicate > 1:  # HSDP: shard within groups of N/R ranks, replicate across the R groups
+        return init_device_mesh(device.type, (replicate, world // replicate), mesh_dim_names=("replicate", "shard"))
+    return init_device_mesh(device.type, (world,), mesh_dim_names=("shard",))
+
+
+UNIT_SIZES = {}  # parameters (elements) per fully_shard unit: what one all-gather brings together
+
+
+def watch_dtypes(model):
+    """Record the dtype a block's first linear layer computes with (a forward pre-hook)."""
+    seen = {}
+    linear = next(m for m in model.layers[0].modules() if isinstance(m, torch.nn.Linear))
+    linear.register_forward_pre_hook(lambda m, inp: seen.update(weight=str(m.weight.dtype), input=str(inp[0].dtype)))
+    return seen
+
+
+def train(args, device):
+    mesh = make_mesh(device, args.replicate) if dist.is_initialized() else None
+    rank, world = (dist.get_rank(), dist.get_world_size()) if mesh is not None else (0, 1)
+    if mesh is not None:
+        log(f"backend={dist.get_backend()} world={world} mesh={mesh.mesh.tolist()} {mesh.mesh_dim_names}")
+    model = build_model(mesh, device, args)
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.1)
+    if args.resume:  # each rank reads its own shards of the model and of AdamW's state
+        state = {"model": get_model_state_dict(model), "optim": get_state_dict(model, opt)[1]}
+        dcp.load(state, checkpoint_id=args.resume)
+        set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        log(f"resumed from {args.resume} at step {args.from_step}")
+    seen, counts = watch_dtypes(model), []
+    losses, norms = [], []
+    for step in range(args.from_step, args.steps):
+        total = torch.zeros((), device=device)
+        batches = list(micro_batches(step, args, rank, world))
+        for m, (x, y) in enumerate(batches):
+            if mesh is not None:  # reduce-scatter only after the last micro-batch (FSDP2's no_sync)
+                model.set_requires_gradient_sync(m == len(batches) - 1)
+            with CommDebugMode() as comm:  # records every collective issued in this micro-batch
+                loss = model.loss(x.to(device), y.to(device)) / len(batches)
+                loss.backward()
+            counts.append({str(k).split(".")[-1]: v for k, v in comm.get_comm_counts().items()})
+            total += loss.detach()
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)  # DTensor gradients: the global norm
+        grad_dtype = str(next(p for n, p in model.named_parameters() if n.endswith("q_proj.weight")).grad.dtype)
+        opt.step()
+        opt.zero_grad()
+        if mesh is not None:
+            dist.all_reduce(total)  # the mean over the ranks' rows: the global batch's loss
+            total /= world
+        norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+        losses.append(total.item())
+        norms.append(norm.item())
+        log(f"step {step}: loss ~{losses[-1]:.4f}, gradient norm before clipping ~{norms[-1]:.4f}")
+        if mesh is not None and step + 1 == args.save_at:  # every rank writes its shards, in parallel
+            model_sd, optim_sd = get_state_dict(model, opt)
+            dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=f"{args.out}/dcp_step{step + 1}")
+            log(f"saved {args.out}/dcp_step{step + 1}")
+    p = next(p for n, p in model.named_parameters() if n.endswith("q_proj.weight"))
+    dtypes = {"stored": str(p.dtype), "forward weight": seen["weight"], "forward input": seen["input"],
+              "gradient": grad_dtype, "optimizer state": str(
+                  opt.state[p]["exp_avg"].dtype)}
+    # Gather the full parameters to rank 0 (on its CPU), save them there.
+    full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if rank == 0:
+        os.makedirs(args.out, exist_ok=True)
+        torch.save(full, f"{args.out}/final.pt")
+        with open(f"{args.out}/log.json", "w") as f:
+            json.dump({"losses": losses, "norms": norms, "world": world, "dtypes": dtypes, "units": UNIT_SIZES,
+                       "counts": counts}, f)
+    return model
+
+
+def parse(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", required=True)
+    # The device is a choice, never "cuda if torch.cuda.is_available()": a CPU job stays a CPU job on a GPU machine.
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--replicate", type=int, default=1, help="replicas of an HSDP mesh (1: plain FSDP)")
+    p.add_argument("--steps", type=int, default=4)
+    p.add_argument("--batch", type=int, default=16, help="global batch per step, in sequences")
+    p.add_argument("--micro-batches", type=int, default=2)
+    p.add_argument("--seq-len", type=int, default=64)
+    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--clip", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--bf16", action="store_true")
+    p.add_argument("--checkpointing", action="store_true")
+    p.add_argument("--no-prefetch", action="store_true")
+    p.add_argument("--save-at", type=int, default=0, help="write a sharded checkpoint after this many steps")
+    p.add_argument("--resume", default="", help="a checkpoint folder written by --save-at")
+    p.add_argument("--from-step", type=int, default=0, help="the step the checkpoint was written after")
+    return p.parse_args(argv)
+
+
+def main(argv=None):
+    args = parse(argv)
+    if "WORLD_SIZE" not in os.environ:  # `python fsdp_train.py`: one process, no group, no sharding
+        return train(args, torch.device("cpu"))
+    local_rank = int(os.environ["LOCAL_RANK"])
+    if args.device == "cuda":  # one GPU per process, chosen by LOCAL_RANK; NCCL between them
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+        dist.init_process_group("nccl", device_id=device)
+    else:
+        device = torch.device("cpu")
+        dist.init_process_group("gloo")
+    world = dist.get_world_size()
+    if args.batch % (args.micro_batches * world):
+        raise ValueError(f"--batch {args.batch} must split into {args.micro_batches} micro-batches x {world} ranks")
+    try:
+        train(args, device)  # the model, its DTensors and the mesh die with train's frame
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+DATA = text_corpus().train
+if __name__ == "__main__":
+    main()
+
+# %% [markdown] slideshow={"slide_type": "slide"}
+"""
+## 2. Sharded training equals one process
+
+The same script runs twice: as one plain process (no process group, nothing sharded: the reference) and under `torchrun` on 2 CPU processes. Rank 0's lines show a parameter's life: a plain `Parameter` on meta, a sharded `DTensor` still on meta, then a `DTensor` on the CPU holding half the rows.
+"""
+
+# %% slideshow={"slide_type": "-"}
+reference = run_script(["python", "_runs/fsdp_train.py", "--out", "_runs/fsdp_ref"], timeout=300, echo="none")
+sharded = run_torchrun("_runs/fsdp_train.py", nproc_per_node=2, args=["--out", "_runs/fsdp", "--save-at", "2"],
+                       timeout=300, echo="none")
+for who, line in sharded.lines:  # rank 0's lines; a library's warning (and its source line), if any, left out
+    if who == "rank 0" and "Warning:" not in line and not line.startswith((" ", "\t")):
+        print(who, "|", line)
+
+# %% slideshow={"slide_type": "subslide"}
+ref_log = json.load(open("_runs/fsdp_ref/log.json"))
+fsdp_log = json.load(open("_runs/fsdp/log.json"))
+loss_diff = max(abs(a - b) for a, b in zip(ref_log["losses"], fsdp_log["losses"]))
+norm_diff = max(abs(a - b) for a, b in zip(ref_log["norms"], fsdp_log["norms"]))
+ref_final = torch.load("_runs/fsdp_ref/final.pt", weights_only=True)
+fsdp_final = torch.load("_runs/fsdp/final.pt", weights_only=True)
+param_diff = max((ref_final[k] - fsdp_final[k]).abs().max().item() for k in ref_final)
+print(f"{len(fsdp_log['losses'])} steps on {fsdp_log['world']} ranks against 1 process:")
+print(f"  losses equal within 1e-5: {loss_diff < 1e-5}; gradient norms (clip_grad_norm_ on DTensors) within 1e-5: "
+      f"{norm_diff < 1e-5}; final parameters within 1e-5: {param_diff < 1e-5}")
+assert sorted(ref_final) == sorted(fsdp_final) and loss_diff < 1e-5 and norm_diff < 1e-5 and param_diff < 1e-5
+
+# %% [markdown] slideshow={"slide_type": "fragment"}
+"""
+The differences are rounding: each rank sums its own rows and the reduce-scatter adds the two ranks' sums, a different order of additions from one process's. The gradient norm that `clip_grad_norm_` returned is the norm of the **whole** gradient, although each rank holds only its shard of it: with DTensor gradients it squares and sums the local pieces and all-reduces the sums. (With FSDP1 or hand-made shards, summing local norms is a classic bug: the clipping threshold would apply to a different number on every rank.)
+"""
+
+# %% [markdown] slideshow={"slide_type": "slide"}
+"""
+## 3. Units, all-gathers and accumulation
+
+Each `fully_shard` call makes one unit; its parameters are flattened into one buffer per rank, and one all-gather brings the whole unit together before it computes. So the largest unit decides the largest temporary buffer, and with one unit per block that is one block's parameters, however deep the model. The root unit holds what is outside the blocks: the embedding (whose weight the tied head reuses) and the final norm.
+"""
+
+# %% slideshow={"slide_type": "-"}
+units = fsdp_log["units"]
+for name, numel in units.items():
+    print(f"unit {name:<9}: {numel:>6,} parameters, one all-gather of {4 * numel:>7,} bytes in fp32")
+assert units["layers.0"] * 4 == block_gather_bytes(PRESETS["tiny"], torch.float32)
+seven_b = block_gather_bytes(PRESETS["llama2-7b"], torch.bfloat16)
+print(f"Llama 2 7B, one block gathered in bf16: {seven_b / 2**20:,.0f} MiB (the whole model would be 32 such blocks "
+      "plus the embeddings)")
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+The script recorded every collective of every micro-batch with `CommDebugMode` (notebook 13). Each step has 2 micro-batches; the first runs with `set_requires_gradient_sync(False)`.
+"""
+
+# %% slideshow={"slide_type": "-"}
+counts = fsdp_log["counts"]
+n_blocks, micro = len(units) - 1, len(counts) // len(fsdp_log["losses"])
+for i, c in enumerate(counts[:micro]):
+    print(f"micro-batch {i}: all-gathers {c.get('_allgather_base_', 0)}, reduce-scatters {c.get('_reduce_scatter_base_', 0)}")
+per_step = {"all_gather": sum(c.get("_allgather_base_", 0) for c in counts[:micro]),
+            "reduce_scatter": sum(c.get("_reduce_scatter_base_", 0) for c in counts[:micro])}
+synced = collectives_per_step(n_blocks, micro, sync_every_micro_batch=True)
+print(f"one step: {per_step}; the same counts every step: {all(c == counts[i % micro] for i, c in enumerate(counts))}")
+print(f"reduce-scatters per step: {per_step['reduce_scatter']} with sync on the last micro-batch only, "
+      f"{synced['reduce_scatter']} if every micro-batch synchronized")
+assert per_step == collectives_per_step(n_blocks, micro) and per_step["reduce_scatter"] < synced["reduce_scatter"]
+
+# %% [markdown] slideshow={"slide_type": "fragment"}
+"""
+Per micro-batch the root unit is gathered once (it stays gathered until backward is done: FSDP2 does not reshard the root after forward, since backward starts with it) and each block twice, in forward and again in backward (`reshard_after_forward=True`, the default, frees a block's full parameters after its forward). Skipping the sync keeps the unsharded gradients of the whole model on every rank until the last micro-batch: accumulation trades the reduce-scatters saved for memory, exactly DDP's `no_sync` trade (notebook 11). What it does **not** save are the all-gathers: every micro-batch gathers the parameters again, unless `reshard_after_forward=False` keeps them (notebook 13).
+"""
+
+# %% [markdown] slideshow={"slide_type": "slide"}
+"""
+## 4. Mixed precision and activation checkpointing
+
+`--bf16` passes `MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)` to every unit: the shards (and AdamW's state) stay fp32, each unit casts its shard to bf16 before the all-gather, computes in bf16, and the gradients are reduce-scattered and kept in fp32. `--checkpointing` wraps each block with `checkpoint_wrapper` **before** `fully_shard` is applied to it, so that the unit is the checkpointed block: backward re-runs the block's forward inside the unit's gather, and the recomputation uses the gathered parameters. A forward pre-hook on the first block's first linear layer records what it computes with.
+"""
+
+# %% slideshow={"slide_type": "-"}
+mixed = run_torchrun("_runs/fsdp_train.py", nproc_per_node=2, args=["--out", "_runs/fsdp_bf16", "--bf16", "--checkpointing"],
+                     timeout=300, echo="none")
+bf16_log = json.load(open("_runs/fsdp_bf16/log.json"))
+for what in ("stored", "forward weight", "forward input", "gradient", "optimizer state"):
+    print(f"{what:<16}: fp32 run {fsdp_log['dtypes'][what]:<15} bf16 policy + checkpointing {bf16_log['dtypes'][what]}")
+bf16_diff = max(abs(a - b) for a, b in zip(fsdp_log["losses"], bf16_log["losses"]))
+print(f"losses: bf16 compute stays within 0.05 of fp32 over {len(bf16_log['losses'])} steps: {bf16_diff < 0.05} "
+      f"(largest difference ~{bf16_diff:.4f})")
+assert bf16_log["dtypes"]["forward weight"] == "torch.bfloat16" and bf16_log["dtypes"]["gradient"] == "torch.float32"
+assert bf16_log["dtypes"]["stored"] == "torch.float32" and bf16_diff < 0.05
+
+# %% [markdown] slideshow={"slide_type": "fragment"}
+"""
+The losses differ by bf16 rounding, not by checkpointing: recomputation repeats the same operations on the same values. As notebook 07 showed for autocast, bf16 needs no loss scaler; and here no `autocast` either: the policy casts the parameters, and the activations follow.
+"""
+
+# %% [markdown] slideshow={"slide_type": "slide"}
+"""
+## 5. A sharded checkpoint, resumed exactly
+
+The fp32 run of section 2 wrote a checkpoint after step 2 (`--save-at 2`): `get_state_dict(model, opt)` gives the model's and AdamW's state as DTensors, and `dcp.save` has every rank write its own shards, with a metadata file that says which rank holds which piece. A new job builds the model the same way (meta, shard, materialize), loads the checkpoint into it with `dcp.load` and `set_state_dict`, and trains steps 2 and 3.
+"""
+
+# %% slideshow={"slide_type": "-"}
+print("checkpoint files:", sorted(os.listdir("_runs/fsdp/dcp_step2")))
+resumed = run_torchrun("_runs/fsdp_train.py", nproc_per_node=2,
+                       args=["--out", "_runs/fsdp_resumed", "--resume", "_runs/fsdp/dcp_step2", "--from-step", "2"],
+                       timeout=300, echo="none")
+resumed_log = json.load(open("_runs/fsdp_resumed/log.json"))
+resumed_final = torch.load("_runs/fsdp_resumed/final.pt", weights_only=True)
+same_losses = resumed_log["losses"] == fsdp_log["losses"][2:]
+same_params = all(torch.equal(resumed_final[k], fsdp_final[k]) for k in fsdp_final)
+print(f"resumed at step 2: losses of steps 2-3 bit for bit those of the uninterrupted run: {same_losses}; "
+      f"final parameters bit for bit: {same_params}")
+assert same_losses and same_params
+print(f"~{time.perf_counter() - notebook_start:.0f} s so far")
+
+# %% [markdown] slideshow={"slide_type": "fragment"}
+"""
+Bit for bit, because everything a step depends on came back: the parameters, AdamW's moments and step count, and the data (each step draws its batch from a generator seeded by the step number, so no sampler state needs saving here; notebook 13 saved a sampler's epoch and a generator's state when the data needed it).
+"""
+
+# %% [markdown] slideshow={"slide_type": "slide"}
+"""
+## Summary
+
+- Build on `meta`, `fully_shard` each block and then the root on an explicit mesh of the device you chose, `to_empty`, initialize: no rank ever holds the whole model, and the sharded run trained like one process (losses, gradient norms and final parameters within 1e-5).
+- One unit per block: an all-gather holds one block's parameters. Per micro-batch the root is gathered once and each block twice; `set_requires_gradient_sync(False)` skips the reduce-scatters of all micro-batches but the last, not the all-gathers.
+- `MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)` computes in bf16 on fp32 shards, gradients and optimizer state; checkpoint each block first, then shard it.
+- `clip_grad_norm_` on DTensor gradients returns the global norm.
+- `torch.distributed.checkpoint` writes and reads each rank's shards of the model and the optimizer; with a deterministic data order the resumed run is bit for bit the uninterrupted one.
+"""
+
+# %% [markdown] slideshow={"slide_type": "slide"}
+"""
+## Exercises
+
+1. Write `collectives(n_blocks, micro_batches, sync_every_micro_batch)`: the all-gathers and reduce-scatters of one step of this script's model (one unit per block plus the root, `reshard_after_forward` at its default), as `{"all_gather": ..., "reduce_scatter": ...}`.
+2. Write `gather_bytes(config, param_dtype)`: the bytes one block's all-gather brings together for a `TransformerConfig`, when `MixedPrecisionPolicy(param_dtype=param_dtype)` is used (count the parameters of a block of notebook 14's transformer).
+"""
+
+# %% slideshow={"slide_type": "-"}
+from course_lib.exercises.fsdp_in_practice import check_block_gather_bytes, check_collectives_per_step
+
+
+def collectives(n_blocks, micro_batches, sync_every_micro_batch):
+    raise NotImplementedError  # your code here
+
+
+print(check_collectives_per_step(collectives))
+
+
+# %% slideshow={"slide_type": "-"}
+def gather_bytes(config, param_dtype):
+    raise NotImplementedError  # your code here
+
+
+print(check_block_gather_bytes(gather_bytes))
+
+# %% [markdown] slideshow={"slide_type": "slide"}
+"""
+## References
+
+- PyTorch docs: [`torch.distributed.fsdp.fully_shard`](https://pytorch.org/docs/stable/distributed.fsdp.fully_shard.html) (`MixedPrecisionPolicy`, `set_requires_gradient_sync`, `set_modules_to_forward_prefetch`), [DeviceMesh](https://pytorch.org/docs/stable/distributed.tensor.html), [`torch.distributed.checkpoint`](https://pytorch.org/docs/stable/distributed.checkpoint.html) and its `state_dict` helpers.
+- PyTorch tutorials: [Getting started with FSDP2](https://pytorch.org/tutorials/intermediate/FSDP_tutorial.html), [Distributed checkpoint recipe](https://pytorch.org/tutorials/recipes/distributed_checkpoint_recipe.html).
+- The `torchtitan` repository (PyTorch's reference for large-model training): per-block `fully_shard`, meta-device initialization and activation checkpointing applied before sharding.
+- Y. Zhao et al., *PyTorch FSDP: Experiences on Scaling Fully Sharded Data Parallel*, VLDB 2023, [arXiv:2304.11277](https://arxiv.org/abs/2304.11277).
+"""

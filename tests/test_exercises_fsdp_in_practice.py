@@ -1,0 +1,67 @@
+from __future__ import annotations
+
+import pytest
+import torch
+
+from checks import assert_check
+from course_lib.exercises.fsdp_in_practice import (
+    block_gather_bytes,
+    check_block_gather_bytes,
+    check_collectives_per_step,
+    collectives_per_step,
+)
+from course_lib.transformer import PRESETS
+
+
+def _blank(*args: object) -> object:
+    raise NotImplementedError
+
+
+def _right(n: int, m: int, sync: bool) -> dict[str, int]:
+    return {"all_gather": m * (1 + 2 * n), "reduce_scatter": (n + 1) * (m if sync else 1)}
+
+
+def test_collectives_per_step() -> None:
+    assert collectives_per_step(2, 2) == {"all_gather": 10, "reduce_scatter": 3}
+    assert collectives_per_step(2, 2, sync_every_micro_batch=True)["reduce_scatter"] == 6
+    with pytest.raises(ValueError):
+        collectives_per_step(2, 0)
+    assert_check(
+        check_collectives_per_step,
+        right=[_right],
+        not_done=[_blank, ...],
+        wrong=[
+            (lambda n, m, s: {**_right(n, m, s), "all_gather": m * 2 * (n + 1)}, "root unit is not gathered again"),
+            (lambda n, m, s: {**_right(n, m, s), "all_gather": m * (n + 1)}, "gathered twice"),
+            (lambda n, m, s: {**_right(n, m, s), "all_gather": 1 + 2 * n}, "gathers again"),
+            (lambda n, m, s: {**_right(n, m, s), "reduce_scatter": (n + 1) * m}, "last micro-batch only"),
+            (lambda n, m, s: {**_right(n, m, s), "reduce_scatter": n * (m if s else 1)}, "root unit"),
+            (lambda n, m, s: {"all_gather": 1}, "keys"),
+            (lambda n, m, s: {**_right(n, m, s), "all_gather": "10"}, "return a number"),
+        ],
+    )
+
+
+def _bytes(config: object, dtype: torch.dtype) -> int:
+    c = config
+    d, f = c.d_model, c.d_ff  # type: ignore[attr-defined]
+    kv = c.kv_heads * c.head_dim  # type: ignore[attr-defined]
+    return (2 * d * d + 2 * d * kv + 3 * d * f + 2 * d) * torch.empty((), dtype=dtype).element_size()
+
+
+def test_block_gather_bytes() -> None:
+    assert block_gather_bytes(PRESETS["tiny"], torch.float32) == _bytes(PRESETS["tiny"], torch.float32)
+    with pytest.raises(TypeError):
+        block_gather_bytes("tiny", torch.float32)  # type: ignore[arg-type]
+    size = lambda dt: torch.empty((), dtype=dt).element_size()  # noqa: E731
+    assert_check(
+        check_block_gather_bytes,
+        right=[_bytes, block_gather_bytes],
+        not_done=[_blank, ...],
+        wrong=[
+            (lambda c, dt: _bytes(c, dt) * 4 // size(dt), "4 bytes per parameter"),
+            (lambda c, dt: _bytes(c, dt) - 2 * c.d_model * size(dt), "norm weights"),
+            (lambda c, dt: _bytes(c, dt) // size(dt), "number of parameters"),
+            (lambda c, dt: _bytes(c, dt) // 2 + 1, "count every parameter"),
+        ],
+    )
