@@ -1,15 +1,15 @@
 """Per-rank memory of DDP, ZeRO-1/2 (by hand and ``ZeroRedundancyOptimizer``) and FSDP2, against the model.
 
-Runs the training code of notebook 13 (its ``_runs/zero.py`` cell, read from
-``sources/13_sharded_data_parallel.py``, so the benchmark measures exactly what the notebook
-teaches) on N = 1, 2 and 4 gloo processes: a 4-layer MLP of 263,168 parameters, fp32 Adam, 3 steps.
+Runs the training code of notebook 13 (its ``_runs/model.py``, ``_runs/zero.py`` and
+``_runs/zero_job.py`` cells, read from ``sources/13_sharded_data_parallel.py``, so the benchmark
+measures exactly what the notebook teaches) on N = 1, 2 and 4 gloo processes: a 4-layer MLP of 263,168 parameters, fp32 Adam, 3 steps.
 For each way of training and each rank it records
 
 * the bytes of the parameters, gradients and optimizer state the rank holds (counted from its
   tensors, each storage once: exact), against ``course_lib.sharding.model_state_bytes``;
 * the allocator's view from ``course_lib.memory.measure_peak`` around the 3 steps: the peak, and
   what was still allocated at the end ("retained"). On gloo the retained total can exceed what
-  is held: frees made on gloo's worker threads are not recorded by the profiler (notebook 13, §6.1).
+  is held: frees made on gloo's worker threads are not recorded by the profiler (notebook 13, §2.1).
 
     python benchmarks/sharding_memory.py           # N = 1, 2, 4
     python benchmarks/sharding_memory.py --quick   # N = 1, 2
@@ -49,13 +49,13 @@ def notebook_script(name: str) -> str:
 
 
 WORKER = """
-import zero
+import zero_job
 
 
 def measure_all(rank, n, kinds):
     out = {}
     for kind in kinds:
-        r = zero.measure_stage(rank, n, kind)
+        r = zero_job.measure_stage(rank, n, kind)
         out[kind] = {k: r[k] for k in ("held", "retained", "peak", "numel")}
     return out
 """
@@ -68,7 +68,8 @@ def main() -> None:
     sizes = (1, 2) if args.quick else (1, 2, 4)
     rows = []
     with tempfile.TemporaryDirectory(prefix="sharding_bench_") as tmp:
-        Path(tmp, "zero.py").write_text(notebook_script("zero.py"))
+        for name in ("model.py", "zero.py", "zero_job.py"):
+            Path(tmp, name).write_text(notebook_script(name))
         Path(tmp, "bench_worker.py").write_text(WORKER)
         sys.path.insert(0, tmp)
         for n in sizes:
