@@ -192,6 +192,7 @@ def shard_model(model, **kwargs):
             fully_shard(layer, **kwargs)
     return fully_shard(model, **kwargs)
 
+
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
 `HandZero` below is written as an optimizer a real training script can use, not only for this model:
@@ -276,6 +277,7 @@ class HandZero:
         for f in self.flats:
             dist.all_gather_single(f["flat"], f["mine"].detach())       # in place: my chunk in, the whole buffer out
             self.sent += (self.n - 1) * f["mine"].numel() * f["mine"].element_size()  # (N-1)/N of it again
+
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
@@ -417,6 +419,7 @@ def report(rank, n, device):
     return {"memory": {kind: measure_stage(rank, n, kind, device=device) for kind in ("ddp", "zero1", "zero1_builtin", "zero2")},
             "fine_tuning": {kind: fine_tuning(rank, n, kind, device=device)
                             for kind in ("ddp", "zero1_builtin", "zero1", "zero2", "library_element", "library_parameter")}}
+
 
 # %% slideshow={"slide_type": "fragment"}
 zero_runs = launch("_runs/zero_job.py:report")
@@ -639,6 +642,7 @@ def hand_fsdp(model, dtype=torch.bfloat16):
             Unit(module, dtype, log, gathered)
     return log, gathered
 
+
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
 This version handles what this model needs (every parameter trainable, each in a `Linear` unit). `course_lib.hand_fsdp.HandFSDP` is the canonical copy, with the rest: frozen and tied parameters, a root unit for parameters outside the units, `reshard_after_forward=False`. The job below trains three copies of the model for 3 AdamW steps on `N` ranks: ours, the library's (`HandFSDP(model, units, param_dtype=torch.bfloat16, reduce_dtype=torch.float32)`), and FSDP2's `fully_shard` (section 4) with the matching `MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)`. It records the collectives of each one's third step (FSDP2's with `course_lib.simulated_compute.record_collectives`, which wraps `torch.distributed`'s functions) and counts the bytes each rank holds.
@@ -706,6 +710,7 @@ def report(rank, n, device):
         "gathered_peak": gathered["peak"], "gathered_after_step": gathered["now"],
         "held": held, "fsdp2_held": held_bytes(fsdp2, opt2), "numel": sum(p.numel() for p in make_model().parameters()),
     }
+
 
 # %% slideshow={"slide_type": "fragment"}
 fsdp_runs = launch("_runs/fsdp_job.py:report")
@@ -881,6 +886,7 @@ def report(rank, n, device):
             "reshard": {r: one_step_collectives(rank, n, device, r) for r in (True, False)},
             "state_dict": state_dicts(rank, n, device), "scalers": scalers(rank, n, device)}
 
+
 # %% slideshow={"slide_type": "fragment"}
 fsdp2_runs = launch("_runs/fsdp2_demo.py:report")
 
@@ -990,6 +996,7 @@ def two_d(rank, n, steps=3, width=64):
 
 def report(rank, n):
     return {"placements": placements(rank, n), "two_d": two_d(rank, n)}
+
 
 # %% slideshow={"slide_type": "fragment"}
 start = time.perf_counter()
@@ -1118,6 +1125,7 @@ def uninterrupted(rank, n, device, ckpt_dir, full_path):
 
 def resumed(rank, n, device, ckpt_dir):
     return train(rank, n, stop=8, device=device, resume_from=ckpt_dir)
+
 
 # %% slideshow={"slide_type": "fragment"}
 import shutil
