@@ -416,9 +416,11 @@ def fine_tuning(rank, n, kind, steps=5, device="cpu"):
 
 
 def report(rank, n, device):
+    tuning = ["ddp", "zero1_builtin", "zero1", "zero2", "library_element", "library_parameter"]
+    if device != "cpu":
+        tuning.remove("library_element")                        # course_lib's element sharding: CPU tensors only
     return {"memory": {kind: measure_stage(rank, n, kind, device=device) for kind in ("ddp", "zero1", "zero1_builtin", "zero2")},
-            "fine_tuning": {kind: fine_tuning(rank, n, kind, device=device)
-                            for kind in ("ddp", "zero1_builtin", "zero1", "zero2", "library_element", "library_parameter")}}
+            "fine_tuning": {kind: fine_tuning(rank, n, kind, device=device) for kind in tuning}}
 
 
 # %% slideshow={"slide_type": "fragment"}
@@ -488,7 +490,7 @@ The fine-tuning run: the first layer frozen, AdamW with weight decay 0.1 on the 
 
 # %% slideshow={"slide_type": "fragment"}
 tuned = [r["fine_tuning"] for r in zero_runs]
-for kind in ("zero1_builtin", "zero1", "zero2", "library_element", "library_parameter"):
+for kind in [k for k in tuned[0] if k != "ddp"]:
     same = all(torch.equal(t[kind]["params"], t["ddp"]["params"]) for t in tuned)
     frozen = all(t[kind]["frozen unchanged"] for t in tuned)
     print(f"{kind:<18} equal to DDP + AdamW (torch.equal): {same}; frozen layer unchanged: {frozen}")
@@ -689,10 +691,12 @@ def report(rank, n, device):
         dist.all_gather_single(full, shard.detach())
         shards.append(full)
 
-    library = make_model(device=device)
-    lib = HandFSDP(library, units=[m for m in library if isinstance(m, nn.Linear)], param_dtype=BF16,
-                   reduce_dtype=torch.float32)
-    train(library, rank, n, device)
+    lib = None
+    if device == "cpu":                                         # course_lib.hand_fsdp works on CPU tensors
+        library = make_model()
+        lib = HandFSDP(library, units=[m for m in library if isinstance(m, nn.Linear)], param_dtype=BF16,
+                       reduce_dtype=torch.float32)
+        train(library, rank, n, device)
 
     fsdp2 = shard_model(make_model(device=device), mp_policy=MixedPrecisionPolicy(param_dtype=BF16, reduce_dtype=torch.float32))
     timeline = Timeline(rank)
@@ -704,9 +708,9 @@ def report(rank, n, device):
     step = len(log) // 3
     return {
         "ours": torch.cat(shards).cpu(),
-        "library": torch.cat([v.flatten() for v in lib.full_parameters().values()]).cpu(),
+        "library": torch.cat([v.flatten() for v in lib.full_parameters().values()]) if lib else None,
         "fsdp2": torch.cat([p.full_tensor().detach().flatten() for p in fsdp2.parameters()]).cpu(),
-        "log": log[-step:], "library_log": lib.log.entries[-step:], "fsdp2_log": fsdp2_log,
+        "log": log[-step:], "library_log": lib.log.entries[-step:] if lib else None, "fsdp2_log": fsdp2_log,
         "gathered_peak": gathered["peak"], "gathered_after_step": gathered["now"],
         "held": held, "fsdp2_held": held_bytes(fsdp2, opt2), "numel": sum(p.numel() for p in make_model().parameters()),
     }
@@ -723,18 +727,21 @@ Ours and `course_lib`'s do the same operations in the same order, so they must a
 """
 
 # %% slideshow={"slide_type": "fragment"}
+TOL = "1e-6" if DEVICE == "cpu" else "1e-4"  # on GPUs the two may pick different bf16 matmul kernels
+tol = float(TOL)
 for r in fsdp_runs:
-    assert torch.equal(r["ours"], r["library"]) and r["log"] == r["library_log"]
-    assert torch.allclose(r["ours"], r["fsdp2"], rtol=0, atol=1e-6)
+    if r["library"] is not None:  # the CPU path (course_lib.hand_fsdp works on CPU tensors)
+        assert torch.equal(r["ours"], r["library"]) and r["log"] == r["library_log"]
+    assert torch.allclose(r["ours"], r["fsdp2"], rtol=0, atol=tol)
 print("FSDP by hand after 3 AdamW steps (bf16 compute, fp32 master shards), on every rank:")
-print("  = course_lib.hand_fsdp.HandFSDP (torch.equal, and the same collectives): True")
-print("  allclose to fully_shard with MixedPrecisionPolicy(bf16, fp32) (atol 1e-6): True")
+print(f"  = course_lib.hand_fsdp.HandFSDP (torch.equal, and the same collectives): {fsdp_runs[0]['library'] is not None}")
+print(f"  allclose to fully_shard with MixedPrecisionPolicy(bf16, fp32) (atol {TOL}): True")
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
 ### 3.2 The collectives of one step, and their bytes
 
-Per step each unit is all-gathered twice (forward, backward) in bf16 and reduce-scattered once in fp32. The model of section 1 and exercise 3 count the same collectives: with `Ψ` parameters, all-gathers of `2 × 2Ψ` bytes and a reduce-scatter of `4Ψ`, of which a ring sends `(N-1)/N` per rank.
+Per step each unit is all-gathered twice (forward, backward) in bf16 and reduce-scattered once in fp32: with `Ψ` parameters, all-gathers of `2 × 2Ψ` bytes and a reduce-scatter of `4Ψ`, of which a ring sends `(N-1)/N` per rank. Exercise 3 counts the same three collectives per unit, with bf16 gradients (a reduce-scatter of `2Ψ`).
 """
 
 # %% slideshow={"slide_type": "fragment"}
@@ -786,7 +793,7 @@ assert all(r["gathered_peak"] == unit_bf16 and r["gathered_after_step"] == 0 for
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-Between steps each rank holds exactly ZeRO-3's count for fp32 Adam: `16Ψ / N` bytes, which is also the total section 1 gives mixed-precision Adam, split differently. There is no persistent 16-bit copy of the parameters (the bf16 weights exist only while their unit runs, one unit at a time here), and the gradient is kept in fp32, the reduction's dtype. The transient bytes are one unit's gathered parameters: the size of the units, not of the model, sets them, which is why FSDP wraps each transformer block as a unit.
+Between steps each rank holds exactly ZeRO-3's count for fp32 Adam: `16Ψ / N` bytes, which is also the total section 1 gives mixed-precision Adam, split differently. There is no persistent 16-bit copy of the parameters (the bf16 weights exist only while their unit runs, one unit at a time here), and the gradient is kept in fp32, the reduction's dtype. The transient bytes are one unit's gathered parameters: the size of the units, not of the model, sets them, which is why FSDP is applied to each transformer block, as the FSDP2 tutorial in the references does.
 
 Exercise 4 asks for the heart of the backward: the reduce-scatter step of `Gather.backward`.
 """
