@@ -485,7 +485,7 @@ for kind in ("zero1", "zero2"):
 """
 ### 2.3 Real models: parameter groups, frozen parameters, which optimizers
 
-The fine-tuning run: the first layer frozen, AdamW with weight decay 0.1 on the weights and none on the biases, 5 steps. Every way of sharding the optimizer must end where DDP with a plain AdamW ends, with the frozen layer untouched. Three of them run under DDP (which averages the gradients): `ZeroRedundancyOptimizer`, and `course_lib`'s `ShardedOptimizer` sharding by whole parameters; three without it, averaging in their reduce-scatter: ours at stages 1 and 2, and `ShardedOptimizer(shard_by="element", reduce_gradients=True)`, the library's copy of ours.
+The fine-tuning run: the first layer frozen, AdamW with weight decay 0.1 on the weights and none on the biases, 5 steps. Every way of sharding the optimizer must end where DDP with a plain AdamW ends, with the frozen layer untouched. Two of them run under DDP, which averages the gradients: `ZeroRedundancyOptimizer`, and `course_lib`'s `ShardedOptimizer` sharding by whole parameters. Three run without it and average in their reduce-scatter: ours at stages 1 and 2, and `ShardedOptimizer(shard_by="element", reduce_gradients=True)`, the library's copy of ours.
 """
 
 # %% slideshow={"slide_type": "fragment"}
@@ -1192,7 +1192,7 @@ for dropped in ("optim", "rng"):                              # resume at N=1 wi
 """
 **On GPUs, exact resumption needs more state.** This run resumes exactly because everything random it draws comes from one explicit CPU generator, the same on every rank, and because CPU kernels give the same bits every time. A GPU training script must also save and restore:
 
-- **each rank's CUDA generator** (`torch.cuda.get_rng_state()`, one per rank, saved under a key with the rank in it): dropout and any other random op on the GPU draw from it, and ranks hold different states;
+- **each rank's CUDA generator** (`torch.cuda.get_rng_state()`, one per rank, saved under a key with the rank in it): dropout and any other random op on the GPU draw from it, and ranks may hold different states;
 - **each rank's CPU generator** when ranks draw differently (`torch.get_rng_state()`), and Python's and NumPy's if the script uses them;
 - **the data loader's position and its workers' generators**: a `DataLoader` with worker processes seeds each worker from the base generator and prefetches ahead, so "the step counter" does not say where it is; `torchdata`'s `StatefulDataLoader` has the `state_dict()` / `load_state_dict()` for that.
 
