@@ -1,23 +1,27 @@
 # The course's entry points. Two commands on a fresh machine:
-#   make lab    set everything up and open the course in JupyterLab
-#   make test   set everything up and run every test (what CI runs)
+#   make lab    set up the learner's environment and open the course in JupyterLab
+#   make test   set up the developer's environment too and run every test (what CI runs)
+# The edit-test loop of a contributor: make check (under 2 minutes: lint, types, doctests, fast unit tests).
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+DEV_STAMP := $(VENV)/.installed-dev
 # The notebooks, in course order, from the manifest (course.toml); expanded when a recipe runs,
 # after the venv exists.
-NB     ?= $(shell $(BIN)/python -m course_lib.manifest)
+NB     ?= $(shell $(BIN)/python -m course_tools.manifest)
 PYTEST_NBVAL := --nbval --nbval-current-env --nbval-sanitize-with tests/sanitize.cfg
 CHROMIUM ?= /usr/bin/chromium
 NPM_STAMP := node_modules/.package-lock.json
 
-.PHONY: help venv lab test lint test-lib test-notebooks test-portable test-gpu-visible test-load test-browser test-slurm execute sync slides html lock benchmarks clean
+.PHONY: help venv venv-learner lab test check lint lint-sources test-lib test-notebooks test-portable test-gpu-visible test-load test-browser test-slurm test-learner-install execute sync generated footprint slides html lock benchmarks clean
 
 help:
-	@echo "make lab        - create $(VENV), install the pinned environment, open JupyterLab in notebooks/"
-	@echo "make test       - create/update $(VENV), lint, run pytest over course_lib and nbval over every notebook"
+	@echo "make lab        - create $(VENV), install the pinned learner environment, open JupyterLab in notebooks/"
+	@echo "make test       - create/update $(VENV) with the developer extras, lint, pytest, nbval over every notebook"
+	@echo "make check      - the edit-test loop (< 2 min): lint, types, doctests, the unit tests not marked slow"
 	@echo "make lint       - ruff (lint and format), mypy course_lib, course_lib's doctests"
+	@echo "make lint-sources - ruff's notebook rules (pyflakes-level) over the text sources in sources/"
 	@echo "make execute    - re-execute notebooks in place (NB='notebooks/01_*.ipynb' for some)"
 	@echo "make sync       - update notebooks/*.ipynb from their edited text sources in sources/ (FROM=ipynb: the reverse)"
 	@echo "make slides     - a reveal.js deck per notebook in _site/slides/, offline (needs npm for the pinned assets)"
@@ -27,14 +31,26 @@ help:
 	@echo "make test-load  - nbval over every notebook while a CPU hog keeps every core busy"
 	@echo "make test-browser - the real-browser tests (JupyterLab, decks, site) with $(CHROMIUM)"
 	@echo "make test-slurm - the real-Slurm tests: a two-node cluster on this machine (needs slurm-wlm, munge)"
+	@echo "make test-learner-install - the learner's install alone in a fresh venv: imports, no dev tools"
 	@echo "make benchmarks - run every script in benchmarks/ and print its RESULT line"
-	@echo "make lock       - regenerate requirements.lock from a fresh install of pyproject.toml"
+	@echo "make generated  - rewrite what is generated from course.toml and course_lib.facts (README, guide, tables)"
+	@echo "make footprint NB=09 - what belongs to a notebook (NB=ring: to every notebook about the ring)"
+	@echo "make lock       - regenerate the lock files from fresh installs of pyproject.toml (learner, dev)"
 
-venv: $(STAMP)
+# Two environments in one venv: the learner set (requirements.lock: what the notebooks and JupyterLab need)
+# for `make lab`, and the developer extras on top (requirements-dev.lock: tests, nbval, lint, types,
+# browser tests, pre-commit) for everything that tests or builds.
+# TORCH_INDEX=https://download.pytorch.org/whl/cpu installs torch from that index first (the CPU build: on Linux,
+# none of the CUDA packages PyPI's torch pulls; README, "Without a GPU").
+TORCH_INDEX ?=
+TORCH_PIN := $(shell grep '^torch==' requirements.lock)
+venv: $(DEV_STAMP)
+venv-learner: $(STAMP)
 
-$(STAMP): requirements.lock pyproject.toml
+$(STAMP): requirements.lock requirements-linux-cuda.lock pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(if $(TORCH_INDEX),$(BIN)/python -m pip install --quiet "$(TORCH_PIN)" --index-url $(TORCH_INDEX))
 	$(BIN)/python -m pip install --quiet -r requirements.lock
 	$(BIN)/python -m pip install --quiet --no-deps -e .
 	@# JupyterLab defaults for the course: RISE's "white" theme ships its font (the default theme
@@ -45,10 +61,14 @@ $(STAMP): requirements.lock pyproject.toml
 	  > $(VENV)/share/jupyter/lab/settings/overrides.json
 	touch $(STAMP)
 
+$(DEV_STAMP): $(STAMP) requirements-dev.lock
+	$(BIN)/python -m pip install --quiet -r requirements-dev.lock
+	touch $(DEV_STAMP)
+
 lab: $(STAMP)
 	$(BIN)/jupyter lab notebooks/
 
-test: $(STAMP)
+test: $(DEV_STAMP)
 	@$(MAKE) --no-print-directory lint
 	$(BIN)/python -m pytest -p no:cacheprovider $(PYTEST_NBVAL) tests notebooks
 	@if [ -x "$(CHROMIUM)" ]; then $(MAKE) --no-print-directory test-browser; \
@@ -57,18 +77,36 @@ test: $(STAMP)
 	else echo; echo "*** SKIPPED the browser tests: no chromium at $(CHROMIUM)."; \
 	  echo "*** Install it (Debian/Ubuntu: apt-get install chromium) and npm, then run 'make test-browser'."; fi
 
-test-lib: $(STAMP)
+test-lib: $(DEV_STAMP)
 	$(BIN)/python -m pytest -p no:cacheprovider tests
 
-# Style and types of the library, scripts and tests (pyproject.toml's [tool.ruff] and [tool.mypy] say
-# what is left out), and every example in course_lib's docstrings run as a doctest.
-lint: $(STAMP)
+# The edit-test loop, under 2 minutes on 2 cores: `make lint` (ruff, format, mypy, doctests) and every unit test
+# not marked slow, the doctests and tests in one pytest process (one torch import). The slow tests execute
+# notebooks, launch process trees or drive a browser: `make test` runs them (the marker is declared in
+# pyproject.toml's [tool.pytest.ini_options]). CHECK_ARGS=... passes pytest options (CHECK_ARGS=--durations=10).
+check: $(DEV_STAMP)
 	$(BIN)/ruff check course_lib scripts tests benchmarks
 	$(BIN)/ruff format --check course_lib scripts tests benchmarks
 	$(BIN)/mypy course_lib
-	$(BIN)/python -m pytest -p no:cacheprovider --doctest-modules course_lib
+	$(if $(filter 1,$(LINT_SOURCES)),$(BIN)/ruff check --config ruff-sources.toml sources)
+	$(BIN)/python -m pytest -p no:cacheprovider -q -m "not slow" --doctest-modules $(CHECK_ARGS) course_lib tests
 
-test-notebooks: $(STAMP)
+# Style and types of the library, tooling, tests and benchmarks (pyproject.toml's [tool.ruff] and
+# [tool.mypy] say what is left out), and every example in course_lib's docstrings run as a doctest.
+lint: $(DEV_STAMP)
+	$(BIN)/ruff check course_lib scripts tests benchmarks
+	$(BIN)/ruff format --check course_lib scripts tests benchmarks
+	$(BIN)/mypy course_lib
+	$(BIN)/python -m pytest -p no:cacheprovider -q --doctest-modules course_lib
+	$(if $(filter 1,$(LINT_SOURCES)),$(BIN)/ruff check --config ruff-sources.toml sources)
+
+# The text sources, linted as notebooks (ruff-sources.toml: pyflakes-level rules, no style). Part of `make lint`
+# and `make check` when LINT_SOURCES=1: switch the default to 1 (and the pre-commit hook on) once the sources pass.
+LINT_SOURCES ?= 0
+lint-sources: $(DEV_STAMP)
+	$(BIN)/ruff check --config ruff-sources.toml sources
+
+test-notebooks: $(DEV_STAMP)
 	$(BIN)/python -m pytest -p no:cacheprovider $(PYTEST_NBVAL) $(NB)
 
 # The committed outputs must hold on any CPU, not only on the one that recorded them: nbval again
@@ -79,7 +117,7 @@ PORTABLE_CPUS ?= \
   "ATEN_CPU_CAPABILITY=default ONEDNN_MAX_CPU_ISA=SSE41 MKL_ENABLE_INSTRUCTIONS=SSE4_2 OMP_NUM_THREADS=1" \
   "ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2"
 
-test-portable: $(STAMP)
+test-portable: $(DEV_STAMP)
 	@for cpu in $(PORTABLE_CPUS); do \
 	  echo "== nbval under a simulated CPU: $$cpu"; \
 	  env $$cpu $(BIN)/python scripts/cpu_capability.py || exit 1; \
@@ -93,61 +131,78 @@ test-portable: $(STAMP)
 SIMULATED_GPUS ?= 2
 GPU_VISIBLE_ENV := PYTHONPATH=$(CURDIR)/tests/gpu_visible$(if $(PYTHONPATH),:$(PYTHONPATH)) COURSE_SIMULATED_GPUS=$(SIMULATED_GPUS)
 
-test-gpu-visible: $(STAMP)
+test-gpu-visible: $(DEV_STAMP)
 	@echo "== nbval with $(SIMULATED_GPUS) simulated CUDA GPUs visible"
 	env $(GPU_VISIBLE_ENV) $(BIN)/python -c "import torch; assert torch.cuda.device_count() == $(SIMULATED_GPUS)"
 	env $(GPU_VISIBLE_ENV) $(BIN)/python -m pytest -p no:cacheprovider $(PYTEST_NBVAL) $(NB)
 
 # No output may depend on how busy the machine is: nbval while scripts/cpu_hog.py keeps every core busy.
-test-load: $(STAMP)
+test-load: $(DEV_STAMP)
 	@echo "== nbval on a loaded machine"
 	$(BIN)/python scripts/cpu_hog.py -- $(BIN)/python -m pytest -p no:cacheprovider $(PYTEST_NBVAL) $(NB)
 
 # The real-browser tests (tests/browser): JupyterLab runs every notebook, the decks and the site
 # are stepped through offline. Playwright drives $(CHROMIUM); it never downloads a browser.
-test-browser: $(STAMP)
+test-browser: $(DEV_STAMP)
 	@if command -v npm >/dev/null; then $(MAKE) --no-print-directory $(NPM_STAMP); fi
 	COURSE_BROWSER_TESTS=1 CHROMIUM=$(CHROMIUM) $(BIN)/python -m pytest -p no:cacheprovider --durations=5 tests/browser
 
 # The real-Slurm tests (tests/test_slurm.py): scripts/slurm_cluster.py starts a two-node cluster on this
 # machine (munged, slurmctld, two slurmd, no root), runs torchrun jobs, scancel and a node failure.
 # Without Slurm they skip and say how to install it; COURSE_REQUIRE_SLURM=1 (.ci/run) makes that a failure.
-test-slurm: $(STAMP)
+test-slurm: $(DEV_STAMP)
 	COURSE_SLURM_TESTS=1 $(BIN)/python -m pytest -p no:cacheprovider --durations=5 tests/test_slurm.py
+
+# The learner's install, apart from the developer's: a fresh venv from requirements.lock alone (what `make lab`
+# installs), `pip check`, then every module the notebooks and course_lib import, and no developer tool
+# (scripts/learner_check.py). CI runs it; pip's cache (and, here, the local wheels) keep it to minutes. The venv
+# stays in build/ (removing 1.5 GB took minutes on a busy disk); the next run starts afresh.
+LEARNER_VENV := build/learner-venv
+test-learner-install:
+	rm -rf $(LEARNER_VENV)
+	$(PYTHON) -m venv $(LEARNER_VENV)
+	$(LEARNER_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(LEARNER_VENV)/bin/python -m pip install --quiet -r requirements.lock
+	$(LEARNER_VENV)/bin/python -m pip install --quiet --no-deps -e .
+	$(LEARNER_VENV)/bin/python -m pip check
+	$(LEARNER_VENV)/bin/python -m course_tools.learner_check
 
 # The decks' and site's browser libraries, at the versions package-lock.json pins.
 $(NPM_STAMP): package.json package-lock.json
 	npm ci --ignore-scripts --no-audit --no-fund
 	@touch $(NPM_STAMP)
 
-slides: $(STAMP) $(NPM_STAMP)
+slides: $(DEV_STAMP) $(NPM_STAMP)
 	$(BIN)/python scripts/build_slides.py $(NB)
 
-html: $(STAMP) $(NPM_STAMP)
+html: $(DEV_STAMP) $(NPM_STAMP)
 	$(BIN)/python scripts/build_slides.py
 	$(BIN)/python scripts/build_site.py
 
-execute: $(STAMP)
+execute: $(DEV_STAMP)
 	$(BIN)/python scripts/execute_notebooks.py $(NB)
 
 # Edit sources/NN_topic.py, then `make sync`: the notebook gets the new cells, keeps its cell ids and
 # outputs, and is re-executed only if code changed. FROM=ipynb writes the text sources from the notebooks.
-sync: $(STAMP)
+sync: $(DEV_STAMP)
 	$(BIN)/python scripts/sync_notebooks.py $(if $(filter ipynb,$(FROM)),--from-ipynb) $(NB)
 
-benchmarks: $(STAMP)
+# What is generated from course.toml and course_lib.facts: README's table, the instructor guide's plan and
+# notes, the comparison tables in the text sources (then `make sync` for the notebooks whose tables changed).
+generated: $(DEV_STAMP)
+	$(BIN)/python -m course_tools.manifest --write
+
+# What belongs to a notebook (NB=09, or a word such as NB=ring): the files to touch when changing what it teaches.
+footprint: $(DEV_STAMP)
+	@$(BIN)/python -m course_tools.manifest --footprint "$(NB)"
+
+benchmarks: $(DEV_STAMP)
 	@for b in benchmarks/*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
 
+# The lock files from fresh installs (scripts/lock.py says how): requirements.lock (learner),
+# requirements-dev.lock (+ the dev extra), requirements-linux-cuda.lock (what PyPI's torch pulls on Linux).
 lock:
-	rm -rf build/lock-venv
-	$(PYTHON) -m venv build/lock-venv
-	build/lock-venv/bin/python -m pip install --quiet --upgrade pip
-	build/lock-venv/bin/python -m pip install --quiet "torch==2.13.0" .
-	{ echo "# Exact versions that reproduce the committed notebook outputs (Python 3.11, CPU)."; \
-	  echo "# Regenerate with 'make lock'. torch is pinned without the local '+cpu' suffix so this file"; \
-	  echo "# installs on any machine; pip takes the CPU or CUDA build that the machine offers."; \
-	  build/lock-venv/bin/python -m pip freeze --exclude course_lib | sed 's/+cpu$$//'; } > requirements.lock
-	rm -rf build/lock-venv
+	$(PYTHON) scripts/lock.py --python $(PYTHON)
 
 clean:
 	rm -rf $(VENV) build .pytest_cache

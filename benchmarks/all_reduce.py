@@ -42,11 +42,10 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from course_lib.collectives import ring_all_reduce  # noqa: E402  (the ring notebook 09 writes by hand)
-from course_lib.comm_model import fit_alpha_beta, predict_all_reduce  # noqa: E402
-from course_lib.launch import run_ranks  # noqa: E402
-from course_lib.saved_tensors import format_bytes  # noqa: E402
+from course_lib.collectives import ring_all_reduce  # the ring notebook 09 writes by hand
+from course_lib.comm_model import fit_alpha_beta, predict_all_reduce
+from course_lib.launch import run_ranks
+from course_lib.saved_tensors import format_bytes
 
 DEFAULT_SIZES = (1024, 16384, 262144, 1048576)  # float32 elements: 4 KiB .. 4 MiB
 

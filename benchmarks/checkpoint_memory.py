@@ -40,17 +40,14 @@ import math
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import torch
 from torch.autograd.graph import saved_tensors_hooks
 from torch.utils.checkpoint import checkpoint_sequential
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
-
-from course_lib.checkpointing import deep_chain  # noqa: E402
-from course_lib.memory import step_peak_memory  # noqa: E402
+from course_lib.checkpointing import deep_chain
+from course_lib.memory import step_peak_memory
 
 # memory sweep: narrow, long activations, so that one activation (64 KiB) dwarfs a block's
 # parameters (288 B) and the 5 KiB RNG state each checkpoint call stores

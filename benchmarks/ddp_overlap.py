@@ -40,13 +40,9 @@ import time
 import torch
 import torch.distributed as dist
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
-
-from course_lib.hand_ddp import HandDDP  # noqa: E402
-from course_lib.launch import run_ranks  # noqa: E402
-from course_lib.simulated_compute import Timeline, busy_seconds, hidden_seconds, simulated_mlp  # noqa: E402
+from course_lib.hand_ddp import HandDDP
+from course_lib.launch import run_ranks
+from course_lib.simulated_compute import Timeline, busy_seconds, hidden_seconds, simulated_mlp
 
 
 def worker(

@@ -18,9 +18,10 @@ compete for the cores: OpenMP threads spin while they wait); DDP's gain needs se
 each rank brings its own compute. Timings move by tens of percent when other work shares the
 cores: read the table as orders of magnitude, rerun before trusting a 20% difference.
 
-Its model (an MLP) and its bucket-counting communication hook are those of notebook 10's
-_runs/ddp_internals.py, sized up: a declared copy, since that worker exists only once the notebook
-has written it.
+Its model (an MLP, here 512 wide instead of the notebook's 256) and its bucket-counting communication
+hook are those of notebook 10's _runs/ddp_internals.py: the benchmark reads that script from the
+notebook's text source (``course_lib.manifest.written_file``), writes it to a temporary folder and
+imports it in each rank, so there is one copy.
 
 Prints a table, then:
 RESULT speedup_2proc_vs_1proc=<best DDP row over 1 process, 1 thread> best_bucket_mb=<f> buckets_at_best=<n>
@@ -33,42 +34,30 @@ import argparse
 import os
 import statistics
 import sys
+import tempfile
 import time
+from pathlib import Path
 
-import torch
-import torch.distributed as dist
-import torch.nn as nn
-import torch.nn.functional as F
-from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+from course_lib.launch import run_ranks
+from course_lib.manifest import written_file
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
-
-from course_lib.launch import run_ranks  # noqa: E402
-
-
-def mlp(width: int = 512, depth: int = 4) -> nn.Module:
-    layers: list[nn.Module] = []
-    d = 64
-    for _ in range(depth):
-        layers += [nn.Linear(d, width), nn.ReLU()]
-        d = width
-    return nn.Sequential(*layers, nn.Linear(d, 10))
+WIDTH = 512  # the notebook's MLP is 256 wide; wider here, so that a step is long enough to time
 
 
 def worker(rank: int, world_size: int, threads: int, bucket_mb: float | None, global_batch: int, steps: int) -> dict:
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+
+    # notebook 10's script, written by main() into the ranks' working directory
+    from ddp_internals import counting_hook, mlp  # type: ignore[import-not-found]
+
     torch.set_num_threads(threads)
     torch.manual_seed(0)
-    model: nn.Module = mlp()
-    seen: list[int] = []  # bucket sizes all-reduced in the current step, noted by a comm hook
+    model: torch.nn.Module = mlp(width=WIDTH)
+    seen: list[int] = []  # bucket sizes all-reduced in the current step, noted by the notebook's comm hook
     if dist.is_initialized():
-        model = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=bucket_mb)
-
-        def counting_hook(state, bucket):  # type: ignore[no-untyped-def]  # DDP checks real annotations; none here
-            state.append(bucket.buffer().numel())
-            return allreduce_hook(None, bucket)  # type: ignore[arg-type]
-
+        model = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=bucket_mb)
         model.register_comm_hook(seen, counting_hook)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     g = torch.Generator().manual_seed(rank)
@@ -103,14 +92,16 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--steps must be >= 1 and --global-batch an even number >= 2")
     target = f"{os.path.abspath(__file__)}:worker"
     rows = []
-    for threads in (1, 2):
-        r = run_ranks(
-            target, 1, (threads, None, args.global_batch, args.steps), init_method="none", echo="none", timeout=300
-        )[0]
-        rows.append((f"1 process, no DDP, {threads} thread{'s' if threads > 1 else ''}", "-", r))
-    for bucket in (0.05, 2.5, 25.0):
-        r = run_ranks(target, 2, (1, bucket, args.global_batch, args.steps), echo="none", timeout=300)[0]
-        rows.append(("2 processes, DDP, 1 thread each", f"{bucket:g}", r))
+    with tempfile.TemporaryDirectory(prefix="ddp_step_") as tmp:
+        # the script notebook 10 writes to _runs/ddp_internals.py (its mlp and counting_hook), from its text source
+        Path(tmp, "ddp_internals.py").write_text(written_file("10_ddp_in_practice", "_runs/ddp_internals.py"))
+        launch = {"echo": "none", "timeout": 300, "cwd": tmp}  # the ranks start in tmp: `import ddp_internals`
+        for threads in (1, 2):
+            r = run_ranks(target, 1, (threads, None, args.global_batch, args.steps), init_method="none", **launch)[0]
+            rows.append((f"1 process, no DDP, {threads} thread{'s' if threads > 1 else ''}", "-", r))
+        for bucket in (0.05, 2.5, 25.0):
+            r = run_ranks(target, 2, (1, bucket, args.global_batch, args.steps), **launch)[0]
+            rows.append(("2 processes, DDP, 1 thread each", f"{bucket:g}", r))
     print(
         f"model: {rows[0][2]['params_mb']:.2f} MB of float32 parameters; global batch {args.global_batch}; "
         f"{os.cpu_count()} CPU cores; {args.steps} timed steps per row"

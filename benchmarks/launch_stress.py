@@ -33,12 +33,8 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
-
-from course_lib.launch import LaunchError, run_ranks, run_torchrun  # noqa: E402
-from course_lib.manifest import written_file  # noqa: E402
+from course_lib.launch import LaunchError, run_ranks, run_torchrun
+from course_lib.manifest import written_file
 
 PORTABLE_ENV = {
     "ATEN_CPU_CAPABILITY": "default",
@@ -110,8 +106,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.launches < 1 or args.epochs < 1 or not launchers or any(name not in LAUNCHERS for name in launchers):
         parser.error("--launches and --epochs must be >= 1, --launchers a subset of torchrun,launch,run_ranks")
     env = dict(PORTABLE_ENV) if args.portable else {}
-    # the training script imports course_lib: this checkout's, whatever the caller's PYTHONPATH
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH", "")) if p)
     counts = {name: {"launches": 0, "nonzero": 0, "terminate": 0, "crashes": 0, "seconds": 0.0} for name in launchers}
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="launch_stress_") as tmp:

@@ -20,15 +20,13 @@ import argparse
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from course_lib.saved_tensors import SavedTensorMeter, format_bytes, saved_cast_copy_bytes  # noqa: E402
-from course_lib.timing import matmul_tflops  # noqa: E402
+from course_lib.saved_tensors import SavedTensorMeter, format_bytes, saved_cast_copy_bytes
+from course_lib.timing import matmul_tflops
 
 BATCHES = (64, 512)
 WIDTH = 512

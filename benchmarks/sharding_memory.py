@@ -23,30 +23,17 @@ relative excess of the allocator's retained total over the held bytes.
 from __future__ import annotations
 
 import argparse
-import re
-import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # run from a checkout without installing
-
-from course_lib.launch import run_ranks  # noqa: E402
-from course_lib.sharding import model_state_bytes  # noqa: E402
+from course_lib.launch import run_ranks
+from course_lib.manifest import written_file
+from course_lib.sharding import model_state_bytes
 
 KINDS = {"ddp": "ddp", "zero1": "zero1", "zero1_builtin": "zero1", "zero2": "zero2", "fsdp2": "zero3"}
 
-
-def notebook_script(name: str) -> str:
-    """The text of the notebook cell that writes ``_runs/<name>``."""
-    source = (ROOT / "sources" / "13_sharded_data_parallel.py").read_text()
-    cells = re.split(r"^# %%(?: .*)?$", source, flags=re.M)  # cell markers, not "# %%writefile"
-    for cell in cells:
-        lines = cell.strip("\n").splitlines()
-        if lines and lines[0].strip() == f"# %%writefile _runs/{name}":
-            return "\n".join(lines[1:]) + "\n"
-    raise LookupError(f"no %%writefile _runs/{name} cell in notebook 13's source")
-
+# The scripts notebook 13 writes to _runs/, read from its text source: one copy.
+SCRIPTS = {name: written_file("13_sharded_data_parallel", f"_runs/{name}") for name in ("model.py", "zero.py", "zero_job.py")}
 
 WORKER = """
 import zero_job
@@ -68,13 +55,13 @@ def main() -> None:
     sizes = (1, 2) if args.quick else (1, 2, 4)
     rows = []
     with tempfile.TemporaryDirectory(prefix="sharding_bench_") as tmp:
-        for name in ("model.py", "zero.py", "zero_job.py"):
-            Path(tmp, name).write_text(notebook_script(name))
+        for name, text in SCRIPTS.items():
+            Path(tmp, name).write_text(text)
         Path(tmp, "bench_worker.py").write_text(WORKER)
-        sys.path.insert(0, tmp)
         for n in sizes:
+            # cwd=tmp: the ranks start there, so bench_worker's `import zero_job` finds the notebook's scripts
             results = run_ranks(
-                f"{tmp}/bench_worker.py:measure_all", nprocs=n, args=(list(KINDS),), timeout=300, echo="none"
+                f"{tmp}/bench_worker.py:measure_all", nprocs=n, args=(list(KINDS),), timeout=300, echo="none", cwd=tmp
             )
             for rank, per_kind in enumerate(results):
                 for kind, r in per_kind.items():

@@ -16,10 +16,17 @@ this package itself exports nothing. One module per job:
 * :mod:`course_lib.loss_scaling` — the canonical dynamic loss scaler, ``GradScaler``'s rule in plain Python
 * :mod:`course_lib.allreduce_sim` — parameter server and ring all-reduce simulated, bytes counted
 * :mod:`course_lib.collectives` — the ring all-reduce on real processes (notebook 09 writes it by hand)
+* :mod:`course_lib.comm_model` — the alpha-beta cost model of collectives, fitted to measured times
 * :mod:`course_lib.timing` — matrix-multiply throughput in TFLOP/s (GPU events or wall clock)
 * :mod:`course_lib.launch` — run ``torchrun``/spawn jobs from a notebook: free port, timeout, no orphans
 * :mod:`course_lib.pipeline` — GPipe schedules, the bubble fraction, Gantt charts
-* :mod:`course_lib.manifest` — the course's notebooks in order, from ``course.toml``
+* :mod:`course_lib.hand_ddp` — ``HandDDP``: DDP by hand (buckets, overlap), the canonical copy of notebook 09's
+* :mod:`course_lib.simulated_compute` — layers that take a known time on a CPU, timelines of compute and communication
+* :mod:`course_lib.hand_fsdp` — ``HandFSDP``: FSDP by hand (gather, free, reduce-scatter), notebook 13's canonical copy
+* :mod:`course_lib.sharded_optim` — ``ShardedOptimizer``: ZeRO-1 around any ``torch.optim`` optimizer
+* :mod:`course_lib.sharding` — ZeRO's memory model: state bytes per rank for DDP and ZeRO-1/2/3
+* :mod:`course_lib.manifest` — the course's notebooks in order, from ``course.toml`` (reading only)
+* :mod:`course_lib.facts` — each comparison fact stated once, and the statements the course corrected
 * :mod:`course_lib.validation` — ``check_int``, ``check_number``, ``check_bool``: argument checks in one wording
 * :mod:`course_lib.exercises` — exercise checks, one module per notebook topic, on :mod:`course_lib.exercises.core`
 """

@@ -1,23 +1,25 @@
-"""The course's comparison tables, stated once: each fact about a training technique lives here, and the tables
-that restate earlier notebooks are generated from it.
+"""The course's comparison facts and corrections, stated once: each fact about a training technique lives here.
 
-Notebook 10's "DataParallel vs DDP", notebook 12's map of parallelism and notebook 14's decision guide all restate
+Notebook 10's "DataParallel vs DDP", notebook 12's map of parallelism and notebook 17's decision guide all restate
 facts taught earlier. Written out by hand three times, they drifted apart (08 said "ring all-reduce" where 07 shows
 the backend chooses; 10 said data parallelism needs the whole model state on one device, which sharding answers).
-Here a fact is written once, under the technique it belongs to, with the notebook section that shows it; a table is
-a view that picks rows and columns. ``python -m course_lib.manifest --write`` writes the tables into the text sources
-between ``<!-- BEGIN generated: facts-NAME -->`` and ``<!-- END generated -->``; tests/test_manifest.py fails when
-one is stale, tests/test_sources.py when a notebook does not match its source (``make sync``).
+Here a fact is written once, under the technique it belongs to, with the notebook section that shows it.
 
->>> print(table("parallelism").splitlines()[0])
-| | data parallel (DDP) | sharded data parallel (ZeRO, FSDP) | pipeline parallel | tensor parallel |
+The tables are views that pick rows and columns; the repository's tooling renders them as markdown into the text
+sources (``course_tools.generated``, run by ``python -m course_tools.manifest --write``) between
+``<!-- BEGIN generated: facts-NAME -->`` and ``<!-- END generated -->``; tests/test_manifest.py fails when one is
+stale, tests/test_sources.py when a notebook does not match its source (``make sync``). :data:`CORRECTIONS` lists
+what the course corrected, so that no text source says it again (tests/test_consistency.py).
+
+>>> fact("ddp", "launch")
+'`torchrun` / `mp.spawn`'
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["CORRECTIONS", "Correction", "FACTS", "TABLES", "TableSpec", "fact", "table"]
+__all__ = ["CORRECTIONS", "Correction", "FACTS", "fact"]
 
 # FACTS[technique][field]: one sentence each, in the words every table uses. "shown" is where the course shows it.
 FACTS: dict[str, dict[str, str]] = {
@@ -119,55 +121,6 @@ FACTS: dict[str, dict[str, str]] = {
 }
 
 
-@dataclass(frozen=True)
-class TableSpec:
-    """A view of :data:`FACTS`: ``by_row=False`` puts techniques in columns and fields in rows."""
-
-    techniques: tuple[str, ...]
-    fields: tuple[tuple[str, str], ...]  # (field in FACTS, its heading in the table)
-    corner: str = ""
-    by_row: bool = False
-    headings: tuple[str, ...] = ()  # column headings instead of the techniques' names
-
-
-TABLES: dict[str, TableSpec] = {
-    "dp-vs-ddp": TableSpec(
-        ("dp", "ddp"),
-        tuple(
-            (f, f.replace("batchnorm", "BatchNorm"))
-            for f in (
-                "processes",
-                "machines",
-                "per step",
-                "gradient sync",
-                "optimizer",
-                "data",
-                "batchnorm",
-                "mixed precision",
-                "launch",
-                "status",
-            )
-        ),
-    ),
-    "parallelism": TableSpec(
-        ("ddp", "sharded", "pipeline", "tensor"),
-        (
-            ("split", "what is split"),
-            ("communicated", "communicated"),
-            ("idle", "idle time"),
-            ("needs", "needs"),
-            ("use when", "use when"),
-        ),
-        headings=("data parallel (DDP)", "sharded data parallel (ZeRO, FSDP)", "pipeline parallel", "tensor parallel"),
-    ),
-    "remedies": TableSpec(
-        ("checkpointing", "accumulation", "mixed precision", "ddp", "sharded", "pipeline"),
-        (("bottleneck", "bottleneck"), ("remedy", "first remedy"), ("cost", "what it costs"), ("shown", "shown")),
-        by_row=True,
-    ),
-}
-
-
 def fact(technique: str, field: str) -> str:
     """One fact, by technique and field (``fact("ddp", "gradient sync")``); raises ``KeyError`` naming what exists."""
     if not isinstance(technique, str) or not isinstance(field, str):
@@ -177,24 +130,6 @@ def fact(technique: str, field: str) -> str:
     if field not in FACTS[technique]:
         raise KeyError(f"{technique!r} has no fact {field!r}; it has: {sorted(FACTS[technique])}")
     return FACTS[technique][field]
-
-
-def table(name: str) -> str:
-    """The markdown table ``name`` (one of :data:`TABLES`), built from :data:`FACTS`."""
-    if not isinstance(name, str):
-        raise TypeError(f"table name must be a string, got {type(name).__name__}")
-    if name not in TABLES:
-        raise ValueError(f"no table {name!r}; known: {sorted(TABLES)}")
-    spec = TABLES[name]
-    if spec.by_row:
-        rows = [[heading for _, heading in spec.fields]]
-        rows += [[fact(t, f) for f, _ in spec.fields] for t in spec.techniques]
-    else:
-        rows = [[spec.corner, *(spec.headings or [fact(t, "name") for t in spec.techniques])]]
-        rows += [[heading] + [fact(t, f) for t in spec.techniques] for f, heading in spec.fields]
-    lines = ["| " + " | ".join(rows[0]) + " |", "|" + "---|" * len(rows[0])]
-    lines += ["| " + " | ".join(r) + " |" for r in rows[1:]]
-    return "\n".join(lines).replace("|  |", "| |")
 
 
 @dataclass(frozen=True)

@@ -1,36 +1,25 @@
-"""The course manifest (``course.toml``): the one list of notebooks, and what is generated from it.
+"""The course manifest (``course.toml``), read: the one list of notebooks, in order, and what belongs to each.
 
 The manifest gives each notebook's stem, title, one-line summary, lecture and exercise minutes, its
-exercise-check module and what is worth running live. Everything that lists the notebooks reads it:
-the Makefile (``python -m course_lib.manifest``), the scripts, the tests, notebook 00's course map,
-README's table, the instructor guide's lecture plan and the site's index.
+exercise-check module, what is worth running live and how it is taught, and its footprint: the
+``course_lib`` modules, benchmarks and tests that belong to it. Everything that lists the notebooks
+reads it through :func:`course` and :func:`notebook_paths`: the scripts, the tests, notebook 00's
+course map (:func:`course_map`). A benchmark or test reads a notebook's own script with
+:func:`written_file`.
 
-``python -m course_lib.manifest`` prints the notebook paths, one per line;
-``python -m course_lib.manifest --write`` rewrites the generated blocks of README.md and
-docs/instructor_guide.md (between ``<!-- BEGIN generated: NAME -->`` and ``<!-- END generated -->``).
+This module only reads. What is generated from the manifest (README's table, the instructor guide,
+the comparison tables in the text sources) is written by the repository's tooling:
+``python -m course_tools.manifest --write`` (``make generated``).
 """
 
 from __future__ import annotations
 
 import re
-import sys
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = [
-    "Notebook",
-    "ROOT",
-    "course",
-    "notebook_paths",
-    "written_file",
-    "readme_table",
-    "lecture_plan",
-    "course_map",
-    "teaching_notes",
-    "generated_blocks",
-    "write_generated",
-]
+__all__ = ["Notebook", "ROOT", "course", "course_map", "notebook_paths", "written_file"]
 
 ROOT = Path(__file__).resolve().parents[1]
 MANIFEST = ROOT / "course.toml"
@@ -44,6 +33,10 @@ _FIELDS = {
     "live": str,
     "teach": str,
 }
+# The footprint: optional lists of names, checked by tests/test_footprint.py (complete, and naming real files).
+# modules: course_lib modules besides the exercise module ("sharding", "launch", "exercises.core");
+# benchmarks: files in benchmarks/ ("all_reduce.py"); tests: files in tests/ ("test_sharding.py").
+FOOTPRINT_FIELDS = ("modules", "benchmarks", "tests")
 
 
 @dataclass(frozen=True)
@@ -58,6 +51,9 @@ class Notebook:
     exercise_module: str
     live: str
     teach: str
+    modules: tuple[str, ...] = ()
+    benchmarks: tuple[str, ...] = ()
+    tests: tuple[str, ...] = ()
 
     @property
     def number(self) -> str:
@@ -84,12 +80,17 @@ def course(manifest: str | Path | None = None) -> list[Notebook]:
     notebooks: list[Notebook] = []
     for i, entry in enumerate(entries):
         missing = sorted(set(_FIELDS) - set(entry))
-        extra = sorted(set(entry) - set(_FIELDS))
+        extra = sorted(set(entry) - set(_FIELDS) - set(FOOTPRINT_FIELDS))
         if missing or extra:
             raise ValueError(f"{path.name}, notebook {i}: missing fields {missing}, unknown fields {extra}")
         for name, kind in _FIELDS.items():
             if not isinstance(entry[name], kind) or isinstance(entry[name], bool):
                 raise ValueError(f"{path.name}, notebook {i}: {name} must be a {kind.__name__}, got {entry[name]!r}")
+        for name in FOOTPRINT_FIELDS:
+            names = entry.get(name, [])
+            if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+                raise ValueError(f"{path.name}, notebook {i}: {name} must be a list of strings, got {names!r}")
+            entry = {**entry, name: tuple(names)}
         number = re.fullmatch(r"(\d\d)_[a-z0-9_]+", entry["stem"])
         previous = int(notebooks[-1].stem[:2]) if notebooks else -1
         if not number or (int(number[1]) != 0 if i == 0 else int(number[1]) <= previous):
@@ -126,95 +127,6 @@ def written_file(stem: str, filename: str) -> str:
     raise ValueError(f"{stem} writes no file {filename!r} with %%writefile")
 
 
-def readme_table(notebooks: list[Notebook] | None = None) -> str:
-    """README's table of notebooks."""
-    rows = ["| # | Notebook | What you will learn |", "|---|----------|---------------------|"]
-    rows += [f"| {n.number} | `{n.stem}` | {n.summary} |" for n in notebooks or course()]
-    return "\n".join(rows)
-
-
-def lecture_plan(notebooks: list[Notebook] | None = None) -> str:
-    """The instructor guide's lecture plan, with the totals."""
-    notebooks = notebooks or course()
-    rows = ["| # | Notebook | Lecture | Exercises | Worth running live |", "|---|---|---|---|---|"]
-    rows += [f"| {n.number} | {n.title} | {n.lecture} min | {n.exercises} min | {n.live} |" for n in notebooks]
-    lecture = sum(n.lecture for n in notebooks) / 60
-    exercises = sum(n.exercises for n in notebooks) / 60
-    rows += ["", f"About **{lecture:.1f} hours** of lecture plus about **{exercises:.1f} hours** of exercises."]
-    return "\n".join(rows)
-
-
-def teaching_notes(notebooks: list[Notebook] | None = None) -> str:
-    """The instructor guide's notes, one per notebook: how its session is cut and taught."""
-    return "\n\n".join(f"### {n.number} · {n.title}\n\n{n.teach}" for n in notebooks or course())
-
-
 def course_map(notebooks: list[Notebook] | None = None) -> str:
     """Notebook 00's map of the course: one line per notebook, stem and summary (backticks dropped)."""
     return "\n".join(f"{n.stem:<34} {n.summary.replace('`', '')}" for n in notebooks or course())
-
-
-_BLOCK = re.compile(r"(<!-- BEGIN generated: (?P<name>[\w-]+) -->\n)(?P<body>.*?)(\n<!-- END generated -->)", re.S)
-
-
-def generated_blocks() -> dict[Path, dict[str, str]]:
-    """For each file with generated blocks: the block names and what they must contain.
-
-    Besides README's and the guide's, the text sources' ``facts-NAME`` blocks: the comparison tables of
-    :mod:`course_lib.facts` (after rewriting one, ``make sync`` brings its notebook along).
-    """
-    from course_lib import facts
-
-    blocks = {
-        ROOT / "README.md": {"notebooks": readme_table()},
-        ROOT / "docs" / "instructor_guide.md": {"lecture-plan": lecture_plan(), "teaching-notes": teaching_notes()},
-    }
-    for n in course():
-        source = ROOT / "sources" / f"{n.stem}.py"
-        names = (
-            {m.group("name") for m in _BLOCK.finditer(source.read_text(encoding="utf-8"))}
-            if source.is_file()
-            else set()
-        )
-        for name in sorted(names):
-            if not name.startswith("facts-") or name.removeprefix("facts-") not in facts.TABLES:
-                raise ValueError(
-                    f"{source.name}: unknown generated block {name!r}; known: facts-{sorted(facts.TABLES)}"
-                )
-        if names:
-            blocks[source] = {name: facts.table(name.removeprefix("facts-")) for name in names}
-    return blocks
-
-
-def write_generated(check: bool = False) -> list[str]:
-    """Rewrite the generated blocks (or, with ``check=True``, only list the stale ones)."""
-    stale = []
-    for path, blocks in generated_blocks().items():
-        text = path.read_text(encoding="utf-8")
-        found = {m.group("name") for m in _BLOCK.finditer(text)}
-        for name in set(blocks) - found:
-            stale.append(f"{path.name}: no generated block '{name}'")
-        new = _BLOCK.sub(lambda m: m.group(1) + blocks.get(m.group("name"), m.group("body")) + m.group(4), text)  # noqa: B023 (runs within this iteration)
-        if new != text:
-            hint = f" (then `make sync NB=notebooks/{path.stem}.ipynb`)" if path.parent.name == "sources" else ""
-            stale.append(f"{path.name}: generated blocks are stale{hint}")
-            if not check:
-                path.write_text(new, encoding="utf-8")
-    return stale
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    if args == ["--write"]:
-        for line in write_generated() or ["generated blocks are up to date"]:
-            print(line)
-        return 0
-    if args:
-        print("usage: python -m course_lib.manifest [--write]", file=sys.stderr)
-        return 2
-    print("\n".join(str(p.relative_to(ROOT)) for p in notebook_paths()))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 from .saved_tensors import _storage_key
+from .sharding import StateBytes
 
 # Kineto (the profiler's backend) prints two timestamped "USDT: profiler_start/stop" lines to
 # stderr on every profile, which a notebook would capture as output. Level 6 silences them;
@@ -227,19 +228,6 @@ def tensor_bytes(tensors: Iterable[torch.Tensor]) -> int:
     if bad:
         raise TypeError(f"tensor_bytes takes tensors only, got {bad[0]}")
     return _unique_storages(items)
-
-
-@dataclass(frozen=True)
-class StateBytes:
-    """Bytes held between steps: parameters, their gradients, the optimizer's state."""
-
-    parameters: int
-    gradients: int
-    optimizer_state: int
-
-    @property
-    def total(self) -> int:
-        return self.parameters + self.gradients + self.optimizer_state
 
 
 def state_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None) -> StateBytes:

@@ -31,7 +31,7 @@ from .validation import check_bool, check_int
 __all__ = [
     "PRECISIONS",
     "STAGES",
-    "ModelState",
+    "StateBytes",
     "Precision",
     "activation_bytes",
     "bytes_per_parameter",
@@ -66,16 +66,25 @@ _SHARDED["zero3"] = (True, True, True)
 
 
 @dataclass(frozen=True)
-class ModelState:
-    """Bytes one rank holds between steps: parameters, gradients, optimizer state."""
+class StateBytes:
+    """Bytes of model state held between steps: parameters, their gradients, the optimizer's state.
+
+    One type for the modelled bytes (:func:`model_state_bytes`, what one rank holds) and the measured
+    ones (:func:`course_lib.memory.state_bytes`, counted from the tensors), so the two compare field by field.
+    """
 
     parameters: int
     gradients: int
-    optimizer: int
+    optimizer_state: int
 
     @property
     def total(self) -> int:
-        return self.parameters + self.gradients + self.optimizer
+        return self.parameters + self.gradients + self.optimizer_state
+
+    @property
+    def optimizer(self) -> int:
+        """The same as :attr:`optimizer_state` (the name notebook 13 reads; kept until it reads ``optimizer_state``)."""
+        return self.optimizer_state
 
 
 def _check_stage(stage: object) -> str:
@@ -100,15 +109,15 @@ def _check_precision(precision: object) -> Precision:
 
 def model_state_bytes(
     num_params: int, world_size: int, stage: str, precision: str | Precision = "mixed_adam"
-) -> ModelState:
+) -> StateBytes:
     """Bytes of parameters, gradients and optimizer state that ONE rank holds.
 
     >>> model_state_bytes(1_000_000, 4, "ddp").total        # 16 bytes per parameter, everywhere
     16000000
     >>> model_state_bytes(1_000_000, 4, "zero1")           # Adam's 12 bytes split over 4 ranks
-    ModelState(parameters=2000000, gradients=2000000, optimizer=3000000)
+    StateBytes(parameters=2000000, gradients=2000000, optimizer_state=3000000)
     >>> model_state_bytes(10, 4, "zero3", "fp32_adam")     # shards of ceil(10 / 4) = 3 elements
-    ModelState(parameters=12, gradients=12, optimizer=24)
+    StateBytes(parameters=12, gradients=12, optimizer_state=24)
     """
     num_params = check_int("num_params", num_params, minimum=0)
     world_size = check_int("world_size", world_size, minimum=1)
@@ -116,10 +125,10 @@ def model_state_bytes(
     prec = _check_precision(precision)
     shard = math.ceil(num_params / world_size)
     p_sharded, g_sharded, k_sharded = _SHARDED[stage]
-    return ModelState(
+    return StateBytes(
         parameters=prec.parameter * (shard if p_sharded else num_params),
         gradients=prec.gradient * (shard if g_sharded else num_params),
-        optimizer=prec.optimizer * (shard if k_sharded else num_params),
+        optimizer_state=prec.optimizer * (shard if k_sharded else num_params),
     )
 
 
@@ -179,7 +188,7 @@ def rank_memory(
     return {
         "parameters": state.parameters,
         "gradients": state.gradients,
-        "optimizer": state.optimizer,
+        "optimizer": state.optimizer_state,
         "activations": acts,
         "total": state.total + acts,
     }

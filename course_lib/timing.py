@@ -1,6 +1,7 @@
 """Timing of matrix-multiply throughput, on a GPU (CUDA events) or a CPU (wall clock).
 
-Notebook 07's GPU cell and ``benchmarks/mixed_precision.py`` both report TFLOP/s with this function.
+Notebook 07's GPU cell and ``benchmarks/mixed_precision.py`` both report TFLOP/s with this function. TF32 is
+switched with the ``fp32_precision`` API, not the legacy ``allow_tf32`` flag (notebook 07 §5).
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ import time
 
 import torch
 
-from .validation import check_int
+from .validation import check_bool, check_int
 
 __all__ = ["matmul_tflops"]
 
@@ -17,8 +18,12 @@ __all__ = ["matmul_tflops"]
 def matmul_tflops(n: int, dtype: torch.dtype, *, device: str = "cuda", tf32: bool = False, repeats: int = 10) -> float:
     """TFLOP/s of ``repeats`` products of two random ``n x n`` matrices (``2 n^3`` flops each).
 
-    Three warm-up products run first. On CUDA the time comes from CUDA events around the products
-    (``tf32=True`` allows TF32 tensor cores for float32 for the duration); on the CPU from the wall clock.
+    Three warm-up products run first. On CUDA the time comes from CUDA events around the products; on the CPU
+    from the wall clock. For the duration, ``torch.backends.cuda.matmul.fp32_precision`` is ``"tf32"`` when
+    ``tf32=True`` (float32 products may use TF32 tensor cores) and ``"ieee"`` otherwise (full fp32), then it is
+    restored. This is the per-backend setting of PyTorch 2.9 and later; the legacy
+    ``torch.backends.cuda.matmul.allow_tf32`` is left alone, since mixing the two APIs makes PyTorch refuse to
+    report the matmul precision.
 
     >>> matmul_tflops(64, torch.float32, device="cpu", repeats=2) > 0
     True
@@ -30,10 +35,12 @@ def matmul_tflops(n: int, dtype: torch.dtype, *, device: str = "cuda", tf32: boo
     on_cuda = torch.device(device).type == "cuda"
     if on_cuda and not torch.cuda.is_available():
         raise RuntimeError("device='cuda' needs a CUDA GPU; pass device='cpu' here")
+    check_bool("tf32", tf32)
     a = torch.randn(n, n, device=device, dtype=dtype)
     b = torch.randn(n, n, device=device, dtype=dtype)
-    previous = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = tf32
+    matmul = torch.backends.cuda.matmul
+    previous = matmul.fp32_precision
+    matmul.fp32_precision = "tf32" if tf32 else "ieee"
     try:
         for _ in range(3):
             a @ b
@@ -52,5 +59,5 @@ def matmul_tflops(n: int, dtype: torch.dtype, *, device: str = "cuda", tf32: boo
                 a @ b
             seconds = time.perf_counter() - t0
     finally:
-        torch.backends.cuda.matmul.allow_tf32 = previous
+        matmul.fp32_precision = previous
     return 2 * n**3 * repeats / seconds / 1e12

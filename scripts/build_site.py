@@ -14,15 +14,12 @@ from __future__ import annotations
 
 import html
 import shutil
-import sys
 from pathlib import Path
 
 import nbformat
 
 from course_lib.manifest import course
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from build_slides import (  # noqa: E402  (a sibling script, imported from its folder)
+from course_tools.build_slides import (
     ROOT,
     SITE,
     TEMPLATES,

@@ -16,6 +16,7 @@ A GPU cell is named by the description string it passes to ``requires_gpu``.
 
 from __future__ import annotations
 
+import ast
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -166,9 +167,97 @@ def _map_body(src: str, device: str) -> str:
     return re.sub(r"device_ids=\[0\]", "device_ids=None", src)
 
 
+_WRITEFILE = re.compile(r"^%%writefile\s+(?:\S*/)?(\w+)\.py\s*$", re.M)
+_SCRIPT_PATH = re.compile(r"(\w+)\.py\b")
+
+
+def names_of(source: str, modules: frozenset[str] = frozenset()) -> tuple[set[str], set[str]] | None:
+    """``(defined, used)`` names of a code cell, or ``None`` when it cannot be read (magics, syntax): run it always.
+
+    Defined: what it binds (assignments, ``def``, ``class``, imports) and what it changes in place (``x.a = ...``,
+    ``x[i] = ...``, ``x.method(...)`` on a variable, not on an imported module). Used: every name it reads.
+    A ``%%writefile _runs/NAME.py`` cell defines the module ``NAME``; ``import NAME`` uses it.
+    """
+    written = _WRITEFILE.match(source)
+    if written:
+        return {written.group(1)}, set()
+    if any(line.lstrip().startswith(("%", "!")) for line in source.splitlines()):
+        return None
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return None
+    defined: set[str] = set()
+    used: set[str] = set()
+
+    def base(node: ast.AST) -> str | None:
+        while isinstance(node, (ast.Attribute, ast.Subscript)):
+            node = node.value
+        return node.id if isinstance(node, ast.Name) else None
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            used |= set(_SCRIPT_PATH.findall(node.value))  # run_script(["python", "_runs/x.py"]) needs x's cell
+        elif isinstance(node, ast.Name):
+            (used if isinstance(node.ctx, ast.Load) else defined).add(node.id)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            defined.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            defined |= {(a.asname or a.name).split(".")[0] for a in node.names}
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                used.add(node.module.split(".")[0])
+            elif isinstance(node, ast.Import):
+                used |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, (ast.Attribute, ast.Subscript)) and not isinstance(node.ctx, ast.Load):
+            name = base(node)
+            if name:
+                defined.add(name)
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            name = base(node.func.value)
+            if name and name not in modules:
+                defined.add(name)
+    return defined, used
+
+
+def needed_cells(sources: list[str], targets: set[int], uses: dict[int, set[str]] | None = None) -> set[int]:
+    """The cells the ``targets`` depend on, by name, backwards to the first cell (the targets included).
+
+    ``uses`` overrides what a target reads (a GPU cell that cannot run reads only its guard). A cell that cannot
+    be read (``names_of`` is ``None``) is always included.
+    """
+    imported = frozenset(
+        name
+        for src in sources
+        for node in ast.walk(_parse_or_empty(src))
+        if isinstance(node, (ast.Import, ast.ImportFrom))
+        for name in ((a.asname or a.name).split(".")[0] for a in node.names)
+    )
+    needed = set(targets)
+    wanted: set[str] = set()
+    for j in range(max(targets, default=-1), -1, -1):
+        names = names_of(sources[j], imported)
+        if j in targets:
+            wanted |= (uses or {}).get(j, names[1] if names else set())
+            continue
+        if names is None or names[0] & wanted:
+            needed.add(j)
+            wanted |= names[1] if names else set()
+    return needed
+
+
+def _parse_or_empty(source: str) -> ast.AST:
+    try:
+        return ast.parse(source)
+    except SyntaxError:
+        return ast.Module(body=[], type_ignores=[])
+
+
 def dry_run_notebook(path: Path) -> tuple[nbformat.NotebookNode, dict[int, GpuCell]]:
-    """A notebook to execute: the preamble, then every cell up to the last GPU cell, with GPU cells
-    rewritten for the CPU (those that cannot run keep their guard and skip) and launch cells left out.
+    """A notebook to execute: the preamble, the GPU cells rewritten for the CPU (those that cannot run keep their
+    guard and skip), and before them only the cells they depend on (:func:`needed_cells`); launch cells left out.
+
+    nbval already runs every cell of the notebook; this run proves only what nbval cannot (the GPU cells' bodies),
+    so it runs what those bodies need and nothing else.
 
     Returns the notebook and, by position in it, the GPU cells it runs.
     """
@@ -180,8 +269,11 @@ def dry_run_notebook(path: Path) -> tuple[nbformat.NotebookNode, dict[int, GpuCe
     by_index = {c.index: c for c in cells}
     positions: dict[int, GpuCell] = {}
     last = max(by_index) if by_index else -1
+    sources = [c.source if c.cell_type == "code" else "" for c in nb.cells]
+    guard_only = {c.index: {"requires_gpu"} for c in cells if c.mode == "cannot"}
+    keep = needed_cells(sources, set(by_index), guard_only)
     for i, cell in enumerate(nb.cells[: last + 1]):
-        if cell.cell_type != "code":
+        if cell.cell_type != "code" or i not in keep:
             continue
         gpu = by_index.get(i)
         if gpu is None:

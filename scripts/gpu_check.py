@@ -32,10 +32,8 @@ from pathlib import Path
 import nbformat
 from nbclient import NotebookClient
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import gpu_cells  # noqa: E402
-
-from course_lib.manifest import ROOT, notebook_paths  # noqa: E402
+from course_lib.manifest import ROOT, notebook_paths
+from course_tools import gpu_cells
 
 CUDA_BENCHMARKS = ["benchmarks/mixed_precision.py"]
 

@@ -4,7 +4,7 @@
     python scripts/slurm_cluster.py status [--dir DIR]  # sinfo and squeue, and the line to use it
     python scripts/slurm_cluster.py down [--dir DIR]    # stop every daemon, job and task it started
 
-    from scripts.slurm_cluster import SlurmCluster     # (from the repository root)
+    from course_tools.slurm_cluster import SlurmCluster
     with SlurmCluster() as cluster:                    # munged, slurmctld, slurmd -N n1, slurmd -N n2
         job = cluster.sbatch("job.sh")
         record = cluster.wait_job(job, timeout=120)    # scontrol's fields: record["JobState"], ...

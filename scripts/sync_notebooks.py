@@ -28,8 +28,7 @@ from pathlib import Path
 import jupytext
 import nbformat
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from course_lib.manifest import ROOT, notebook_paths  # noqa: E402
+from course_lib.manifest import ROOT, notebook_paths
 
 SOURCES = ROOT / "sources"
 FORMAT = {
@@ -131,7 +130,7 @@ def sync(notebook: Path) -> str:
     nbformat.write(merged, notebook)
     if not code_changed:
         return "updated (markdown or metadata only: not re-executed)"
-    import execute_notebooks
+    from course_tools import execute_notebooks
 
     try:
         seconds = execute_notebooks.execute(notebook)

@@ -16,7 +16,10 @@ This notebook assumes: you can run Python in Jupyter and have seen `torch.tensor
 """
 ## 1. Your environment
 
-The first cell reports what this machine has. Its output differs from machine to machine (that is why the test suite does not compare it); the cell after it checks what the course actually needs.
+The first cell reports what this machine has. Its output differs from machine to machine (that is why the test suite does not compare it); the cell after it checks what the course actually needs. Two lines of the report use words that come back often:
+
+- **CPU kernels** names the set of vector instructions PyTorch's own kernels use on this CPU: `AVX512` (instructions that work on 512 bits, 16 float32 numbers, at once), `AVX2` (their 256-bit predecessor, which most laptops have), or `DEFAULT` (the baseline kernels, which assume none of these extensions and run on any CPU of its architecture).
+- **gloo** is the communication library through which PyTorch processes send each other tensors over the CPU and the network; the distributed notebooks (from 09 on) run on it. Between NVIDIA GPUs its counterpart is **NCCL** (NVIDIA's collective communication library), which notebook 09 §3 compares with gloo.
 """
 
 # %% slideshow={"slide_type": "-"} tags=["nbval-ignore-output"]
@@ -39,7 +42,7 @@ print(f"Environment OK: PyTorch >= {MIN_TORCH} with torch.distributed and the gl
 """
 ### Which of your numbers will match, and which will differ
 
-The outputs committed in these notebooks were recorded on 2 cores of an Intel Xeon server CPU with AVX-512 and AMX (PyTorch's `AVX512` kernels), with the CPU build of PyTorch 2.13.0; the report above shows what your machine has. Kernels, thread counts and allocators change the last bits of floats and the size of temporary buffers from one CPU to another, so the course prints three kinds of number, and the test suite checks every notebook again under PyTorch's portable kernels with one thread and under AVX2 kernels (a typical laptop's):
+The outputs committed in these notebooks were recorded on 2 cores of an Intel Xeon server CPU with AVX-512 and AMX (Advanced Matrix Extensions: Intel's matrix units, which multiply small tiles of 16-bit `bfloat16` or 8-bit integer numbers in one instruction; notebook 06 takes `bfloat16` apart), using PyTorch's `AVX512` kernels, with the CPU build of PyTorch 2.13.0; the report above shows what your machine has. Kernels, thread counts and allocators change the last bits of floats and the size of temporary buffers from one CPU to another, so the course prints three kinds of number, and the test suite checks every notebook again under PyTorch's portable kernels with one thread and under AVX2 kernels (a typical laptop's):
 
 - **a relation**, printed as one (`allclose: True, largest difference < 1e-6`): the same on every correct machine;
 - **exact by construction** (byte counts, bit patterns, counts, seeded random integers): the same to the character;
@@ -50,13 +53,30 @@ The outputs committed in these notebooks were recorded on 2 cores of an Intel Xe
 import time
 
 a = torch.randn(256, 256, generator=torch.Generator().manual_seed(0))
+threads = torch.get_num_threads()
+torch.set_num_threads(1)          # one thread: other programs on the machine disturb a timing less
 start = time.perf_counter()
-b = a @ a
-elapsed = time.perf_counter() - start
+b = a @ a                         # the first matrix product of this process
+first = time.perf_counter() - start
+warm = []
+for _ in range(50):               # the same product again, warmed up; the fastest run is the least disturbed
+    start = time.perf_counter()
+    a @ a
+    warm.append(time.perf_counter() - start)
+torch.set_num_threads(threads)
+best = min(warm)
+
 close = torch.allclose(b, (a.double() @ a.double()).float(), rtol=1e-4, atol=1e-4)
 print(f"a 256x256 matmul agrees with float64: {close} (a relation)")
 print(f"its result takes {b.numel() * b.element_size()} bytes (exact by construction)")
-print(f"it took ~{elapsed * 1e3:.3f} ms here (yours will differ)")
+print(f"warmed up, it takes ~{best * 1e3:.3f} ms here, the fastest of 50 runs (yours will differ)")
+assert first > best
+print(f"the very first call took ~{first * 1e3:.3f} ms: slower than a warmed-up call: {first > best} (~{first / best:.0f}x)")
+
+# %% [markdown] slideshow={"slide_type": "fragment"}
+"""
+The first call of an operation in a process pays one-time costs on top of its work (the matrix library sets itself up and picks its kernels for this CPU, memory is requested from the operating system for the first time). How much varies a lot between machines and runs, which is why every timing in the course comes after at least one untimed warm-up call and reports the fastest of several runs, with the cell's threads and the machine's load in mind.
+"""
 
 # %% [markdown] slideshow={"slide_type": "slide"}
 """
@@ -74,7 +94,7 @@ print("claim checked:", x.requires_grad, w.requires_grad)
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-Every notebook seeds its random generators once at the top with `seed_everything`, so that a second run prints the same numbers, on your machine and in CI.
+Every notebook seeds its random generators once at the top with `seed_everything`, so that a second run prints the same numbers, on your machine and in CI (all but the numbers after a `~`, which §1 explained).
 """
 
 # %% slideshow={"slide_type": "fragment"}
@@ -104,7 +124,7 @@ with expect_error(RuntimeError, match="does not require grad"):
 """
 ## 4. GPU cells
 
-The course runs everywhere on the CPU. A few demonstrations only make sense on a GPU (tensor-core speed, NCCL, two devices). Each such cell starts with the same guard, `requires_gpu(...)`: on a machine with a CUDA GPU the cell runs; elsewhere it prints one line saying what it skipped.
+The course runs everywhere on the CPU. A few demonstrations only make sense on a GPU (the speed of tensor cores, the matrix units of NVIDIA GPUs; NCCL; two devices). Each such cell starts with the same guard, `requires_gpu(...)`: on a machine with a CUDA GPU the cell runs; elsewhere it prints one line saying what it skipped.
 """
 
 # %% slideshow={"slide_type": "fragment"}
@@ -118,11 +138,16 @@ if requires_gpu("a matrix multiply on the GPU"):
 """
 ### On a machine with a GPU
 
-Everything else stays on the CPU there too, and prints what you read in the committed notebooks. That is a rule of the course, not luck:
+On a machine with a CUDA GPU, everything outside those guarded cells still runs on the CPU and prints what the committed notebooks show (the `~` numbers aside). That is a rule of the course, not luck:
 
 - **CPU jobs stay on the CPU.** The distributed notebooks start processes with `course_lib.launch`, which hides every GPU from them (`CUDA_VISIBLE_DEVICES=""`) unless a cell asks for one, and their scripts take the device as an argument (`--device cpu` by default) instead of choosing CUDA because one is visible. (CI checks this: it runs every notebook with a CPU-only PyTorch made to report two GPUs, and every cell outside the guarded ones must print exactly the same.)
-- **The GPU path is one switch.** Start JupyterLab with the environment variable `COURSE_DEVICE=cuda` (`COURSE_DEVICE=cuda make lab`) and the training scripts of notebooks 10, 11, 13 and 14 run on your GPUs with NCCL instead: one process per GPU, each bound to its GPU by `LOCAL_RANK`. Their printed numbers then differ from the committed ones (other kernels, other timings); their checks still hold.
-- **Determinism is an opt-in.** `seed_everything(0)` only seeds the random generators (Python's, NumPy's, PyTorch's on the CPU and every GPU): on the CPU that is all the course needs to print the same numbers twice. `seed_everything(0, deterministic=True)` also asks for deterministic kernels (`torch.use_deterministic_algorithms`, cuDNN without autotuning, `CUBLAS_WORKSPACE_CONFIG`): use it on a GPU when you need bit-equal reruns, and know that every timing after it measures the deterministic, often slower, kernels.
+- **The GPU path is one switch.** Start JupyterLab with the environment variable `COURSE_DEVICE=cuda` (`COURSE_DEVICE=cuda make lab`) and the training scripts of notebooks 10, 11 and 13 and of the capstone run on your GPUs with NCCL instead: one process per GPU (a single process on a 1-GPU machine), each bound to its GPU by `LOCAL_RANK`. Their printed numbers then differ from the committed ones (other kernels, other timings); their checks still hold.
+- **Determinism is an opt-in.** `seed_everything(0)` only seeds the random generators (Python's, NumPy's, PyTorch's on the CPU and every GPU): on the CPU that is all the course needs to print the same numbers twice. `seed_everything(0, deterministic=True)` also asks for deterministic kernels (`torch.use_deterministic_algorithms`, cuDNN without autotuning, `CUBLAS_WORKSPACE_CONFIG`): use it on a GPU when you need bit-equal reruns, and know that every timing after it measures the deterministic kernels, which PyTorch's [reproducibility notes](https://pytorch.org/docs/stable/notes/randomness.html) warn may be slower.
+"""
+
+# %% [markdown] slideshow={"slide_type": "fragment"}
+"""
+Where the training scripts run on this machine, as the switch says now:
 """
 
 # %% slideshow={"slide_type": "fragment"}
@@ -164,7 +189,7 @@ print("sum of 0..99 =", total)
 """
 ## 7. The map of the course
 
-Each notebook builds on the ones before it. The distributed notebooks (09–14) launch real processes that talk to each other over `gloo`, on your CPU.
+Each notebook builds on the ones before it. The distributed notebooks (from 09 on) launch real processes that talk to each other over `gloo`, on your CPU.
 """
 
 # %% slideshow={"slide_type": "fragment"}
@@ -193,7 +218,7 @@ The course was built from four blog posts in Chinese, written for older versions
 | **the multi-GPU post** | 详解如何使用Pytorch进行多卡训练 | A detailed guide to multi-GPU training with PyTorch | a complete DDP example, and a "model parallel" example |
 | **the cluster post** | no title in the copy used; it opens: 如何使用PyTorch在GPU叢集上設定分散式神經網路訓練 | (untitled) how to set up distributed neural-network training on a GPU cluster with PyTorch | splitting a model across GPUs, gradient accumulation, DataParallel, DDP, multi-node launching, collectives for logging, `SyncBatchNorm` |
 
-They are referred to as "posts", never as "seeds": in this course a seed is what `seed_everything(0)` sets.
+A notebook that runs a post's code or checks one of its claims names the post this way (for example notebook 08 §3, "The cluster post's accumulation loop, run as written"). They are called "posts", never "seeds": in this course a seed is what `seed_everything(0)` sets.
 """
 
 # %% [markdown] slideshow={"slide_type": "slide"}
@@ -202,7 +227,8 @@ They are referred to as "posts", never as "seeds": in this course a seed is what
 
 - The course runs on a CPU; GPU cells are guarded by `requires_gpu` and print what they skip.
 - Claims are followed by code (`assert`, measurements, plots); errors are shown with `expect_error`.
-- Runs are seeded with `seed_everything`, so the outputs you see are the outputs you get.
+- Numbers come in three kinds: relations (`allclose: True`), exact values (bytes, counts), and machine-dependent values after a `~`, whose claim (an order, a band) is asserted. Timings come after a warm-up: the first call of an operation pays one-time setup, and §1 measured it slower than a warmed-up call.
+- Runs are seeded with `seed_everything`, so a second run prints the same numbers, except the ones after a `~`.
 - Exercises are checked by `check_…` functions: correct, not quite (with a hint), or not done yet.
 """
 

@@ -310,7 +310,13 @@ with expect_error(RuntimeError, match="leaf Variable that requires grad is being
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-`inference_mode()` goes further: tensors created inside it are *inference tensors*, with no version counter and no autograd metadata, which makes them a little cheaper. The price is that they can never join autograd later. A tensor made under `no_grad` is an ordinary tensor and can.
+`inference_mode()` goes further: inside it PyTorch skips autograd's bookkeeping (view tracking and version-counter bumps; the `torch.inference_mode` documentation in the References describes the gain), and the tensors it creates are *inference tensors*, which carry no version counter. Outside inference mode an inference tensor can still be an **input** of a recorded operation, as long as autograd never has to keep it: `q + w` is fine, because the gradient of a sum needs neither operand. Autograd refuses exactly three things, each shown below:
+
+1. **saving it for backward**: `q * w` would have to keep `q` to compute `w`'s gradient;
+2. **changing it in place** outside inference mode (`q.add_(1)`): it has no version counter to record the change;
+3. **making it require grad** (`q.requires_grad_()`): it cannot become a tensor autograd tracks.
+
+A tensor made under `no_grad` is an ordinary tensor, with none of these limits.
 """
 
 # %% slideshow={"slide_type": "fragment"}
@@ -319,17 +325,23 @@ with torch.no_grad():
 with torch.inference_mode():
     q = w * 2
 assert not n.is_inference() and q.is_inference()
-assert (n * w).requires_grad                     # no_grad result: usable in a later graph
+assert (n * w).requires_grad                     # no_grad result: usable in a later graph, also saved
 print("no_grad tensor in a new graph: OK")
+w.grad = None
+(q + w).sum().backward()                         # an inference tensor as an input, not saved: allowed
+assert torch.equal(w.grad, torch.ones(3))
+print("inference tensor as an input of a recorded sum: OK, w.grad =", w.grad.tolist())
 with expect_error(RuntimeError, match="Inference tensors cannot be saved for backward"):
-    (q * w).sum().backward()                     # inference tensor: refused
+    (q * w).sum().backward()                     # refusal 1: the product must save q
 
 # %% slideshow={"slide_type": "fragment"}
 with expect_error(RuntimeError, match="Inplace update to inference tensor outside InferenceMode"):
-    q.add_(1)
+    q.add_(1)                                    # refusal 2: in place, outside inference mode
+with expect_error(RuntimeError, match="Setting requires_grad=True on inference tensor outside InferenceMode"):
+    q.requires_grad_()                           # refusal 3: it cannot be tracked
 q_normal = q.clone()                             # a clone outside inference mode is a normal tensor
-assert not q_normal.is_inference()
-print("q.clone() is a normal tensor:", not q_normal.is_inference())
+assert not q_normal.is_inference() and q_normal.requires_grad_().requires_grad
+print("q.clone() is a normal tensor that can require grad:", not q_normal.is_inference())
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
@@ -346,7 +358,7 @@ Rule of thumb: `inference_mode()` for pure inference (serving, evaluation whose 
 - Only **registered** tensors belong to a module: Parameters (trained, saved, moved) and buffers (saved, moved, not trained). A plain tensor attribute is silently not trained, not saved, not moved.
 - The optimizer trains the tensors it was given when it was built.
 - `detach()` shares storage and the version counter; `.data` shares storage only, so autograd cannot catch in-place changes made through it.
-- `no_grad()` stops recording and allows in-place updates of leaves; `inference_mode()` also makes inference tensors, which can never enter autograd later.
+- `no_grad()` stops recording and allows in-place updates of leaves; `inference_mode()` also makes inference tensors: later they may be inputs of recorded operations, but autograd refuses to save one for backward, to let it change in place outside inference mode, or to make it require grad.
 """
 
 # %% [markdown] slideshow={"slide_type": "slide"}

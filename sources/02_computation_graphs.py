@@ -258,6 +258,7 @@ for batch in batches:
     report.append(f"batch {batch:>5}: {meter.summary()}")
     assert meter.bytes == batch * per_sample
 crossover = param_bytes // per_sample + 1
+report.append(f"activations: (256 + 512 + 512 + 10) x 4 = {per_sample:,} bytes per sample, exactly, at every batch size")
 report.append(f"all parameters: {format_bytes(param_bytes)}; activations exceed them from batch {crossover} on")
 print("\n".join(report))
 assert crossover == 310
@@ -399,7 +400,7 @@ assert meter.bytes == (5 * 4 + 5 * 3 + 5 * 2 + 5 * 2) * 4
 - A backward node saves only what the needed gradients use: `a * b` with constant `b` saves `b` alone, and returns `None` as `b`'s gradient.
 - `backward()` on a non-scalar needs an explicit `gradient`.
 - Gradients **accumulate** in `.grad`; `zero_grad()` resets them to `None` by default.
-- `backward()` frees the saved tensors (a second pass through them raises; `retain_graph=True` keeps them). Those tensors are the activations, which grow with the batch: here 5,160 bytes per sample, more than all the parameters from batch 310 on.
+- `backward()` frees the saved tensors (a second pass through them raises; `retain_graph=True` keeps them). Those tensors are the activations, which grow with the batch: here 5,160 bytes per sample (§4), more than all the parameters from batch 310 on.
 """
 
 # %% [markdown] slideshow={"slide_type": "slide"}

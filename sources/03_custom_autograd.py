@@ -265,7 +265,7 @@ with expect_error(GradcheckError, match="Jacobian mismatch"):
 """
 ### Three ways to compute Swish agree
 
-Autograd's own `x * torch.sigmoid(x)`, the built-in `F.silu` and our Function give the same values and the same gradients. The course also keeps a second, deliberate copy in `course_lib.activations`, written in the style of section 7 and used by this notebook's exercise checks; the cell asserts that it agrees with what we just wrote, so the two cannot drift apart.
+Autograd's own `x * torch.sigmoid(x)`, the built-in `F.silu` and our Function give the same values and the same gradients. The course also keeps a second, deliberate copy in `course_lib.activations`, written in the modern style that §8 teaches (`forward` without `ctx`, plus `setup_context`) and used by this notebook's exercise checks; the cell asserts that it agrees with what we just wrote, so the two cannot drift apart.
 """
 
 # %% slideshow={"slide_type": "fragment"}
@@ -462,29 +462,64 @@ This is why memory-saving techniques look at the whole graph: gradient checkpoin
 """
 ## 7. Save or recompute? A first taste of checkpointing
 
-`Swish` and `SwishSaveSigmoid` compute the same gradient. One keeps 4 bytes per element and evaluates the sigmoid twice; the other keeps 8 bytes per element and evaluates it once. Here is forward + backward on 200,000 elements, the best of 15 runs (the numbers after `~` depend on the machine and on what else it is doing):
+`Swish` and `SwishSaveSigmoid` compute the same gradient. One keeps 4 bytes per element and evaluates the sigmoid twice; the other keeps 8 bytes per element and evaluates it once. Which one costs more time? On a CPU each elementwise operation is one pass over all the numbers, so the first thing to count is how many operations each version runs, forward and backward together. `OpCounter` (from `course_lib.checkpointing`; notebook 05 §2.1 uses it again) counts every elementary PyTorch operation that really runs, exactly:
+"""
+
+# %% slideshow={"slide_type": "fragment"}
+from course_lib.checkpointing import OpCounter
+
+x = torch.randn(200_000, requires_grad=True)
+g = torch.ones_like(x)
+n_ops = {}
+for name, fn in candidates.items():
+    with OpCounter() as ops:
+        torch.autograd.grad(fn(x), x, g)             # forward and backward, no .grad to accumulate into
+    counts = {op.removeprefix("aten."): n for op, n in sorted(ops.counts.items()) if op != "aten.detach"}
+    n_ops[name] = sum(counts.values())              # (aten.detach, left out, makes a view: no pass over the data)
+    print(f"{name:<32} {n_ops[name]} operations: {counts}")
+assert n_ops["custom Function (saves x)"] == n_ops["custom, saves x and sigmoid(x)"] + 1 == 8
+assert n_ops["plain x * torch.sigmoid(x)"] == 6 and n_ops["F.silu"] == 2
+
+# %% [markdown] slideshow={"slide_type": "fragment"}
+"""
+Our two Functions run 8 and 7 operations: two in forward, and a backward written as five separate PyTorch operations, plus the second sigmoid in the recompute variant. Plain autograd runs 6: two in forward; in backward, the product rule's two multiplications, PyTorch's own `sigmoid_backward`, and one addition that joins the two paths back to `x`. `F.silu` runs 2, one fused kernel each way, and yet it keeps only `x` (4 B/element, §5) and recomputes the sigmoid inside `silu_backward`: **`F.silu` is the recompute variant, fused.**
+
+Now the time of forward + backward, with three precautions for a busy machine: one thread; the CPU time of that thread as the clock (`time.thread_time()`, which does not count the time the thread waits for a core while other programs run); and the four versions taking turns, 30 rounds, each keeping its fastest round, so that a busy spell hits them all alike. The numbers after `~` depend on the machine and on what else it is doing; the relations printed after them are asserted:
 """
 
 
 # %% slideshow={"slide_type": "fragment"}
-def fwd_bwd_ms(fn, x, repeats=15):
+def fwd_bwd_ms(fns, x, rounds=30):
+    """The least CPU time of one forward + backward of each function, in ms; the functions take turns."""
     g = torch.ones_like(x)
-    fn(x).backward(g)                          # warm-up
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn(x).backward(g)
-        best = min(best, time.perf_counter() - start)
-    return best * 1e3
+    for fn in fns.values():
+        torch.autograd.grad(fn(x), x, g)            # warm-up
+    best = dict.fromkeys(fns, float("inf"))
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            start = time.thread_time()               # CPU time of this thread: waiting for a core is not counted
+            torch.autograd.grad(fn(x), x, g)
+            best[name] = min(best[name], time.thread_time() - start)
+    return {name: t * 1e3 for name, t in best.items()}
 
 
-x = torch.randn(200_000, requires_grad=True)
-for name, fn in candidates.items():
-    print(f"{name:<32} keeps {saved[name] // N} B/element   forward+backward ~{fwd_bwd_ms(fn, x):.3f} ms")
+threads = torch.get_num_threads()
+torch.set_num_threads(1)
+ms = fwd_bwd_ms(candidates, x)
+torch.set_num_threads(threads)
+for name in candidates:
+    print(f"{name:<32} keeps {saved[name] // N} B/element, runs {n_ops[name]} operations   forward+backward ~{ms[name]:.3f} ms")
+recompute = ms["custom Function (saves x)"]
+for other in ("plain x * torch.sigmoid(x)", "F.silu"):
+    assert recompute > ms[other]
+    print(f"custom recompute ({n_ops['custom Function (saves x)']} operations) vs {other} ({n_ops[other]}): "
+          f"~{recompute / ms[other]:.1f}x the time, slower: {recompute > ms[other]}")
+print(f"the two custom Functions, 8 against 7 operations: ~{recompute / ms['custom, saves x and sigmoid(x)']:.2f}x "
+      "(one operation in eight: not ranked, a busy machine can swap them)")
 
 # %% [markdown] slideshow={"slide_type": "fragment"}
 """
-On a CPU the gap between the two custom variants is small and noisy: one sigmoid over 200,000 numbers is a fraction of a millisecond, and both variants spend most of their time on several separate elementwise passes over memory. `F.silu` is usually the fastest because it does each direction in one fused kernel. Run the cell again and the timings move; the memory column does not. Where activation memory limits the batch size (on a GPU, typically), paying one recomputed sigmoid to halve this layer's memory is usually the better deal, which is why `F.silu` works this way.
+So the recompute variant is slower than plain autograd and `F.silu` (both relations asserted) because it runs more operations, not because recomputing is expensive in itself: `F.silu` recomputes the same sigmoid and still beats it, and memory-hungry plain autograd beats it with fewer, partly fused operations. The one-operation gap between the two custom Functions is real work, but small enough that on a shared machine the timings may rank them either way, so the cell prints that ratio without asserting an order. Nor does the cell assert that `F.silu` is the fastest: under PyTorch's portable kernels (one of the CPUs `make test-portable` simulates), which evaluate each sigmoid without vector instructions, the time follows the number of sigmoids more than the number of operations, and plain autograd can beat `F.silu`, whose `silu` and `silu_backward` each evaluate one. The memory column never moves. Where activation memory limits the batch size (on a GPU, typically), paying one recomputed sigmoid to halve this layer's memory is usually the better deal, which is why `F.silu` works this way, fused into one kernel so that the recomputation costs little.
 
 Gradient checkpointing (`torch.utils.checkpoint`, notebook 04) applies the same idea to whole blocks of layers: keep only the block's input, and run its forward again during backward. It is built from the tools of this notebook. The Tensor post's `CheckpointFunction` (still in `torch.utils.checkpoint`, used when you pass `use_reentrant=True`) is an `autograd.Function` whose `forward` runs the block under `no_grad`, so nothing inside is saved, and whose `backward` re-runs it with grad enabled. The variant PyTorch now recommends, `use_reentrant=False`, is built on `saved_tensors_hooks` instead, the same hooks `SavedTensorMeter` listens to.
 """
@@ -908,7 +943,7 @@ r"""
 - Swish's derivative is $\sigma(x)\,(1 + x(1-\sigma(x)))$, which equals $f + \sigma(1-f)$; SymPy confirms both, and `gradcheck` (in **float64**; float32 fails even a correct backward) confirms the code.
 - For one million float32 inputs, our Function and `F.silu` keep 4,000,000 bytes for backward (the input); plain `x * torch.sigmoid(x)` and the save-the-sigmoid variant keep 8,000,000 (input and sigmoid).
 - `save_for_backward(i)` is activation memory, but only this node's share: in `Linear → Swish → Linear` the next `Linear` keeps the Swish output. Activation memory is everything any node saves.
-- Saving versus recomputing trades memory for compute; gradient checkpointing does this for whole blocks.
+- Saving versus recomputing trades memory for compute; gradient checkpointing does this for whole blocks. On a CPU the time follows the operations that run (§7: 8 for our recompute variant, 2 for `F.silu`, which recomputes too, fused into one kernel each way), so a fused recomputation is cheap.
 - Tensors go through `save_for_backward`, not `ctx` attributes: an attribute skips the in-place (version) check, so a changed input gives a silently wrong gradient; it is invisible to `saved_tensors_hooks` (the meter, non-reentrant checkpointing, `save_on_cpu`); an output kept as an attribute makes a reference cycle.
 - The gradient of a broadcast input is the result's gradient summed over the broadcast dimensions (`sum_to_size`); a custom backward must return it in the input's shape.
 - Double backward differentiates a gradient; it needs `create_graph=True` and a backward made of differentiable operations. `once_differentiable` raises only when the incoming gradient requires grad; otherwise it silently drops second-derivative terms. `needs_input_grad` skips unneeded gradients.

@@ -2,17 +2,18 @@
 """
 # 06 · Floating point and loss scaling: from the bits of fp16 to `GradScaler`
 
-Training in 16-bit floating point halves the bytes of every tensor and, on hardware built for it, multiplies matmul throughput. It also breaks training in three precise ways. This notebook takes fp16 and bf16 apart bit by bit, shows each failure on real numbers, and rebuilds the fixes — loss scaling and fp32 master weights — by hand before checking them against PyTorch's own `torch.amp.GradScaler`.
+Training in 16-bit floating point stores each number in 2 bytes instead of 4 and, on hardware built for it, runs matrix products at a multiple of the fp32 rate. It also breaks training in a few precise ways. This notebook takes fp16 and bf16 apart bit by bit, shows each failure on real numbers, and rebuilds the two fixes, loss scaling and fp32 master weights, by hand before checking them against PyTorch's own `torch.amp.GradScaler`.
 
 By the end you will be able to:
 - read the bits of an fp32, fp16 or bf16 number and state each format's range, smallest normal and subnormal, and epsilon;
 - show overflow, underflow, lost updates and accumulation error in fp16, and measure how much of a real network's gradient would vanish;
 - write static and dynamic loss scaling from scratch and prove it makes the same decisions as `torch.amp.GradScaler`;
-- explain why `unscale_` comes before gradient clipping and why fp32 master weights are kept.
+- use `GradScaler` in a real loop: `unscale_` before gradient clipping, its state in checkpoints, an LR scheduler that follows skipped steps;
+- explain why fp32 master weights are kept, and count the bytes per parameter that mixed-precision Adam holds.
 
-Notebook 07 continues with mixed precision in practice: `torch.autocast`, Apex's levels in native PyTorch, bf16 versus fp16, and the memory and speed they give.
+Notebook 07 continues with mixed precision in practice: `torch.autocast`, bf16 versus fp16, and the memory and speed they give.
 
-This notebook assumes: notebooks 01–02 (tensors, autograd, `backward`), and the saved-tensor accounting (`SavedTensorMeter`) of the memory notebooks. You know what an optimizer step is.
+This notebook assumes: notebooks 01–02 (tensors, autograd, `backward`). You know what an optimizer step and a learning-rate schedule are.
 """
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
@@ -30,7 +31,6 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from course_lib.data import digits
-from course_lib.device import requires_gpu
 from course_lib.errors import expect_error
 from course_lib.seeding import seed_everything
 
@@ -97,7 +97,7 @@ for v in (1.0, -2.5, 0.1, 65504.0, 6.1e-5, 3e-7):
 """
 ### A widespread mistake about fp16's range, and the true limits by experiment
 
-A popular blog post on training tricks (one of this course's sources) says fp16's range is "[-65504, -66504]" and that numbers below "2^-24" become 0. The first is a typo (both ends negative; the upper end is **+65504**); the second is imprecise: 2^-24 ≈ 5.96e-8 is the **smallest subnormal**, the smallest *normal* number is 2^-14 ≈ 6.10e-5, and the values that round to zero are those **at or below** *half* the smallest subnormal, 2^-25 (2^-25 itself lies exactly halfway between 0 and 2^-24, and a tie rounds to the neighbour whose last bit is even, which is 0). Between 2^-24 and 2^-14 numbers survive but with fewer and fewer significant bits.
+The Tensor post (one of the course's source posts, notebook 00 §8) says fp16's range is "[-65504, -66504]" and that numbers below "2^-24" become 0. The first is a typo (both ends negative; the upper end is **+65504**); the second is imprecise: 2^-24 ≈ 5.96e-8 is the **smallest subnormal**, the smallest *normal* number is 2^-14 ≈ 6.10e-5, and the values that round to zero are those **at or below** *half* the smallest subnormal, 2^-25 (2^-25 itself lies exactly halfway between 0 and 2^-24, and a tie rounds to the neighbour whose last bit is even, which is 0). Between 2^-24 and 2^-14 numbers survive but with fewer and fewer significant bits.
 """
 
 # %% slideshow={"slide_type": "fragment"}
@@ -111,9 +111,15 @@ assert fp16(2.0**-24) == h.smallest_subnormal                   # smallest subno
 assert fp16(2.0**-25) == 0.0                                    # exactly half of it: a tie, rounds to even = 0
 assert fp16(2.0**-25 * 1.01) == 2.0**-24                        # just above half: rounds up, survives
 assert fp16(1e-8) == 0.0                                        # below 2^-25: gone
+# The exponents of fp16's limits, from course_lib.float_formats (hence torch.finfo): the figures below draw these.
+NORMAL_LOG2 = round(math.log2(h.smallest_normal))          # -14
+SUBNORMAL_LOG2 = round(math.log2(h.smallest_subnormal))    # -24
+ZERO_LOG2 = SUBNORMAL_LOG2 - 1                             # -25: at or below it, a value becomes 0
+MAX_LOG2 = math.log2(h.max)                                # 65504 = 2^15.999...
+assert fp16(2.0**ZERO_LOG2) == 0.0 and fp16(2.0**ZERO_LOG2 * 1.01) == h.smallest_subnormal
 print(f"fp16 range [{-h.max:g}, {h.max:g}]; 65520 -> {fp16(65520.0)}")
-print(f"smallest normal {h.smallest_normal:.4g}, smallest subnormal {h.smallest_subnormal:.4g}, "
-      f"zero at or below {h.smallest_subnormal / 2:.4g}")
+print(f"smallest normal {h.smallest_normal:.4g} = 2^{NORMAL_LOG2}, smallest subnormal {h.smallest_subnormal:.4g} = 2^{SUBNORMAL_LOG2}, "
+      f"zero at or below {2.0**ZERO_LOG2:.4g} = 2^{ZERO_LOG2}")
 print(f"relative precision near 3e-7 (subnormal): {abs(fp16(3e-7) - 3e-7) / 3e-7:.1%} error, "
       f"near 1.0 (normal): {abs(fp16(1.0001) - 1.0001) / 1.0001:.3%}")
 
@@ -262,7 +268,8 @@ print(f"log2 range: [{log2g.min().item():.0f}, {log2g.max().item():.0f}]")
 def fp16_fate(g):
     """Fractions that become zero, stay subnormal, or overflow when g is cast to fp16."""
     h16 = g.half()
-    return (h16 == 0).float().mean().item(), (h16.float().abs() < 2**-14).float().mean().item() - (h16 == 0).float().mean().item(), h16.isinf().float().mean().item()
+    zero = (h16 == 0).float().mean().item()
+    return zero, (h16.float().abs() < h.smallest_normal).float().mean().item() - zero, h16.isinf().float().mean().item()
 
 
 zero0, sub0, inf0 = fp16_fate(act_grads)
@@ -270,18 +277,23 @@ print(f"cast to fp16 without scaling: {zero0:.0%} become 0, {sub0:.0%} subnormal
 assert zero0 > 0.2
 
 # %% slideshow={"slide_type": "fragment"}
-fig, ax = plt.subplots(figsize=(8, 3.5))
+fig, ax = plt.subplots(figsize=(11, 3.5))
 ax.hist(log2g.numpy(), bins=60, color="tab:blue")
-ax.axvspan(-24, math.log2(65504), color="tab:green", alpha=0.12, label="fp16 representable (subnormal from 2^-24)")
-ax.axvspan(-14, math.log2(65504), color="tab:green", alpha=0.18, label="fp16 normal range (2^-14 .. 65504)")
-ax.axvline(-24, color="tab:red", ls="--", lw=1)
-ax.text(-24.5, ax.get_ylim()[1] * 0.9, f"{zero0:.0%} become 0 →", ha="right", color="tab:red")
+ax.axvspan(ZERO_LOG2, MAX_LOG2, color="tab:green", alpha=0.12, label=f"survives in fp16 (above 2^{ZERO_LOG2}; subnormal below 2^{NORMAL_LOG2})")
+ax.axvspan(NORMAL_LOG2, MAX_LOG2, color="tab:green", alpha=0.18, label=f"fp16 normal range (2^{NORMAL_LOG2} .. {h.max:g})")
+ax.axvline(ZERO_LOG2, color="tab:red", ls="--", lw=1, label=f"at or below 2^{ZERO_LOG2}: becomes 0")
+top = ax.get_ylim()[1]
+ax.set_ylim(0, top * 1.15)
+ax.text(ZERO_LOG2 - 0.5, top * 1.03, f"← {zero0:.0%} become 0", ha="right", color="tab:red")
 ax.set_xlim(-70, 20)
 ax.set_xlabel("log2 |activation gradient| (dimensionless)")
 ax.set_ylabel("count of gradient values")
 ax.set_title("Activation gradients of a trained MLP on digits vs fp16's range")
-ax.legend(loc="upper right", fontsize=8)
+ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
+fig.tight_layout()
 plt.show()
+print(f"lines drawn: zero at or below 2^{ZERO_LOG2}, normal from 2^{NORMAL_LOG2}, max 2^{MAX_LOG2:.3f} = {h.max:g}; "
+      f"{zero0:.0%} of the gradients lie at or below the zero line")
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
@@ -365,12 +377,13 @@ fig, ax = plt.subplots(figsize=(8, 3.2))
 bins = torch.linspace(-60, 0, 61).numpy()
 ax.hist(act_grads.log2().numpy(), bins=bins, density=True, alpha=0.6, label="activation gradients (per sample)")
 ax.hist(w_grads.log2().numpy(), bins=bins, density=True, alpha=0.6, label="weight gradients (summed over the batch)")
-ax.axvline(-25, color="tab:red", ls="--", lw=1, label="fp16: at or below 2^-25 becomes 0")
+ax.axvline(ZERO_LOG2, color="tab:red", ls="--", lw=1, label=f"fp16: at or below 2^{ZERO_LOG2} becomes 0")
 ax.set_xlabel("log2 |gradient| (dimensionless)")
 ax.set_ylabel("fraction of values per bin")
 ax.set_title("Same network, same batch: weight gradients sit far above fp16's underflow")
 ax.legend(fontsize=8)
 plt.show()
+print(f"line drawn at 2^{ZERO_LOG2}, the same zero line as section 3's figure")
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
@@ -486,7 +499,7 @@ print("skipped steps:", skipped, "| final scale:", torchs[-1][0])
 """
 ### What older tutorials say about `GradScaler`, checked against 2.13
 
-The blog post, like many tutorials, uses `from torch.cuda.amp import autocast, GradScaler`. In PyTorch 2.13 both still exist but are **deprecated**: constructing them emits a `FutureWarning` pointing at the device-generic API `torch.amp.autocast("cuda")` / `torch.amp.GradScaler("cuda")`. (On this CPU-only machine they also warn that CUDA is unavailable and disable themselves.) The defaults it lists (init_scale 65536, growth_factor 2, backoff_factor 0.5, growth_interval 2000) are right; we read them from the object rather than trust the text.
+The Tensor post, like many tutorials, uses `from torch.cuda.amp import autocast, GradScaler`. In PyTorch 2.13 both still exist but are **deprecated**: constructing them emits a `FutureWarning` pointing at the device-generic API `torch.amp.autocast("cuda")` / `torch.amp.GradScaler("cuda")`. (On this CPU-only machine they also warn that CUDA is unavailable and disable themselves.) The defaults it lists (init_scale 65536, growth_factor 2, backoff_factor 0.5, growth_interval 2000) are right; we read them from the object rather than trust the text.
 """
 
 # %% slideshow={"slide_type": "fragment"}
@@ -553,7 +566,7 @@ assert resumed.state_dict() == scaler.state_dict() and resumed.get_scale() == 65
 
 # %% [markdown] slideshow={"slide_type": "fragment"}
 """
-**A skipped step is still a step for the LR scheduler.** `scaler.step(optimizer)` skips `optimizer.step()` when it found an inf, but a loop that calls `scheduler.step()` after every batch advances the schedule anyway (PyTorch notices the first time and warns that `lr_scheduler.step()` came before `optimizer.step()`). Over a long run that is a handful of steps early on, usually harmless; for a short schedule or a warm-up it shifts the learning rate. The skip is visible in the scale: `update()` lowers it exactly when the step was skipped, so step the scheduler only then. Two overflows in six steps, a scheduler that halves the learning rate at each of its steps:
+**A skipped step is still a step for the LR scheduler.** `scaler.step(optimizer)` skips `optimizer.step()` when it found an inf, but a loop that calls `scheduler.step()` after every batch advances the schedule anyway (PyTorch notices the first time and warns that `lr_scheduler.step()` came before `optimizer.step()`). Over a long run that is a handful of steps early on, usually harmless; for a short schedule or a warm-up it shifts the learning rate. The skip is visible in the scale: `update()` lowers it exactly when the step was skipped. So compare the scale before and after `update()`, and call `scheduler.step()` only when the scale did **not** drop, that is, only when the optimizer really stepped. Two overflows in six steps, with a scheduler that multiplies the learning rate by 0.5 at each of its own steps (`StepLR(step_size=1, gamma=0.5)`):
 """
 
 
@@ -634,7 +647,7 @@ with expect_error(ValueError, match="FP16 gradients"):
 r"""
 ## 5. fp32 master weights
 
-The update is $w \leftarrow w - \eta \, g$ (a **minus**: we step *against* the gradient — the blog post writes "+", which would climb the loss). `torch.optim.SGD` does exactly that:
+The update is $w \leftarrow w - \eta \, g$ (a **minus**: we step *against* the gradient; the Tensor post writes "+", which would climb the loss). `torch.optim.SGD` does exactly that:
 """
 
 # %% slideshow={"slide_type": "fragment"}
@@ -646,7 +659,7 @@ print("after one SGD step:", [round(v, 4) for v in p.tolist()], "= w - lr * grad
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 r"""
-If *w* lives in fp16, every $\eta g$ smaller than half the gap around *w* is lost (section 2). The paper's fix: keep an **fp32 master copy** of the weights. Each step: copy the master to an fp16 model, run forward and backward in fp16 (with loss scaling), copy the gradients to fp32, unscale, and update the master in fp32 — so the optimizer, and its state, live in fp32.
+If *w* lives in fp16, every $\eta g$ smaller than half the gap around *w* is lost (section 2). The paper's fix: keep an **fp32 master copy** of the weights. Each step (`master_step` below): copy the master to an fp16 model, run forward and backward in fp16 (with loss scaling), copy the gradients to fp32, unscale, and update the master in fp32, so the optimizer and its state live in fp32. The fp32 gradient copies are needed only for that update: the step frees them again.
 
 We train the same MLP on the same batches three ways (fp32, pure fp16, fp16 compute + fp32 master), with two optimizers: plain SGD with a small learning rate (where updates are smallest), and Adam with its default settings.
 """
@@ -691,25 +704,28 @@ def train_pure_fp16(make_opt):
     return losses, lost / max(total, 1)
 
 
+def master_step(model, master, optimizer, scaler, idx):
+    """One step of fp16 compute with fp32 master weights; returns the loss."""
+    with torch.no_grad():
+        for w16, w32 in zip(model.parameters(), master.parameters()):
+            w16.copy_(w32)                            # master -> fp16 copy (rounds)
+    model.zero_grad()
+    loss = F.cross_entropy(model(X[idx].half()).float(), Y[idx])
+    scaler.scale(loss).backward()
+    for w16, w32 in zip(model.parameters(), master.parameters()):
+        w32.grad = w16.grad.float()                   # fp16 grads -> fp32 copies, for this update only
+    scaler.step(optimizer)                            # unscale in fp32, skip on inf, update the master
+    scaler.update()
+    optimizer.zero_grad(set_to_none=True)             # free the fp32 gradient copies
+    return loss.item()
+
+
 def train_master_fp32(make_opt):
     master = mlp(width=64)                            # fp32 master weights, updated by the optimizer
     model = copy.deepcopy(master).half()              # fp16 working copy for forward/backward
     optimizer = make_opt(master.parameters())
     scaler = DynamicLossScaler()
-    losses = []
-    for idx in batches:
-        with torch.no_grad():
-            for w16, w32 in zip(model.parameters(), master.parameters()):
-                w16.copy_(w32)                        # master -> fp16 copy (rounds)
-        model.zero_grad()
-        loss = F.cross_entropy(model(X[idx].half()).float(), Y[idx])
-        scaler.scale(loss).backward()
-        for w16, w32 in zip(model.parameters(), master.parameters()):
-            w32.grad = w16.grad.float()               # fp16 grads -> fp32
-        scaler.step(optimizer)                        # unscale in fp32, skip on inf, update the master
-        scaler.update()
-        losses.append(loss.item())
-    return losses, 0.0
+    return [master_step(model, master, optimizer, scaler, idx) for idx in batches], 0.0
 
 
 WAYS = {"fp32": train_fp32, "pure fp16": train_pure_fp16, "fp16 + fp32 master": train_master_fp32}
@@ -759,18 +775,60 @@ assert torch.tensor(1e-8, dtype=torch.float16).item() == 0.0
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-The cost of the fix: the master copy adds 4 bytes per parameter on top of the 2-byte fp16 copy, and the optimizer state stays fp32. Memory savings of mixed precision come from the *activations*, not the weights (notebook 07 §4).
+### What the fix costs: bytes per parameter
+
+The count of mixed-precision Adam that the ZeRO paper uses, and notebook 13 §1 with it, is **16 bytes per parameter**: 2 for the fp16 weights, 2 for their fp16 gradients, and 12 in fp32 for the master weights and Adam's `m` and `v`. `master_step` also makes an fp32 copy of every gradient, 4 bytes more. The count leaves that copy out because it need not outlive the update: `master_step` frees it at the end of the step, and a real implementation can convert and apply the gradients one tensor (or one bucket) at a time, so that only a small part of it ever exists at once. Some frameworks do keep a persistent fp32 gradient buffer, to accumulate micro-batches in fp32 (Megatron-LM's `--accumulate-allreduce-grads-in-fp32`), and pay those 4 bytes per parameter. The cell counts what one step of Adam with master weights holds, from the tensors themselves, and the same for plain fp32 Adam:
+"""
+
+# %% slideshow={"slide_type": "fragment"}
+master = mlp(width=64)
+model16 = copy.deepcopy(master).half()
+adam = torch.optim.Adam(master.parameters())
+fp32_grads_during_update = []
+adam.register_step_pre_hook(                          # runs inside the update, when the fp32 copies exist
+    lambda opt, args, kwargs: fp32_grads_during_update.append(sum(p.grad.nbytes for p in master.parameters()))
+)
+scaler = DynamicLossScaler()
+for idx in batches:                                   # until one step is not skipped (normally the first)
+    master_step(model16, master, adam, scaler, idx)
+    if adam.state:
+        break
+n_params = sum(p.numel() for p in master.parameters())
+held = {
+    "fp16 weights": sum(p.nbytes for p in model16.parameters()),
+    "fp16 gradients": sum(p.grad.nbytes for p in model16.parameters()),
+    "fp32 master weights": sum(p.nbytes for p in master.parameters()),
+    "fp32 Adam m and v": sum(st[k].nbytes for st in adam.state.values() for k in ("exp_avg", "exp_avg_sq")),
+}
+for name, b in held.items():
+    print(f"{name:<24} {b / n_params:3.0f} B/param")
+print(f"{'held between steps':<24} {sum(held.values()) / n_params:3.0f} B/param  (notebook 13 §1's count)")
+print(f"{'fp32 gradient copies':<24} {fp32_grads_during_update[0] / n_params:3.0f} B/param during the update only;"
+      f" freed after it: {all(p.grad is None for p in master.parameters())}")
+
+plain = mlp(width=64)
+plain_adam = torch.optim.Adam(plain.parameters())
+F.cross_entropy(plain(X[:64]), Y[:64]).backward()
+plain_adam.step()
+plain_bytes = sum(p.nbytes + p.grad.nbytes for p in plain.parameters()) + sum(
+    st[k].nbytes for st in plain_adam.state.values() for k in ("exp_avg", "exp_avg_sq"))
+print(f"{'plain fp32 Adam':<24} {plain_bytes / n_params:3.0f} B/param  (4 weights + 4 gradients + 8 for m and v)")
+assert sum(held.values()) == 16 * n_params == plain_bytes and fp32_grads_during_update[0] == 4 * n_params
+
+# %% [markdown] slideshow={"slide_type": "fragment"}
+"""
+So mixed precision with master weights holds exactly as many bytes of model state as plain fp32 Adam (16 per parameter, the two counts above): it saves nothing on the weights and the optimizer. Its memory savings come from the *activations* (notebook 07 §4).
 """
 
 # %% [markdown] slideshow={"slide_type": "slide"}
 """
 ## Summary
 
-- fp16 has 5 exponent and 10 mantissa bits: range **[-65504, 65504]**, smallest normal 2^-14 ≈ 6.1e-5, smallest subnormal 2^-24 ≈ 6.0e-8; values at or below 2^-25 round to 0 (2^-25 is a tie, rounded to even: 0). bf16 has fp32's range with 7 mantissa bits (eps 2^-7).
-- fp16 breaks training by overflow (inf/NaN), underflow of small gradients (here a large fraction of a trained MLP's activation gradients), lost updates when `lr * grad` is below half a gap, and stalled fp16 accumulators.
-- Weight gradients sum over the batch and sit far above activation gradients (here thousands of times larger), so unscaled fp16 loses few of them in this shallow MLP; shrink the gradients and the loss grows fast, which is why fp16 always uses a scale.
-- Loss scaling shifts gradients into range; the dynamic rule (skip + halve on inf/NaN, double after `growth_interval` clean steps) is a few lines, and `torch.amp.GradScaler` makes exactly the same decisions. Call `scaler.unscale_(optimizer)` before clipping or inspecting gradients; save `scaler.state_dict()` in checkpoints; step the LR scheduler only when the optimizer stepped (the scale drops when a step is skipped).
-- fp32 master weights keep small updates; the update is `w - lr * grad`. `GradScaler` refuses fp16 gradients for that reason.
+- fp16 has 5 exponent and 10 mantissa bits: range **[-65504, 65504]**, smallest normal 2^-14 ≈ 6.1e-5, smallest subnormal 2^-24 ≈ 5.96e-8; values at or below 2^-25 round to 0 (2^-25 is a tie, rounded to even: 0). Both figures draw their zero line from that one constant. bf16 has fp32's range with 7 mantissa bits (eps 2^-7).
+- fp16 breaks training by overflow (inf/NaN), underflow of small gradients (39 % of a trained MLP's activation gradients in section 3), lost updates when `lr * grad` is below half a gap, and stalled fp16 accumulators.
+- Weight gradients sum over the batch and sit far above activation gradients (about 2^13 times larger here, section 4), so unscaled fp16 loses few of them in this shallow MLP; shrink the gradients and the loss grows fast, which is why fp16 always uses a scale.
+- Loss scaling shifts gradients into range; the dynamic rule (skip and halve the scale on inf/NaN, double it after `growth_interval` clean steps) is a few lines, and `torch.amp.GradScaler` makes exactly the same decisions. Call `scaler.unscale_(optimizer)` before clipping or inspecting gradients; save `scaler.state_dict()` in checkpoints; call `scheduler.step()` only when the optimizer really stepped, which is when `update()` did not lower the scale.
+- fp32 master weights keep small updates; the update is `w - lr * grad`. `GradScaler` refuses fp16 gradients for that reason. With Adam they hold 16 bytes per parameter between steps, the same as plain fp32 Adam; the fp32 gradient copies (4 bytes per parameter) live only during the update.
 """
 
 # %% [markdown] slideshow={"slide_type": "slide"}
@@ -781,7 +839,7 @@ The cost of the fix: the master copy adds 4 bytes per parameter on top of the 2-
 """
 
 # %% slideshow={"slide_type": "fragment"}
-from course_lib.exercises.mixed_precision import check_fp16_spacing, check_next_scale, check_static_scale
+from course_lib.exercises.mixed_precision import check_fp16_spacing, check_next_scale, check_scaler_step, check_static_scale
 
 
 def fp16_spacing(x):
@@ -816,6 +874,19 @@ def next_scale(scale, tracker, found_inf, growth_interval):
 
 check_next_scale(next_scale)
 
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+**4.** Write `scaler_step(scaler, optimizer, scheduler)` for a loop that has already called `scaler.scale(loss).backward()`: step the optimizer through the scaler, update the scale, step the LR scheduler **only if the optimizer really stepped** (section 4), and return `True` when it did. The check runs ten steps, four of them with an injected overflow.
+"""
+
+
+# %% slideshow={"slide_type": "fragment"}
+def scaler_step(scaler, optimizer, scheduler):
+    raise NotImplementedError("your code here")
+
+
+check_scaler_step(scaler_step)
+
 # %% [markdown] slideshow={"slide_type": "slide"}
 """
 ## References
@@ -823,6 +894,8 @@ check_next_scale(next_scale)
 - P. Micikevicius et al., [Mixed Precision Training](https://arxiv.org/abs/1710.03740), ICLR 2018 — loss scaling, fp32 master weights, the gradient histogram.
 - D. Kalamkar et al., [A Study of BFLOAT16 for Deep Learning Training](https://arxiv.org/abs/1905.12322), 2019.
 - PyTorch documentation: [Automatic Mixed Precision package – torch.amp](https://pytorch.org/docs/stable/amp.html) — autocast op lists for CUDA and CPU, `GradScaler`.
-- PyTorch documentation: [CUDA Automatic Mixed Precision examples](https://pytorch.org/docs/stable/notes/amp_examples.html) — `unscale_` with gradient clipping, accumulation, multiple models.
+- PyTorch documentation: [CUDA Automatic Mixed Precision examples](https://pytorch.org/docs/stable/notes/amp_examples.html) — `unscale_` with gradient clipping, accumulation, multiple models; [`torch.optim.lr_scheduler`](https://pytorch.org/docs/stable/optim.html#how-to-adjust-learning-rate) — the scheduler steps after the optimizer.
+- S. Rajbhandari et al., [ZeRO: Memory Optimizations Toward Training Trillion Parameter Models](https://arxiv.org/abs/1910.02054), SC 2020 — the 16 bytes per parameter of mixed-precision Adam (notebook 13 §1).
+- NVIDIA Megatron-LM, [`megatron/training/arguments.py`](https://github.com/NVIDIA/Megatron-LM/blob/main/megatron/training/arguments.py) — `--accumulate-allreduce-grads-in-fp32`, a persistent fp32 gradient buffer.
 - D. Goldberg, [What Every Computer Scientist Should Know About Floating-Point Arithmetic](https://docs.oracle.com/cd/E19957-01/806-3568/ncg_goldberg.html), 1991.
 """

@@ -1,15 +1,22 @@
 # %% [markdown] slideshow={"slide_type": "slide"}
 """
-# 07 · Mixed precision in practice: `torch.autocast`, Apex's levels, bf16 versus fp16, memory and speed
+# 07 · Mixed precision in practice: `torch.autocast`, bf16 versus fp16, memory and speed
 
-Notebook 06 took the 16-bit formats apart and rebuilt loss scaling and fp32 master weights by hand. In practice you rarely write either: `torch.autocast` decides, operation by operation, what runs in low precision, and `torch.amp.GradScaler` scales the loss. This notebook measures what autocast does on your machine: which operations it casts, the two rules for code under it, what Apex's O0–O3 became, when bf16 replaces fp16, and what it saves in memory and in time.
+Notebook 06 took the 16-bit formats apart and rebuilt loss scaling and fp32 master weights by hand. In practice you write neither: `torch.autocast` decides, operation by operation, what runs in low precision, and `torch.amp.GradScaler` scales the loss when the format needs it. This notebook measures what autocast does on your machine: which operations it casts, the two rules for code under it, when bf16 replaces fp16 and when a scaler is still needed (on the CPU too), and what mixed precision saves in memory and in time. Apex's O0–O3, which older tutorials use, get one table.
 
 By the end you will be able to:
-- find out which operations `torch.autocast` runs in low precision on the CPU and on CUDA, and write code that is correct under it (backward outside the region, custom Functions told with `custom_fwd`/`custom_bwd`);
-- map Apex's O0–O3 to native PyTorch, and choose between fp16 and bf16;
-- measure the activation memory that bf16 saves, and the speed it does (or does not) give on your CPU, and name the controls for TF32 and the formats beyond (fp8).
+- find out which operations `torch.autocast` runs in low precision on the CPU (with bf16 or fp16) and on CUDA, and predict the dtype of every tensor of a forward pass under it;
+- write code that is correct under autocast: backward outside the region, custom Functions told with `custom_fwd`/`custom_bwd`;
+- translate Apex's O0–O3 into today's PyTorch;
+- choose between fp16 and bf16, and show when a `GradScaler` is needed (fp16, on the CPU as on CUDA) and when it is not (bf16);
+- measure the activation memory that bf16 saves and the speed it gives (or not) on your CPU, and name the controls for TF32, with their defaults, and the formats beyond (fp8).
 
-This notebook assumes: notebook 06 (fp16 and bf16, loss scaling, `GradScaler`, master weights) and notebook 03 (custom `autograd.Function`s).
+This notebook assumes: notebook 06 (fp16 and bf16, loss scaling, `GradScaler`, master weights), notebook 03 (custom `autograd.Function`s) and notebook 02 §4 (`SavedTensorMeter`, the bytes autograd saves for backward).
+"""
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+**Setup.** One seed, and one thread: every tensor here is small, and one thread keeps timings steady on a busy machine.
 """
 
 # %% slideshow={"slide_type": "-"}
@@ -21,13 +28,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from tqdm.auto import tqdm
-
 from course_lib.data import digits
 from course_lib.device import requires_gpu
 from course_lib.errors import expect_error
 from course_lib.float_formats import round_to, ulp
-from course_lib.loss_scaling import DynamicLossScaler
 from course_lib.seeding import seed_everything
 
 seed_everything(0)
@@ -46,7 +50,7 @@ def mlp(width=128, seed=0):
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-**From notebook 06, recomputed here**: the MLP trained for 6 epochs with SGD, and the activation gradients of one batch (notebook 06 §3); the 300 random batches of notebook 06 §5 and the fp32 Adam run on them, the baseline the bf16 runs below are compared with.
+**From notebook 06, recomputed here**: the MLP trained for 6 epochs with SGD (notebook 06 §3), whose small gradients section 3 follows through autocast; the 300 random batches of notebook 06 §5 and the fp32 Adam run on them, the baseline of section 3's bf16 run.
 """
 
 # %% slideshow={"slide_type": "-"}
@@ -59,14 +63,6 @@ for epoch in range(6):
         opt.zero_grad()
         F.cross_entropy(net(X[idx]), Y[idx]).backward()
         opt.step()
-outputs = []
-hooks = [m.register_forward_hook(lambda mod, inp, out: (out.retain_grad(), outputs.append(out)) and None) for m in net]
-net.zero_grad()
-F.cross_entropy(net(X[:512]), Y[:512]).backward()
-for hk in hooks:
-    hk.remove()
-act_grads = torch.cat([o.grad.flatten() for o in outputs]).abs()
-act_grads = act_grads[act_grads > 0]
 
 gen = torch.Generator().manual_seed(1)
 batches = [torch.randint(0, len(Y), (64,), generator=gen) for _ in range(300)]
@@ -79,8 +75,9 @@ for idx in batches:
     loss.backward()
     optimizer.step()
     fp32_losses.append(loss.item())
-final = {("Adam (defaults)", "fp32"): sum(fp32_losses[-50:]) / 50}
-print(f"{len(act_grads):,} nonzero activation gradients; fp32 Adam: mean loss over the last 50 steps ~{final['Adam (defaults)', 'fp32']:.3f}")
+fp32_final = sum(fp32_losses[-50:]) / 50
+accuracy = (net(Xt).argmax(1) == Yt).float().mean().item()
+print(f"trained MLP: test accuracy {accuracy:.2f}; fp32 Adam: mean loss over the last 50 steps ~{fp32_final:.3f}")
 
 # %% [markdown] slideshow={"slide_type": "slide"}
 """
@@ -129,15 +126,19 @@ def autocast_table(device, low):
 
 
 cpu_table = autocast_table("cpu", torch.bfloat16)
-print(f"{'op':<14} {'fp32 in ->':<16} {'bf16 in ->':<16} behaviour under CPU autocast(bf16)")
+cpu_fp16_table = autocast_table("cpu", torch.float16)
+print(f"{'op':<14} {'fp32 in ->':<16} {'bf16 in ->':<16} {'CPU autocast(bf16)':<19} CPU autocast(fp16)")
 for name, (a, b, kind) in cpu_table.items():
-    print(f"{name:<14} {str(a):<16} {str(b):<16} {kind}")
+    print(f"{name:<14} {str(a):<16} {str(b):<16} {kind:<19} {cpu_fp16_table[name][2]}")
 assert {n for n, (_, _, k) in cpu_table.items() if k == "lower precision"} == {"matmul", "linear", "conv2d", "bmm"}
 assert {n for n, (_, _, k) in cpu_table.items() if k == "fp32"} == {"cross_entropy", "mse_loss", "nll_loss", "prod"}
+same_lists = all(cpu_fp16_table[n][2] == k for n, (_, _, k) in cpu_table.items())
+print("fp16 autocast on the CPU sorts every op as bf16 autocast does:", same_lists)
+assert same_lists
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-So on the CPU, the matmul family runs in bf16, the losses are forced to fp32, and softmax, layer norm and reductions are **unchanged**: given a bf16 input (say, the output of a linear layer), they run in bf16. They are still computed carefully — CPU kernels accumulate bf16 reductions in fp32 internally — but their output is rounded to bf16:
+So on the CPU, the matmul family runs in bf16, the losses are forced to fp32, and softmax, layer norm and reductions are **unchanged**: given a bf16 input (say, the output of a linear layer), they run in bf16. CPU autocast also accepts `dtype=torch.float16`, and sorts the operations the same way (the last column); section 3 shows what fp16 then needs. The unchanged operations are still computed carefully (CPU kernels accumulate bf16 reductions in fp32 internally), but their output is rounded to bf16:
 """
 
 # %% slideshow={"slide_type": "fragment"}
@@ -237,110 +238,73 @@ for fn in (LinearFn, LinearAmp, LinearFp32):
 
 # %% [markdown] slideshow={"slide_type": "slide"}
 """
-## 2. Apex O0–O3, and their native equivalents
+## 2. Apex's O0–O3, in today's terms
 
-The blog post introduces NVIDIA Apex's `amp.initialize(model, optimizer, opt_level="O1")`. **Apex's `amp` is legacy**: its author moved automatic mixed precision into PyTorch core in 2020 (PyTorch 1.6) and recommends the native API instead (NVIDIA/apex issue #818); `apex.amp` is deprecated, needs a CUDA build of an extension, and is not installed here. Each opt level is a recipe we can build natively:
+The Tensor post introduces NVIDIA Apex's `amp.initialize(model, optimizer, opt_level="O1")`. Apex's `amp` is legacy: its author moved automatic mixed precision into PyTorch core in 2020 (PyTorch 1.6) and recommends the native API instead ([NVIDIA/apex issue #818](https://github.com/NVIDIA/apex/issues/818)); `apex.amp` is deprecated, and nothing in this course needs it. What is worth keeping is the vocabulary, since older code and papers use it:
 
-| Apex level | what it did | native PyTorch |
+| Apex level | what it did | today |
 |---|---|---|
-| O0 | pure fp32 (baseline) | a normal fp32 loop |
-| O1 | per-op casting by allow/deny lists + dynamic loss scaling | `torch.autocast` + `torch.amp.GradScaler` (the recommended path) |
-| O2 | model cast to fp16 except BatchNorm, fp32 master weights, dynamic loss scaling | no one-liner: `model.half()`, BatchNorm back to fp32, a master copy (notebook 06 §5) |
-| O3 | pure fp16 (a speed baseline, unstable) | `model.half()` |
-"""
-
-# %% slideshow={"slide_type": "fragment"}
-import importlib.util
-
-print("apex installed:", importlib.util.find_spec("apex") is not None)
-
-
-# %% slideshow={"slide_type": "fragment"}
-def bn_mlp():
-    torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(64, 64), nn.BatchNorm1d(64), nn.ReLU(), nn.Linear(64, 10))
-
-
-def evaluate(model, dtype=torch.float32):
-    model.eval()
-    with torch.no_grad():
-        acc = (model(Xt.to(dtype)).argmax(1) == Yt).float().mean().item()
-    model.train()
-    return acc
-
-
-def run_level(level, steps=150):
-    model = bn_mlp()
-    if level in ("O2", "O3"):
-        model = model.half()
-    if level == "O2":
-        for m in model.modules():
-            if isinstance(m, nn.BatchNorm1d):
-                m.float()                                   # O2 keeps BatchNorm in fp32
-        master = [q.detach().float().requires_grad_() for q in model.parameters()]
-        optimizer = torch.optim.Adam(master)
-        scaler = DynamicLossScaler()
-    else:
-        optimizer = torch.optim.Adam(model.parameters())
-        scaler = torch.amp.GradScaler("cpu", enabled=(level == "O1"))
-    in_dtype = torch.float16 if level in ("O2", "O3") else torch.float32
-    for idx in batches[:steps]:
-        xb = X[idx].to(in_dtype)
-        if level == "O1":
-            with torch.autocast("cpu", dtype=torch.float16):
-                loss = F.cross_entropy(model(xb), Y[idx])
-        else:
-            loss = F.cross_entropy(model(xb).float(), Y[idx])
-        if level == "O2":
-            model.zero_grad()
-            scaler.scale(loss).backward()
-            for w, m32 in zip(model.parameters(), master):
-                m32.grad = w.grad.float()
-            scaler.step(optimizer)
-            scaler.update()
-            with torch.no_grad():
-                for w, m32 in zip(model.parameters(), master):
-                    w.copy_(m32)
-        else:
-            optimizer.zero_grad()
-            scaler.scale(loss).backward()               # with enabled=False, scale() is the identity
-            scaler.step(optimizer)
-            scaler.update()
-    dtypes = sorted({str(q.dtype).replace("torch.", "") for q in model.parameters()})
-    return loss.item(), evaluate(model, in_dtype), dtypes
-
-
-levels = {}
-for level in tqdm(["O0", "O1", "O2", "O3"], desc="Apex levels, natively"):
-    levels[level] = run_level(level)
-for level, (last, acc, dts) in levels.items():
-    print(f"{level}: last loss {last:.2f}, test accuracy {acc:.2f}, parameter dtypes {dts}")
-assert all(levels[lv][1] > 0.85 for lv in ("O0", "O1", "O2")) and math.isnan(levels["O3"][0])
-
-# %% [markdown] slideshow={"slide_type": "subslide"}
-"""
-With Adam, O0, O1 and O2 train to the same accuracy, while O3 — pure fp16, no master weights, no loss scaling — turns to NaN for the reason of notebook 06 §5 (Adam's state in fp16). The blog post calls O3 "very unstable, but a speed baseline": here, with Adam, it is simply broken. O1 is what `torch.autocast` + `GradScaler` give you, and it is the recommended default; O2's fp16 model with fp32 master weights is what some large-model frameworks still do by hand (or with bf16). The blog's description of O2 as "no allow/deny lists, almost everything fp16 except BatchNorm" is right: there is no per-op casting, so a softmax in the model runs in fp16 too.
+| O0 | pure fp32 | a normal fp32 loop |
+| O1 | per-op casting from allow/deny lists, plus dynamic loss scaling | `torch.autocast` (section 1) + `torch.amp.GradScaler` (notebook 06 §4); with bf16, no scaler (section 3). The recommended path |
+| O2 | the model cast to fp16 except BatchNorm, fp32 master weights, dynamic loss scaling; no per-op lists, so a softmax runs in fp16 too | no one-liner: notebook 06 §5's master weights by hand; in sharded training, FSDP's `MixedPrecisionPolicy` computes in bf16 on fp32 shards (notebook 13 §3) |
+| O3 | pure fp16, "a speed baseline" | `model.half()`: with Adam the loss is NaN after the first update (notebook 06 §5) |
 """
 
 # %% [markdown] slideshow={"slide_type": "slide"}
 """
-## 3. bf16 versus fp16: range versus precision
+## 3. bf16 versus fp16: range versus precision, and who needs a scaler
 
-bf16 keeps fp32's 8 exponent bits and keeps only 7 mantissa bits. It covers the same range as fp32 — nothing in notebook 06 §3's histogram underflows — but its gap at 1.0 is 2^-7 = 0.0078, eight times coarser than fp16's:
+bf16 keeps fp32's 8 exponent bits and keeps only 7 mantissa bits. It covers the same range as fp32, but its gap at 1.0 is 2^-7 = 0.0078, eight times coarser than fp16's:
 """
 
 # %% slideshow={"slide_type": "fragment"}
 print(f"{'value':>10} | {'fp16':>12} | {'bf16':>12}")
 for v in (70000.0, 1e-8, 1e-30, 1.001, 1.004, 0.1):
     print(f"{v:>10g} | {round_to(v, torch.float16):>12.6g} | {round_to(v, torch.bfloat16):>12.6g}")
-lost16 = (act_grads.half() == 0).float().mean().item()
-lost_bf = (act_grads.bfloat16() == 0).float().mean().item()
-print(f"activation gradients of notebook 06 §3 lost to zero: fp16 {lost16:.0%}, bf16 {lost_bf:.0%}")
-assert lost_bf == 0.0 and round_to(1.001, torch.bfloat16) == 1.0 and round_to(1.001, torch.float16) != 1.0
+gaps = {dt: ulp(1.0, dt) for dt in (torch.float16, torch.bfloat16)}
+print(f"gap above 1.0: fp16 {gaps[torch.float16]}, bf16 {gaps[torch.bfloat16]} ({gaps[torch.bfloat16] / gaps[torch.float16]:.0f} times coarser)")
+assert round_to(1.001, torch.bfloat16) == 1.0 and round_to(1.001, torch.float16) != 1.0
+assert gaps[torch.bfloat16] == 8 * gaps[torch.float16]
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-Because bf16 has fp32's range, gradients do not underflow and **bf16 training usually needs no loss scaling** (no `GradScaler`). Its weakness is precision, which is why weights and optimizer state stay fp32 (autocast only casts *copies* for the matmuls) and why accumulation happens in fp32. Same MLP, same batches and Adam as in notebook 06 §5, with bf16 autocast and no scaler:
+**Range decides who needs a scaler.** Under autocast the matmuls return low-precision activations, so the gradients that flow back through them are low precision too: an fp16 gradient at or below 2^-25 is 0 (notebook 06 §1). The cell runs notebook 06 §3's trained MLP on 512 images under CPU autocast and counts the activation gradients that are nonzero in fp32 but 0 under autocast: fp16 without a scaler, fp16 with `torch.amp.GradScaler("cpu")` (its default scale, 65536 as notebook 06 §4 prints, multiplies the loss before `backward()`), and bf16 without one. The fractions come from a trained network's gradients, so they are printed after `~`:
+"""
+
+
+# %% slideshow={"slide_type": "fragment"}
+def activation_grads(dtype, scaler=None):
+    """Every layer's output gradient for 512 images (as fp32, unscaled) under autocast(dtype); dtype None: fp32."""
+    outs = []
+    hooks = [m.register_forward_hook(lambda mod, inp, out: (out.retain_grad(), outs.append(out)) and None) for m in net]
+    net.zero_grad()
+    with torch.autocast("cpu", dtype=dtype or torch.bfloat16, enabled=dtype is not None):
+        loss = F.cross_entropy(net(X[:512]), Y[:512])
+    (scaler.scale(loss) if scaler else loss).backward()
+    for hk in hooks:
+        hk.remove()
+    scale = scaler.get_scale() if scaler else 1.0
+    return torch.cat([o.grad.float().flatten() for o in outs]) / scale, sorted({str(o.grad.dtype) for o in outs})
+
+
+reference, _ = activation_grads(None)
+nonzero = reference != 0
+lost = {}
+for name, dtype, scaler in (
+    ("fp16, no scaler", torch.float16, None),
+    ("fp16, GradScaler('cpu')", torch.float16, torch.amp.GradScaler("cpu")),
+    ("bf16, no scaler", torch.bfloat16, None),
+):
+    grads, dtypes = activation_grads(dtype, scaler)
+    lost[name] = ((grads == 0) & nonzero).sum().item() / nonzero.sum().item()
+    print(f"{name:<24} gradients in {dtypes}: lost to 0 ~{lost[name]:.1%}")
+assert lost["fp16, no scaler"] > 0.2 and lost["fp16, GradScaler('cpu')"] < 0.01 and lost["bf16, no scaler"] < 0.001
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+So **fp16 autocast needs a `GradScaler` on the CPU exactly as on CUDA** (`torch.amp.GradScaler("cpu")`), and bf16 needs none: this is O1 on a CPU (exercise 3 writes the step). The fraction of a percent that remains with the scale, or in bf16, is not the same loss: the very smallest gradients, still below 2^-25 after the scale, and gradients at the edge of a ReLU, where a pre-activation near 0 rounds to the other side in 16 bits and the ReLU blocks a gradient that fp32 let through. fp16 on the CPU is rarely worth it, though: few CPUs compute in fp16 (section 5 times an fp16 matmul), which is why CPU mixed precision is usually bf16.
+
+bf16's weakness is precision, which is why weights and optimizer state stay fp32 (autocast only casts *copies* for the matmuls) and why accumulation happens in fp32. Same MLP, same batches and Adam as in notebook 06 §5, with bf16 autocast and no scaler:
 """
 
 
@@ -361,8 +325,7 @@ def train_bf16_autocast():
 
 bf16_losses, bf16_model = train_bf16_autocast()
 bf16_final = sum(bf16_losses[-50:]) / 50
-fp32_final = final["Adam (defaults)", "fp32"]
-print(f"Adam, bf16 autocast, no loss scaling: mean loss over the last 50 steps {bf16_final:.3f} (fp32: {fp32_final:.3f})")
+print(f"Adam, bf16 autocast, no loss scaling: mean loss over the last 50 steps ~{bf16_final:.3f} (fp32: ~{fp32_final:.3f})")
 print("parameters stay", next(bf16_model.parameters()).dtype)
 assert abs(bf16_final - fp32_final) < 0.02 and next(bf16_model.parameters()).dtype == torch.float32
 
@@ -370,19 +333,24 @@ assert abs(bf16_final - fp32_final) < 0.02 and next(bf16_model.parameters()).dty
 """
 ## 4. Memory: what autocast saves for backward
 
-Half the bytes per element should mean half the activation memory. We count the tensors autograd saves for backward with `SavedTensorMeter`, leaving out the parameters themselves:
+Half the bytes per element should mean half the activation memory. We count the tensors autograd saves for backward with `SavedTensorMeter` (notebook 02 §4), leaving out the parameters themselves, and count the loss apart from the model:
 """
 
 # %% slideshow={"slide_type": "fragment"}
 from course_lib.saved_tensors import SavedTensorMeter, format_bytes, saved_cast_copy_bytes
 
 big = mlp(width=256)
-xb, yb = X[:512].clone(), Y[:512]   # clone: a slice would share (and be counted as) the whole dataset's storage
-with SavedTensorMeter(exclude=big.parameters()) as m32:
-    F.cross_entropy(big(xb), yb)
-with SavedTensorMeter(exclude=big.parameters()) as m16:
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        F.cross_entropy(big(xb), yb)
+xb, yb = X[:512].clone(), Y[:512].clone()   # clones: a slice would share (and be counted as) the whole dataset's storage
+
+
+def saved_for_backward(low_precision):
+    """(what the model's forward saves, what the loss saves), in fp32 or under bf16 autocast."""
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=low_precision):
+        with SavedTensorMeter(exclude=big.parameters()) as model_part:
+            logits = big(xb)
+        with SavedTensorMeter() as loss_part:
+            F.cross_entropy(logits, yb)
+    return model_part, loss_part
 
 
 def forward_bf16():
@@ -390,20 +358,29 @@ def forward_bf16():
         return F.cross_entropy(big(xb), yb)
 
 
+(model32, loss32), (model16, loss16) = saved_for_backward(False), saved_for_backward(True)
 copies = saved_cast_copy_bytes(forward_bf16, big.parameters())   # autocast's bf16 copies of the weights
-print("fp32:          ", m32.summary())
-print("bf16 autocast: ", m16.summary())
-print(f"  of which bf16 copies of weights made by autocast: {format_bytes(copies)}")
-ratio = m16.bytes / m32.bytes
-print(f"saved bytes bf16/fp32: {ratio:.3f}; activations only (without the weight copies): {(m16.bytes - copies) / m32.bytes:.3f}")
-print("dtypes saved under autocast:", sorted({str(r.dtype).replace('torch.', '') for r in m16.records}))
-assert 0.4 < ratio < 0.75 and 0.45 < (m16.bytes - copies) / m32.bytes < 0.55
+rows = {
+    "activations of the model": (model32.bytes, model16.bytes - copies),
+    "autocast's bf16 weight copies": (0, copies),
+    "loss: fp32 log-probs, targets": (loss32.bytes, loss16.bytes),
+    "total": (model32.bytes + loss32.bytes, model16.bytes + loss16.bytes),
+}
+print(f"{'saved for backward':<31} {'fp32':>9} {'bf16 autocast':>14} {'bf16/fp32':>10}")
+for name, (b32, b16) in rows.items():
+    print(f"{name:<31} {format_bytes(b32):>9} {format_bytes(b16):>14} {f'{b16 / b32:.3f}' if b32 else '':>10}")
+activations_ratio = rows["activations of the model"][1] / rows["activations of the model"][0]
+total_ratio = rows["total"][1] / rows["total"][0]
+print(f"bf16 autocast keeps {total_ratio:.3f} of fp32's saved bytes: the activations are halved ({activations_ratio:.3f}),"
+      " the weight copies and the fp32 loss inputs are not")
+print("dtypes saved under autocast:", sorted({str(r.dtype).replace("torch.", "") for r in model16.records + loss16.records}))
+assert activations_ratio == 0.5 and 0.55 < total_ratio < 0.7 and loss16.bytes == loss32.bytes
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-The activations of the matmuls are saved in bf16 (half the bytes), but two things keep the ratio above 0.5: autocast saves the bf16 *copies* of the weights it made for the matmuls (new tensors, not the fp32 parameters), and the loss's inputs stay fp32. For **this MLP on the CPU**, with large batches the activations dominate and the ratio approaches 0.5 (the activations alone are already at 0.5); `benchmarks/mixed_precision.py` shows it for a wider model and two batch sizes.
+The activations that the matmuls and ReLUs save are exactly halved (0.500), and that is the only part that is: the total is 0.623 of fp32's bytes, for two reasons. Autocast saves the bf16 *copies* of the weights it made for the matmuls (new tensors, not the fp32 parameters), and the loss's inputs are fp32 (cross-entropy is on autocast's fp32 list). For **this MLP on the CPU**, with larger batches the activations dominate and the total approaches 0.5; `benchmarks/mixed_precision.py` shows it for a wider model and two batch sizes.
 
-That limit is not universal. **On CUDA**, autocast runs `softmax`, `log_softmax`, `layer_norm` and the other ops of its fp32 list (section 1) in fp32, so they save fp32 tensors for backward, and the next matmul saves its own low-precision copy of their output. Take attention's score matrix, often a transformer's largest activation: the softmax saves its output, and the matmul with the values saves it again as its input. This CPU cannot run CUDA autocast, but it can count the bytes each rule saves per score element, applying CUDA's rule by hand (softmax in fp32, the matmul in bf16):
+The limit of 0.5 is not universal. **On CUDA**, autocast runs `softmax`, `log_softmax`, `layer_norm` and the other ops of its fp32 list (section 1) in fp32, so they save fp32 tensors for backward, and the next matmul saves its own low-precision copy of their output. Take attention's score matrix, often a transformer's largest activation: the softmax saves its output, and the matmul with the values saves it again as its input. This CPU cannot run CUDA autocast, but it can count the bytes each rule saves per score element, applying CUDA's rule by hand (softmax in fp32, the matmul in bf16):
 """
 
 # %% slideshow={"slide_type": "fragment"}
@@ -474,7 +451,7 @@ if requires_gpu("peak GPU memory of a training step, fp32 vs bf16 autocast"):
 """
 ## 5. Speed: it depends on the hardware
 
-Mixed precision is fast where the hardware has units for 16-bit math: NVIDIA tensor cores (Volta and later for fp16, Ampere and later for bf16), or CPUs with AVX512-BF16 / AMX. A CPU with only AVX2 has no bf16 arithmetic: PyTorch converts to fp32 and back, and bf16 matmuls run much slower than fp32 (measured below, on a simulated AVX2 CPU). Other CPUs (AVX512-BF16, AMX) have bf16 units. So we measure, small, on this machine; the first cell also says which hardware support it found. Its output depends on the machine, so the tests do not check it:
+Mixed precision is fast where the hardware has units for 16-bit math: NVIDIA tensor cores (Volta and later for fp16, Ampere and later for bf16), or CPUs with AVX512-BF16 or AMX. A CPU with only AVX2 has no bf16 arithmetic: PyTorch converts to fp32 and back. So we measure, on this machine: a small matrix product and a larger one, where bf16 units have enough work to pay off, then a training step. Each line prints the time relative to fp32 and the verdict on this CPU, "about the same" within 25 % of fp32's time (a busy machine moves a ratio that much); the committed outputs are those of the machine that recorded them (its hardware flags are the second line), and yours may differ, so the tests do not compare these two cells. Where the CPU has bf16 units, the cell also asserts that the larger bf16 product takes less time than fp32's:
 """
 
 # %% slideshow={"slide_type": "fragment"} tags=["nbval-ignore-output"]
@@ -491,23 +468,41 @@ def best_time(fn, repeat=3, number=10):
     return best
 
 
+BAND = 1.25   # a ratio within 25 % of 1 either way is "about the same": a busy machine moves it that much
+
+
+def verdict(ratio):
+    if 1 / BAND < ratio < BAND:
+        return f"x~{ratio:.2f} the fp32 time: about the same as fp32 here"
+    return f"x~{ratio:.2f} the fp32 time: {'faster' if ratio < 1 else 'slower'} than fp32 here"
+
+
 try:
     flags = set(open("/proc/cpuinfo").read().split())
 except OSError:
     flags = set()
+bf16_units = bool(flags & {"avx512_bf16", "amx_bf16"}) and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+print(f"verdicts: 'about the same' for a time within {BAND - 1:.0%} of fp32's either way")
 print("CPU capability used by PyTorch:", torch.backends.cpu.get_cpu_capability())
-print("bf16/fp16 hardware flags:", sorted(flags & {"avx512_bf16", "amx_bf16", "avx512_fp16", "amx_fp16"}) or "none")
-n = 128
-a32, b32 = torch.randn(n, n), torch.randn(n, n)
-t32 = best_time(lambda: a32 @ b32)
-for dt in (torch.bfloat16, torch.float16):
-    a, b = a32.to(dt), b32.to(dt)
-    t = best_time(lambda: a @ b)
-    print(f"{n}x{n} matmul {str(dt):<15}: ~{t * 1e6:.0f} us, time relative to fp32: ~{t / t32:.2f}x")
-print(f"{n}x{n} matmul torch.float32 : ~{t32 * 1e6:.0f} us")
+print("bf16/fp16 hardware flags:", sorted(flags & {"avx512_bf16", "amx_bf16", "avx512_fp16", "amx_fp16"}) or "none",
+      "| oneDNN bf16 support:", torch.ops.mkldnn._is_mkldnn_bf16_supported())
+matmul_ratio = {}
+for n, dtypes, number in ((128, (torch.bfloat16, torch.float16), 10), (512, (torch.bfloat16,), 3)):
+    a32, b32 = torch.randn(n, n), torch.randn(n, n)
+    t32 = best_time(lambda: a32 @ b32, repeat=5, number=number)
+    print(f"{n}x{n} matmul torch.float32 : ~{t32 * 1e6:.0f} us")
+    for dt in dtypes:
+        if n > 128 and not bf16_units:       # emulated bf16 at this size: seconds, and the AVX2 cell below says it
+            print(f"{n}x{n} matmul {dt}: skipped, no bf16 units (emulated, it would take seconds)")
+            continue
+        a, b = a32.to(dt), b32.to(dt)
+        matmul_ratio[n, dt] = best_time(lambda: a @ b, repeat=5, number=number) / t32
+        print(f"{n}x{n} matmul {str(dt):<15}: {verdict(matmul_ratio[n, dt])}")
+if bf16_units:
+    assert matmul_ratio[512, torch.bfloat16] < 1
 
 
-# %% slideshow={"slide_type": "fragment"}
+# %% slideshow={"slide_type": "fragment"} tags=["nbval-ignore-output"]
 def step_time(autocast_dtype):
     model = mlp(width=256)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -524,11 +519,12 @@ def step_time(autocast_dtype):
 
 
 s32, s16 = step_time(None), step_time(torch.bfloat16)
-print(f"training step, fp32: ~{s32 * 1e3:.2f} ms | bf16 autocast: ~{s16 * 1e3:.2f} ms | ratio bf16/fp32: ~{s16 / s32:.2f}")
+print(f"training step (MLP 64-256-256-10, batch 128): fp32 ~{s32 * 1e3:.2f} ms, bf16 autocast ~{s16 * 1e3:.2f} ms")
+print(f"bf16 autocast training step: {verdict(s16 / s32)}")
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-And an AVX2-only CPU, a typical laptop without bf16 units, simulated on this one: a new Python process with PyTorch's AVX2 kernels, oneDNN and MKL capped at AVX2, one thread (the settings `make test-portable` uses). Capped at AVX2, oneDNN reports no bf16 support, so PyTorch runs bf16 matmuls with its own fallback loop, as on a typical AVX2 machine. The ratio depends on the machine (`~`); the lesson is its size:
+And an AVX2-only CPU, a typical laptop without bf16 units, simulated on this one: a new Python process with PyTorch's AVX2 kernels, oneDNN and MKL capped at AVX2, one thread (the settings `make test-portable` uses). Capped at AVX2, oneDNN reports no bf16 support, so PyTorch runs bf16 matmuls with its own fallback loop, as on a typical AVX2 machine. The ratio depends on the machine (`~`); the lesson is its size, and its direction:
 """
 
 # %% slideshow={"slide_type": "fragment"}
@@ -552,16 +548,19 @@ print(torch.backends.cpu.get_cpu_capability(), torch.ops.mkldnn._is_mkldnn_bf16_
 run = subprocess.run([sys.executable, "-c", probe], env=os.environ | AVX2_ENV, capture_output=True, text=True, timeout=120)
 capability, onednn_bf16, ratio = run.stdout.split()
 if capability == "AVX2":
-    print(f"simulated AVX2: oneDNN bf16 support {onednn_bf16}; a 128x128 bf16 matmul takes ~{float(ratio):.0f}x the fp32 time")
+    print(f"simulated AVX2: oneDNN bf16 support {onednn_bf16}; a 128x128 bf16 matmul takes x~{float(ratio):.0f} the fp32 time:"
+          f" {'slower' if float(ratio) > 1 else 'faster'} than fp32")
     assert onednn_bf16 == "False" and float(ratio) > 5
 else:
     print(f"this CPU cannot simulate AVX2 (PyTorch ran {capability} kernels): no figure")
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-A note on the blog's picture of tensor cores ("one matrix multiply per clock, versus one multiply per clock for a CUDA core"): it is the right idea, loosely put. A CUDA core performs one scalar fused multiply-add per clock; a tensor core performs a small matrix multiply-accumulate per clock (4x4x4 on Volta, larger tiles on later GPUs), with fp16/bf16 inputs and fp32 accumulation — the paper's "multiply in fp16, add in fp32".
+Read your own numbers. With bf16 units (AVX512-BF16, AMX) the larger bf16 product takes a fraction of fp32's time, while at 128x128 there is too little work to amortise the conversions and the gain is small or absent. A whole training step of this small MLP gains less still, or nothing, since it adds casts and keeps fp32 work (the loss, the optimizer): on a CPU with AVX512-BF16 but no AMX, such as the one that recorded these outputs, its ratio lands on either side of 1 from run to run, which is why the verdict has a band. Without them, as in the simulated AVX2 run, bf16 is far behind fp32 and autocast makes training much slower. The memory saving of section 4 holds on every CPU (on a GPU, mind section 4's note on CUDA's fp32 ops). `benchmarks/mixed_precision.py` measures memory and step time for a wider model and two batch sizes.
 
-Read your own numbers: on a CPU with AMX or AVX512-BF16, bf16 matmuls can beat fp32 at larger sizes; on an AVX2-only CPU they are much slower, and autocast makes training *slower*, not faster (it also adds the cost of casting). The memory saving of section 4 holds on every CPU (on a GPU, mind section 4's note on CUDA's fp32 ops). `benchmarks/mixed_precision.py` measures both for two batch sizes. On a GPU, tensor cores make the difference large — if the matrix dimensions are multiples of 8 (fp16/bf16), which is why model widths and vocabulary sizes are padded:
+A note on the Tensor post's picture of tensor cores ("one matrix multiply per clock, versus one multiply per clock for a CUDA core"): it is the right idea, loosely put. A CUDA core performs one scalar fused multiply-add per clock; a tensor core performs a small matrix multiply-accumulate per clock (4x4x4 on Volta, larger tiles on later GPUs), with fp16/bf16 inputs and fp32 accumulation, the paper's "multiply in fp16, add in fp32".
+
+**Matrix shapes on tensor cores.** Older guides give a hard rule: an fp16 product whose sizes are not divisible by 8 cannot use the tensor cores at all. That held before cuBLAS 11.0 and cuDNN 7.6.3; since then any size can use them, and the shape decides only how efficiently ([NVIDIA, Matrix Multiplication Background User's Guide](https://docs.nvidia.com/deeplearning/performance/dl-performance-matrix-multiplication/index.html)). Two effects matter: **alignment** (rows of 16 bytes or more are read with wide loads; on A100 the guide recommends multiples of 64 fp16 elements, 128 bytes) and **quantization**: the GPU cuts the output into tiles (say 128x128) and schedules the tiles in waves over its SMs, so a dimension just above a tile size, or a tile count just above a multiple of the SM count, pays for a nearly empty tile or wave. That is why model widths and vocabulary sizes are padded to multiples of 64 or 128. The GPU cell compares an aligned size with the one next to it:
 """
 
 # %% slideshow={"slide_type": "fragment"}
@@ -574,12 +573,16 @@ if requires_gpu("matmul throughput: fp32, TF32, fp16, bf16 on tensor cores"):
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-**TF32: the controls to use now.** On Ampere and later GPUs, fp32 matmuls and convolutions may run on tensor cores in TF32 (fp32's 8 exponent bits, 10 mantissa bits, fp32 accumulation): much faster, with fp16-like input precision. The cell above (through `course_lib.timing`) and most older code toggle `torch.backends.cuda.matmul.allow_tf32`. The portable switch is `torch.set_float32_matmul_precision("high")` (`"highest"`, the default, means full fp32); newer releases (2.9 and later; 2.13 here) also give each backend an `fp32_precision` setting, `"ieee"` or `"tf32"` (`torch.backends.cuda.matmul.fp32_precision`, `torch.backends.cudnn.conv.fp32_precision`), and the PyTorch documentation says the old `allow_tf32` flags will be deprecated. These are global flags, so they can be read and set on this CPU (where they change nothing), and restored:
+**TF32: the defaults, and the controls to use now.** On Ampere and later GPUs, fp32 matmuls and convolutions may run on tensor cores in TF32: fp32's 8 exponent bits with 10 mantissa bits, fp32 accumulation, fp16-like input precision at several times fp32's throughput ([PyTorch's CUDA semantics notes](https://pytorch.org/docs/stable/notes/cuda.html#tensorfloat-32-tf32-on-ampere-and-later-devices)). Out of the box PyTorch treats the two differently: **convolutions use TF32 by default** (cuDNN's `torch.backends.cudnn.conv.fp32_precision` is `"tf32"`, and the legacy `torch.backends.cudnn.allow_tf32` is `True`), **matmuls do not** (`torch.backends.cuda.matmul.fp32_precision` is `"none"`: it follows `torch.get_float32_matmul_precision()`, whose default `"highest"` means full fp32). The portable switch for matmuls is `torch.set_float32_matmul_precision("high")`. Since 2.9 (2.13 here) each backend also has its own `fp32_precision`, `"ieee"` or `"tf32"`; `course_lib.timing.matmul_tflops` (the cell above) sets that one. The documentation says the old `allow_tf32` flags will be deprecated, and mixing them with the new settings makes PyTorch refuse to report the precision. These are global flags, so they can be read and set on this CPU (where they change nothing), and restored:
 """
 
 # %% slideshow={"slide_type": "fragment"}
-backends = (torch.backends.cuda.matmul, torch.backends.mkldnn.matmul)   # the setting moves both
+conv_default = (torch.backends.cudnn.conv.fp32_precision, torch.backends.cudnn.allow_tf32)
+print(f"convolutions: cudnn.conv.fp32_precision {conv_default[0]!r}, cudnn.allow_tf32 {conv_default[1]}: TF32 by default")
+backends = (torch.backends.cuda.matmul, torch.backends.mkldnn.matmul)   # the global setting moves both
 before = (torch.get_float32_matmul_precision(), *(b.fp32_precision for b in backends))
+print(f"matmuls: cuda.matmul.fp32_precision {before[1]!r}, following get_float32_matmul_precision() {before[0]!r}: full fp32")
+assert conv_default == ("tf32", True) and before[:2] == ("highest", "none")
 try:
     torch.set_float32_matmul_precision("high")
     after = (torch.get_float32_matmul_precision(), torch.backends.cuda.matmul.fp32_precision)
@@ -587,8 +590,7 @@ finally:
     torch.set_float32_matmul_precision(before[0])
     for b, old in zip(backends, before[1:]):
         b.fp32_precision = old                   # "none": follow the global setting, as before
-print(f"matmul precision {before[0]!r}, cuda.matmul.fp32_precision {before[1]!r}"
-      f" -> after set_float32_matmul_precision('high'): {after[0]!r}, {after[1]!r}")
+print(f"after set_float32_matmul_precision('high'): {after[0]!r}, cuda.matmul.fp32_precision {after[1]!r}; restored")
 assert after == ("high", "tf32")
 assert (torch.get_float32_matmul_precision(), *(b.fp32_precision for b in backends)) == before   # restored
 
@@ -607,41 +609,92 @@ assert torch.finfo(torch.float8_e4m3fn).max == 448 and torch.finfo(torch.float8_
 """
 ## Summary
 
-- `torch.autocast` casts matmul-like ops down, forces losses (and on CUDA, softmax/norms/reductions) to fp32. `torch.cuda.amp.*` and `torch.cpu.amp.*` are deprecated: use `torch.amp.autocast(device)` and `torch.amp.GradScaler(device)`. Apex is legacy; O1 ≈ autocast + GradScaler.
-- Call `backward()` outside the autocast region; a custom `autograd.Function` under autocast needs `torch.amp.custom_fwd`/`custom_bwd(device_type=...)`.
-- bf16 rarely needs loss scaling. This MLP's saved activations shrink toward half on the CPU; under CUDA autocast, ops kept in fp32 (softmax, layer norm) save fp32 copies, so a transformer saves clearly less. Autocast caches its weight copies for the region (`cache_enabled`).
-- Speed depends on the hardware: measure it. A simulated AVX2 CPU runs a bf16 matmul tens of times slower than fp32. TF32 is controlled by `torch.set_float32_matmul_precision("high")` or, since 2.9, the backends' `fp32_precision`; fp8 (Hopper and later) scales every tensor (torchao.float8, MXFP8).
+- `torch.autocast` casts matmul-like ops down and forces losses to fp32; everything else runs in its input's dtype on the CPU, while CUDA also forces softmax, norms and reductions to fp32. CPU autocast sorts ops the same way for fp16 as for bf16. `torch.cuda.amp.*` and `torch.cpu.amp.*` are deprecated: use `torch.amp.autocast(device)` and `torch.amp.GradScaler(device)`.
+- Call `backward()` outside the autocast region; a custom `autograd.Function` under autocast needs `torch.amp.custom_fwd`/`custom_bwd(device_type=...)`, with `cast_inputs=torch.float32` for an op that must stay fp32.
+- Apex is legacy: O1 is autocast + `GradScaler`, O2 is notebook 06 §5's master weights, O3 is `model.half()`.
+- fp16 autocast needs a `GradScaler`, on the CPU (`GradScaler("cpu")`) as on CUDA: without it a large share of this MLP's activation gradients are lost to 0, with it almost none (section 3). bf16 needs no scaler and trained as fp32 did.
+- Memory: under bf16 autocast the activations themselves are halved (0.500 here), but the weight copies it saves and the fp32 loss inputs keep the total at 0.623 of fp32's saved bytes (section 4); on CUDA, ops kept in fp32 (softmax, layer norm) save fp32 copies, so a transformer saves clearly less. Autocast caches its weight copies for the region (`cache_enabled`).
+- Speed depends on the hardware: section 5 prints the verdict for this CPU. A simulated AVX2 CPU runs a 128x128 bf16 matmul tens of times slower than fp32. TF32: convolutions use it by default, matmuls only after `torch.set_float32_matmul_precision("high")` or the backends' `fp32_precision` (2.9 and later); tensor cores take any matrix size since cuBLAS 11, and aligned, tile-sized shapes run best. fp8 (Hopper and later) scales every tensor (torchao.float8, MXFP8).
 """
 
 # %% [markdown] slideshow={"slide_type": "slide"}
 """
 ## Exercises
 
-**1.** Write `scaler_step(scaler, optimizer, scheduler)` for a loop that has already called `scaler.scale(loss).backward()`: step the optimizer through the scaler, update the scale, step the LR scheduler **only if the optimizer really stepped** (notebook 06 §4), and return `True` when it did. The check runs ten steps, four of them with an injected overflow.
+**1.** Under `torch.autocast("cpu", dtype=torch.bfloat16)`, what dtype does each tensor of this forward have, with fp32 inputs and fp32 `Linear` layers? And what dtype has `lin1.weight.grad` after `loss.backward()`? Predict first, from section 1's rules; the check runs the forward itself.
+
+```python
+h = lin1(x)                        # x: fp32, shape (batch, 8); lin1 = nn.Linear(8, 16)
+g = F.gelu(h)
+n = F.layer_norm(g, (16,))
+logits = lin2(n)                   # lin2 = nn.Linear(16, 4)
+lp = F.log_softmax(logits, dim=-1)
+loss = F.nll_loss(lp, y)
+```
 """
 
 # %% slideshow={"slide_type": "fragment"}
-from course_lib.exercises.mixed_precision import check_scaler_step
+from course_lib.exercises.mixed_precision import autocast_forward, check_autocast_dtypes, check_fp16_step, check_fp32_gram
 
 
-def scaler_step(scaler, optimizer, scheduler):
+def forward_shown(x, y, lin1, lin2):   # the code above, as a function: it must be what the check runs
+    h = lin1(x)
+    g = F.gelu(h)
+    n = F.layer_norm(g, (16,))
+    logits = lin2(n)
+    lp = F.log_softmax(logits, dim=-1)
+    return {"h": h, "g": g, "n": n, "logits": logits, "lp": lp, "loss": F.nll_loss(lp, y)}
+
+
+args = (torch.randn(5, 8), torch.tensor([0, 1, 2, 3, 0]), nn.Linear(8, 16), nn.Linear(16, 4))
+assert all(torch.equal(a, b) for a, b in zip(forward_shown(*args).values(), autocast_forward(*args).values()))
+
+dtypes = {"h": ..., "g": ..., "n": ..., "logits": ..., "lp": ..., "loss": ..., "lin1.weight.grad": ...}
+check_autocast_dtypes(dtypes)
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+**2.** Write `Gram`, an `autograd.Function` computing `x @ x.T` with a hand-written backward (for an output gradient G, the gradient of x is (G + Gᵀ) x), that **runs in fp32 even under autocast**: the check calls it on fp16 inputs of size about 100 under `torch.autocast("cpu", dtype=torch.float16)`, where a dot product of 8 such numbers exceeds fp16's 65504. It wants an fp32 result without inf, and a gradient of x in x's own dtype. (Section 1's `LinearFp32` shows the decorator; try first without it and read the check's message.)
+"""
+
+
+# %% slideshow={"slide_type": "fragment"}
+class Gram(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        raise NotImplementedError("your code here")
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        raise NotImplementedError("your code here")
+
+
+check_fp32_gram(Gram)
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+**3.** Write `fp16_step(model, optimizer, scaler, x, y)`, one step of Apex's O1 on the CPU in today's API: zero the gradients, run the forward and the cross-entropy loss under `torch.autocast("cpu", dtype=torch.float16)`, backward on the scaled loss, step and update through the scaler, and return the loss. The check trains a confident classifier whose gradients underflow in fp16 without a scale, with a `GradScaler("cpu")` whose first scale (2^34) overflows, and compares every step with its own.
+"""
+
+
+# %% slideshow={"slide_type": "fragment"}
+def fp16_step(model, optimizer, scaler, x, y):
     raise NotImplementedError("your code here")
 
 
-check_scaler_step(scaler_step)
+check_fp16_step(fp16_step)
 
 # %% [markdown] slideshow={"slide_type": "slide"}
 """
 ## References
 
-- P. Micikevicius et al., [Mixed Precision Training](https://arxiv.org/abs/1710.03740), ICLR 2018 — loss scaling, fp32 master weights, the gradient histogram.
-- D. Kalamkar et al., [A Study of BFLOAT16 for Deep Learning Training](https://arxiv.org/abs/1905.12322), 2019.
-- PyTorch documentation: [Automatic Mixed Precision package – torch.amp](https://pytorch.org/docs/stable/amp.html) — autocast op lists for CUDA and CPU, `GradScaler`.
-- PyTorch documentation: [CUDA Automatic Mixed Precision examples](https://pytorch.org/docs/stable/notes/amp_examples.html) — `unscale_` with gradient clipping, accumulation, multiple models.
-- NVIDIA, [Train With Mixed Precision](https://docs.nvidia.com/deeplearning/performance/mixed-precision-training/index.html) — tensor cores and the multiples-of-8 rule.
+- PyTorch documentation: [Automatic Mixed Precision package – torch.amp](https://pytorch.org/docs/stable/amp.html) — autocast's op lists for CUDA and CPU, `GradScaler`, [`torch.amp.custom_fwd`](https://pytorch.org/docs/stable/amp.html#torch.amp.custom_fwd) for custom Functions.
+- PyTorch documentation: [CUDA Automatic Mixed Precision examples](https://pytorch.org/docs/stable/notes/amp_examples.html) — where `backward()` goes, custom Functions under autocast.
+- P. Micikevicius et al., [Mixed Precision Training](https://arxiv.org/abs/1710.03740), ICLR 2018 — multiply in fp16, accumulate in fp32.
+- D. Kalamkar et al., [A Study of BFLOAT16 for Deep Learning Training](https://arxiv.org/abs/1905.12322), 2019 — bf16 without loss scaling.
 - NVIDIA Apex, [apex.amp](https://nvidia.github.io/apex/amp.html) — the O0–O3 opt levels; and ["torch.cuda.amp > apex amp"](https://github.com/NVIDIA/apex/issues/818) (M. Carilli, 2020) on why the native API replaced it.
+- NVIDIA, [Matrix Multiplication Background User's Guide](https://docs.nvidia.com/deeplearning/performance/dl-performance-matrix-multiplication/index.html) — tensor core requirements by cuBLAS version, tile and wave quantization.
+- PyTorch documentation: [CUDA semantics, TF32 on Ampere and later devices](https://pytorch.org/docs/stable/notes/cuda.html#tensorfloat-32-tf32-on-ampere-and-later-devices) — `set_float32_matmul_precision`, the `fp32_precision` settings, cuDNN's TF32 default.
 - P. Micikevicius et al., [FP8 Formats for Deep Learning](https://arxiv.org/abs/2209.05433), 2022 — E4M3 and E5M2; Open Compute Project, [OCP Microscaling Formats (MX) Specification v1.0](https://www.opencompute.org/documents/ocp-microscaling-formats-mx-v1-0-spec-final-pdf), 2023 — MXFP8's shared block scales.
 - PyTorch torchao, [float8 training](https://github.com/pytorch/ao/tree/main/torchao/float8) (`convert_to_float8_training`); NVIDIA, [Transformer Engine](https://github.com/NVIDIA/TransformerEngine).
-- PyTorch documentation: [CUDA semantics, TF32 on Ampere and later devices](https://pytorch.org/docs/stable/notes/cuda.html#tensorfloat-32-tf32-on-ampere-and-later-devices) — `set_float32_matmul_precision` and the `fp32_precision` settings; [`torch.amp.custom_fwd`](https://pytorch.org/docs/stable/amp.html#torch.amp.custom_fwd) for custom Functions; [`torch.optim.lr_scheduler`](https://pytorch.org/docs/stable/optim.html#how-to-adjust-learning-rate).
-- D. Goldberg, [What Every Computer Scientist Should Know About Floating-Point Arithmetic](https://docs.oracle.com/cd/E19957-01/806-3568/ncg_goldberg.html), 1991.
 """

@@ -76,8 +76,8 @@ The equivalence holds for whole training runs too. Below, one epoch of SGD with 
 
 
 # %% slideshow={"slide_type": "fragment"}
-def train_epoch(micro: int, k: int, seed: int = 0) -> nn.Module:
-    model = make_mlp()
+def train_epoch(micro: int, k: int, seed: int = 0) -> tuple[nn.Module, int]:
+    model, steps = make_mlp(), 0
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     order = torch.randperm(len(Y), generator=torch.Generator().manual_seed(seed))
     big_batch = micro * k
@@ -88,7 +88,8 @@ def train_epoch(micro: int, k: int, seed: int = 0) -> nn.Module:
             (loss_fn(model(X[part]), Y[part]) / k).backward()
         opt.step()
         opt.zero_grad()
-    return model
+        steps += 1
+    return model, steps
 
 
 def accuracy(model: nn.Module) -> float:
@@ -96,12 +97,12 @@ def accuracy(model: nn.Module) -> float:
         return (model(test.flat()).argmax(1) == test.y).float().mean().item()
 
 
-m_big, m_acc = train_epoch(micro=128, k=1), train_epoch(micro=32, k=4)
+(m_big, steps_big), (m_acc, steps_acc) = train_epoch(micro=128, k=1), train_epoch(micro=32, k=4)
 drift = max((p - q).abs().max().item() for p, q in zip(m_big.parameters(), m_acc.parameters()))
-assert drift < 1e-4
+assert drift < 1e-4 and steps_big == steps_acc == len(Y) // 128
 assert accuracy(m_big) == accuracy(m_acc)
-print(f"after 11 optimizer steps: largest parameter difference < 1e-4; the same test accuracy for batch 128 "
-      f"and 4 x 32: {accuracy(m_big) == accuracy(m_acc)} (~{accuracy(m_big):.4f})")
+print(f"after {steps_big} optimizer steps ({len(Y)} // 128): largest parameter difference < 1e-4; the same test "
+      f"accuracy for batch 128 and 4 x 32: {accuracy(m_big) == accuracy(m_acc)} (~{accuracy(m_big):.4f})")
 
 # %% [markdown] slideshow={"slide_type": "slide"}
 """
@@ -451,9 +452,9 @@ print("GradCache, one micro-batch of activations at a time: allclose to the full
 """
 ## 6. Memory and time against the micro-batch size
 
-Why accumulate at all: autograd keeps the activations of the forward pass until `backward()` (notebook 02, section 4), and they grow linearly with the batch. With accumulation only one micro-batch's activations are alive at a time. The parameters, their gradients and the optimizer state do not shrink.
+Why accumulate at all: autograd keeps the activations of the forward pass until `backward()` (notebook 02 §4), and they grow linearly with the batch. With accumulation only one micro-batch's activations are alive at a time. The parameters, their gradients and the optimizer state do not shrink.
 
-We measure the activations a small CNN saves for backward with `SavedTensorMeter` (deterministic: it adds up tensor sizes), for an effective batch of 256 split into micro-batches from 256 down to 8.
+We measure the activations a small CNN saves for backward with `SavedTensorMeter` (deterministic: it adds up tensor sizes), for an effective batch of 256 split into micro-batches from 256 down to 2.
 """
 
 
@@ -469,8 +470,9 @@ def make_cnn() -> nn.Module:
 
 cnn = make_cnn()
 param_bytes = sum(p.numel() * p.element_size() for p in cnn.parameters())
+grad_bytes = param_bytes                          # one .grad buffer per parameter: same shapes, same dtype
 x256, y256 = train.x[:256], train.y[:256]
-micro_sizes = [256, 128, 64, 32, 16, 8]
+micro_sizes = [256, 128, 64, 32, 16, 8, 4, 2]
 saved = {}
 for mb in micro_sizes:
     with SavedTensorMeter(exclude=cnn.parameters()) as meter:
@@ -478,25 +480,27 @@ for mb in micro_sizes:
         loss = loss_fn(cnn(xm), ym)
     loss.backward()
     saved[mb] = meter.bytes
-print(f"parameters: {format_bytes(param_bytes)} (+ the same again for .grad, kept for every micro-batch size)")
+print(f"parameters: {format_bytes(param_bytes)}; their .grad buffers: {format_bytes(grad_bytes)} more, "
+      "at every micro-batch size")
+per_sample = (saved[256] - saved[128]) // 128
+fixed = saved[256] - 256 * per_sample           # 4 bytes: the loss keeps one float32 scalar (its total weight)
 for mb in micro_sizes:
-    print(f"micro-batch {mb:>3} x {256 // mb:>2} steps: activations saved for backward {format_bytes(saved[mb]):>10}"
-          f"  ({saved[mb] // mb} bytes per sample)")
-per_sample = {saved[mb] // mb for mb in micro_sizes}
-assert len(per_sample) == 1, "saved bytes are exactly proportional to the micro-batch size"
+    print(f"micro-batch {mb:>3} x {256 // mb:>3} steps: activations saved for backward {format_bytes(saved[mb]):>10}"
+          f"  ({mb} x {per_sample:,} + {fixed} bytes)")
+assert fixed == 4 and all(saved[mb] == mb * per_sample + fixed for mb in micro_sizes)
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-The saved activations are exactly proportional to the micro-batch: the same bytes per sample at every size. Cutting the micro-batch from 256 to 32 divides them by 8, which is the whole point of accumulation.
+The saved activations grow exactly linearly with the micro-batch: the same 24,880 bytes per sample at every size, plus one 4-byte scalar that the cross-entropy loss keeps whatever the batch. Cutting the micro-batch from 256 to 32 divides them by 8 (to within those 4 bytes), which is the whole point of accumulation.
 
-Saved activations are not the whole peak: backward allocates gradients of the activations, temporaries come and go, and the `.grad` buffers stay. `course_lib.memory.measure_peak` reads every allocation and free from the CPU allocator (through `torch.profiler`: the same from run to run on one machine, but it includes the temporary workspace of the kernels, which differs between CPUs, so those peaks are printed after `~`) and reports the highest point of one accumulation step. Micro-batches 2 to `k` of a step are identical, so the peak of the first two is the peak of the whole step (checked for one size; it keeps the cell fast).
+Saved activations are not the whole peak: backward allocates gradients of the activations, temporaries come and go, and the `.grad` buffers stay. `course_lib.memory.measure_peak` reads every allocation and free from the CPU allocator (through `torch.profiler`: the same from run to run on one machine, but it includes the temporary workspace of the kernels, which differs between CPUs, so those peaks are printed after `~`) and reports the highest point of one accumulation step. It counts what the step allocates on top of what existed before it: the parameters, allocated when the model was built, are not in it; the `.grad` buffers are, because `zero_grad(set_to_none=True)` frees them before each step, and they are exactly what the step leaves allocated when it ends. Micro-batches 2 to `k` of a step are identical, so the peak of the first two is the peak of the whole step (checked for one size; it keeps the cell fast).
 """
 
 # %% slideshow={"slide_type": "fragment"}
-from course_lib.memory import measure_peak
+from course_lib.memory import StepMemory, measure_peak
 
 
-def accumulation_peak(mb: int, n_micro: int | None = None) -> int:
+def accumulation_step(mb: int, n_micro: int | None = None) -> StepMemory:
     cnn.zero_grad(set_to_none=True)                  # .grad is allocated inside the step, and counts
     pieces = list(zip(x256.split(mb), y256.split(mb)))[:n_micro]
 
@@ -504,69 +508,91 @@ def accumulation_peak(mb: int, n_micro: int | None = None) -> int:
         for xm, ym in pieces:
             (loss_fn(cnn(xm), ym) * (len(ym) / 256)).backward()
 
-    return measure_peak(step).peak_bytes
+    return measure_peak(step)
 
 
-assert accumulation_peak(64) == accumulation_peak(64, n_micro=2)   # 4 micro-batches or the first 2: same peak
-peaks = {mb: accumulation_peak(mb, n_micro=2) for mb in micro_sizes}
+assert accumulation_step(64).peak_bytes == accumulation_step(64, n_micro=2).peak_bytes   # all 4 or the first 2
+steps = {mb: accumulation_step(mb, n_micro=2) for mb in micro_sizes}
+peaks = {mb: m.peak_bytes for mb, m in steps.items()}
 for mb in micro_sizes:  # the peak includes kernel workspace, which differs between CPUs: printed last, after '~'
     print(f"micro-batch {mb:>3}: saved activations {format_bytes(saved[mb]):>10}, allocator peak of the step "
           f"~{format_bytes(peaks[mb])}")
+smallest = micro_sizes[-1]
+assert all(m.retained_bytes == grad_bytes for m in steps.values())   # what every step leaves: the .grad buffers
 assert all(peaks[a] > peaks[b] for a, b in zip(micro_sizes, micro_sizes[1:]))
-assert peaks[8] > param_bytes          # the floor: at least the gradient buffers
-assert peaks[256] / peaks[8] > 10
-print(f"256 -> 8 samples per micro-batch: the peak falls more than 10x (~{peaks[256] / peaks[8]:.0f}x), "
-      f"towards the fixed floor of the .grad buffers ({format_bytes(param_bytes)})")
+assert peaks[smallest] > grad_bytes                                   # the floor: the .grad buffers
+assert peaks[256] / peaks[smallest] > 10
+print(f"what each step leaves allocated: the .grad buffers, {format_bytes(grad_bytes)}, at every size")
+print(f"256 -> {smallest} samples per micro-batch: the peak falls more than 10x (~{peaks[256] / peaks[smallest]:.0f}x), "
+      f"towards the floor of the .grad buffers ({format_bytes(grad_bytes)}); at {smallest} it is "
+      f"~{format_bytes(peaks[smallest] - grad_bytes)} above that floor")
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-The peak falls with the micro-batch, but less than proportionally: the gradient buffers (and, in a real step, the optimizer state) do not shrink. Accumulation cannot go below that floor; notebook 04's checkpointing attacks the activations differently, and sharded data parallelism (ZeRO, FSDP: notebook 13) attacks the floor by splitting the gradients and optimizer state across ranks.
+The peak falls with the micro-batch, but less than proportionally: the gradient buffers (and, in a real step, the optimizer state) do not shrink, and the parameters, which this measurement leaves out, are there all along. Accumulation cannot go below that floor; notebook 04's checkpointing attacks the activations differently, and sharded data parallelism (ZeRO, FSDP: notebook 13) attacks the floor by splitting the gradients and optimizer state across ranks.
 
-The price is time: many small matrix products use the CPU (or GPU) less well than one big one. Timings below are volatile (marked `~`, the best of 3 runs, one thread) and on a busy 2-core machine they jump around; on an idle machine the smallest micro-batches are clearly slowest per step.
+The price is time, and on a CPU it shows up late. A convolution on one thread does about the same work per sample whatever the batch, so the step time barely moves between micro-batches of 256 and 32. What grows with the number of micro-batches is the fixed cost of each forward and backward call (Python, PyTorch's dispatcher, starting every kernel): 128 micro-batches of 2 pay it 128 times. Two precautions make the comparison hold on a busy machine: the clock is the CPU time of this thread (`time.thread_time()`, which does not count the time the thread waits for a core while other programs run; with one thread, all of PyTorch's work happens in it), and the sizes take turns, 7 rounds, each keeping its fastest round, so that a busy spell hits them all alike. The times (after `~`) depend on the machine; the relations printed after them are asserted:
 """
 
 
 # %% slideshow={"slide_type": "fragment"}
-def time_effective_batch(mb: int, repeats: int = 3) -> float:
+def accumulation_times(sizes: list[int], rounds: int = 7) -> dict[int, float]:
+    """The least CPU time of one optimizer step on the 256 samples, per micro-batch size, in seconds."""
     model = make_cnn()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
+
+    def one_step(mb: int) -> None:
         for xm, ym in zip(x256.split(mb), y256.split(mb)):
             (loss_fn(model(xm), ym) * (len(ym) / 256)).backward()
         opt.step()
         opt.zero_grad()
-        best = min(best, time.perf_counter() - t0)
+
+    for mb in sizes:
+        one_step(mb)                                  # warm-up
+    best = dict.fromkeys(sizes, float("inf"))
+    for _ in tqdm(range(rounds), desc="rounds over the micro-batch sizes"):
+        for mb in sizes:
+            t0 = time.thread_time()                   # CPU time of this thread: waiting for a core is not counted
+            one_step(mb)
+            best[mb] = min(best[mb], time.thread_time() - t0)
     return best
 
 
-times = {mb: time_effective_batch(mb) for mb in tqdm(micro_sizes, desc="micro-batch sizes")}
+times = accumulation_times(micro_sizes)
 for mb in micro_sizes:
-    print(f"micro-batch {mb:>3}: one optimizer step on 256 samples takes ~{times[mb] * 1e3:.1f} ms")
+    print(f"micro-batch {mb:>3} x {256 // mb:>3}: one optimizer step on 256 samples ~{times[mb] * 1e3:.1f} ms of CPU time")
+large = [mb for mb in micro_sizes if mb >= 32]
+spread = max(times[mb] for mb in large) / min(times[mb] for mb in large)
+ratio = times[smallest] / times[256]
+assert spread < 2 and ratio > 1.5
+print(f"micro-batches of {large[0]} down to {large[-1]}: slowest / fastest ~{spread:.2f}x, within 2x")
+print(f"micro-batches of {smallest} against {large[0]}: ~{ratio:.1f}x the time per step, slower: {ratio > 1}")
 
 # %% slideshow={"slide_type": "fragment"}
 fig, ax1 = plt.subplots(figsize=(7, 3.6))
 ax1.plot(micro_sizes, [saved[mb] / 2**20 for mb in micro_sizes], "o-", label="activations saved (MiB)")
 ax1.plot(micro_sizes, [peaks[mb] / 2**20 for mb in micro_sizes], "^-", label="allocator peak of the step (MiB)")
-ax1.axhline(2 * param_bytes / 2**20, color="grey", ls="--", label="parameters + gradients (MiB)")
+floor_label = f".grad buffers, the floor of the peak ({format_bytes(grad_bytes)})"
+ax1.axhline(grad_bytes / 2**20, color="grey", ls="--", label=floor_label)
 ax1.set_xscale("log", base=2)
 ax1.set_xlabel("micro-batch size (samples; effective batch fixed at 256)")
 ax1.set_ylabel("memory (MiB)")
 ax2 = ax1.twinx()
-ax2.plot(micro_sizes, [times[mb] * 1e3 for mb in micro_sizes], "s:", color="tab:red", label="time per step (ms)")
-ax2.set_ylabel("time per optimizer step (ms)")
+ax2.plot(micro_sizes, [times[mb] * 1e3 for mb in micro_sizes], "s:", color="tab:red", label="CPU time per step (ms)")
+ax2.set_ylabel("CPU time per optimizer step (ms)")
 ax1.set_title("Gradient accumulation trades time for activation memory")
 fig.legend(loc="upper center", bbox_to_anchor=(0.45, 0.88), fontsize=8)
 fig.tight_layout()
 plt.show()
-print(f"activations at 256: {format_bytes(saved[256])}; at 8: {format_bytes(saved[8])} (32 x less)")
+print(f"dashed line: {floor_label}, drawn at {grad_bytes / 2**20:.3f} MiB")
+print(f"activations at 256: {format_bytes(saved[256])}; at {smallest}: {format_bytes(saved[smallest])} "
+      f"({256 // smallest} x less)")
 
 # %% [markdown] slideshow={"slide_type": "slide"}
 """
 ## 7. Accumulation with a loss scaler
 
-With float16 on a GPU, small gradients underflow, so the loss is multiplied by a large scale before `backward()` and the gradients divided by it before the step (notebook 06). `torch.amp.GradScaler` does this. With accumulation the rule is:
+With float16, small gradients underflow, so the loss is multiplied by a large scale before `backward()` and the gradients divided by it before the step (notebook 06). `torch.amp.GradScaler` does this. With accumulation the rule is:
 
 - every micro-batch: `scaler.scale(loss * weight).backward()`: all micro-batches must use the **same** scale, so the scale may only change between optimizer steps;
 - once per optimizer step: `scaler.unscale_(opt)` (only if you need true gradients, e.g. for clipping), `scaler.step(opt)`, `scaler.update()`, `opt.zero_grad()`.
@@ -632,13 +658,41 @@ print(f"one inf in 1 of {k} micro-batches: step skipped (parameters unchanged: {
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-On CPU, mixed precision uses `bfloat16`, which has float32's exponent range, so it does not underflow like float16 and needs no scaler: the CPU scaler above is for checking the arithmetic, not something CPU training needs.
+Does CPU training need a scaler? It depends on the 16-bit format, not on the device. Autocast on the CPU uses `bfloat16` unless told otherwise, and `bfloat16` has float32's exponent range: its gradients do not underflow like float16's, so it needs no scaler. But `torch.autocast("cpu", dtype=torch.float16)` works too, and float16 on a CPU underflows exactly as on a GPU (notebook 06 §3 measures how much of a real gradient vanishes; notebook 07 §3 compares the two formats). Then `GradScaler("cpu")` is needed for real, not only to check the arithmetic. Below, one step of the MLP with its loss multiplied by 2^-24, a stand-in for the tiny gradients of a deep network, against the same step in float32:
 """
 
 # %% slideshow={"slide_type": "fragment"}
 print(f"largest float16: {torch.finfo(torch.float16).max:.0f}; smallest normal float16: {torch.finfo(torch.float16).tiny:.1e}")
 print(f"largest bfloat16: {torch.finfo(torch.bfloat16).max:.2e}; smallest normal bfloat16: {torch.finfo(torch.bfloat16).tiny:.1e}")
 assert torch.finfo(torch.bfloat16).tiny == torch.finfo(torch.float32).tiny
+print("CPU autocast's default dtype:", torch.get_autocast_dtype("cpu"))
+
+TINY = 2.0**-24
+
+
+def tiny_loss_grads(dtype: torch.dtype | None, scale: float | None = None) -> torch.Tensor:
+    """The true (unscaled) gradients of one step on loss * TINY, under autocast to dtype (None: float32)."""
+    model = make_mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu", init_scale=scale or 1.0, enabled=scale is not None)
+    with torch.autocast("cpu", dtype=dtype or torch.float32, enabled=dtype is not None):
+        out = model(xb)
+        loss = loss_fn(out, yb) * TINY
+    assert out.dtype == (dtype or torch.float32)            # the linear layers ran in that dtype
+    scaler.scale(loss).backward()
+    scaler.unscale_(opt)                                     # a no-op when the scaler is disabled
+    return grads_of(model)
+
+
+g_fp32 = tiny_loss_grads(None)
+for name, dtype, scale in [("float16, no scaler", torch.float16, None), ("float16, GradScaler(2^16)", torch.float16, 2.0**16),
+                           ("bfloat16, no scaler", torch.bfloat16, None)]:
+    g = tiny_loss_grads(dtype, scale)
+    all_zero = bool((g == 0).all())
+    rel = ((g - g_fp32).norm() / g_fp32.norm()).item()
+    print(f"{name:<26} every gradient element zero: {all_zero!s:<5}  relative difference from float32: "
+          f"{'< 0.05' if rel < 0.05 else f'{rel:.2f}'}")
+    assert all_zero == (name == "float16, no scaler") and (rel < 0.05) == (not all_zero)
 
 # %% [markdown] slideshow={"slide_type": "slide"}
 """
@@ -649,8 +703,8 @@ assert torch.finfo(torch.bfloat16).tiny == torch.finfo(torch.float32).tiny
 - The cluster post's loop is right about dividing by the accumulation steps and about where `zero_grad()` goes, but it silently drops the tail of each epoch into the next one and over-weights a short last batch: step the last group and weight by sample counts.
 - The general rule: divide the sum of the loss elements by their number counted over the whole accumulated batch, across micro-batches and ranks. For a token loss with padding, a per-micro-batch mean is wrong; all-reduce the token count across DDP ranks (and multiply by the world size, which DDP's average divides by).
 - Losses that couple a batch's samples are not sums of independent elements: BatchNorm makes accumulation inexact (micro-batch statistics; LayerNorm/GroupNorm do not), and in-batch-negative contrastive losses see fewer negatives per micro-batch; GradCache restores the full-batch gradient.
-- Accumulation divides the activation memory by `k` and costs time; parameters, gradients and optimizer state stay.
-- With a loss scaler: scale every micro-batch, then one `unscale_`/`step`/`update` per optimizer step; one `inf` anywhere skips the whole step.
+- Accumulation divides the activation memory by `k` and costs time: on one CPU thread little from 256 samples per micro-batch down to 32, then more and more as the fixed cost of each forward and backward call adds up (§6). Parameters, gradients and optimizer state stay.
+- With a loss scaler: scale every micro-batch, then one `unscale_`/`step`/`update` per optimizer step; one `inf` anywhere skips the whole step. The scaler is needed with float16, on a GPU and on a CPU alike (autocast on the CPU defaults to bfloat16, which needs none).
 - Across several processes, DDP's `no_sync()` avoids communicating during the first `k-1` micro-batches (notebook 10).
 """
 

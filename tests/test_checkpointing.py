@@ -120,6 +120,7 @@ def test_the_guard_matches_the_uncheckpointed_block_exactly(momentum: float | No
     assert lib[1].momentum == momentum  # the module is left as it was
 
 
+@pytest.mark.slow  # torch.compile: seconds of tracing and compiling
 def test_the_guard_is_exact_under_torch_compile() -> None:
     ref, ck = _block(), _block()
     step = torch.compile(lambda t: checkpoint_bn_safe(ck, t), backend="aot_eager")

@@ -14,6 +14,7 @@ from course_lib.manifest import written_file
 from course_lib.timing import matmul_tflops
 
 
+@pytest.mark.slow  # launches a process tree
 def test_ring_all_reduce_equals_dist_all_reduce_and_notebook_07s_ring(tmp_path: Path) -> None:
     """Notebook 09's worker (its _runs/ring.py, read from the text source) runs its hand-written ring,
     dist.all_reduce and course_lib's copy on every rank; all three must agree, bytes sent included."""
@@ -44,6 +45,7 @@ def check(rank, world_size):
 """
 
 
+@pytest.mark.slow  # launches a process tree
 def test_tree_and_parameter_server_equal_dist_all_reduce(tmp_path: Path) -> None:
     worker = tmp_path / "tree_ps.py"
     worker.write_text(_TREE_PS_WORKER)
@@ -82,3 +84,27 @@ def test_matmul_tflops_on_cpu_and_its_checks() -> None:
     if not torch.cuda.is_available():
         with pytest.raises(RuntimeError, match="needs a CUDA GPU"):
             matmul_tflops(8, torch.float32)
+    with pytest.raises(TypeError, match="tf32 must be a bool"):
+        matmul_tflops(8, torch.float32, device="cpu", tf32=1)  # type: ignore[arg-type]
+
+
+def test_matmul_tflops_switches_tf32_with_the_fp32_precision_api_and_restores_it() -> None:
+    matmul = torch.backends.cuda.matmul
+    before = (matmul.fp32_precision, torch.get_float32_matmul_precision())
+    seen = []
+    original = torch.Tensor.__matmul__
+
+    def spy(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        seen.append(matmul.fp32_precision)
+        return original(a, b)
+
+    try:
+        torch.Tensor.__matmul__ = spy  # type: ignore[method-assign]
+        for tf32, want in ((True, "tf32"), (False, "ieee")):
+            seen.clear()
+            matmul_tflops(8, torch.float32, device="cpu", tf32=tf32, repeats=2)
+            assert seen and set(seen) == {want}
+            # restored, and the legacy and new APIs were not mixed (PyTorch would refuse to report the precision)
+            assert (matmul.fp32_precision, torch.get_float32_matmul_precision()) == before
+    finally:
+        torch.Tensor.__matmul__ = original  # type: ignore[method-assign]

@@ -1,4 +1,5 @@
-"""course_lib.facts: each comparison table is built from the one set of facts, and the notebooks show it."""
+"""course_lib.facts holds each fact once; course_tools.generated builds every comparison table from them, and the
+notebooks show the tables."""
 
 from __future__ import annotations
 
@@ -6,15 +7,17 @@ from pathlib import Path
 
 import pytest
 
-from course_lib import facts, manifest
+from course_lib import facts
+from course_tools import generated
+from course_tools.generated import TABLES, table
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.parametrize("name", sorted(facts.TABLES))
+@pytest.mark.parametrize("name", sorted(TABLES))
 def test_every_table_renders_as_a_rectangular_markdown_table(name: str) -> None:
-    lines = facts.table(name).splitlines()
-    spec = facts.TABLES[name]
+    lines = table(name).splitlines()
+    spec = TABLES[name]
     widths = {line.count("|") for line in lines}
     assert len(widths) == 1, f"{name}: rows of different widths (a '|' inside a fact?)"
     assert len(lines) == 2 + (len(spec.techniques) if spec.by_row else len(spec.fields))
@@ -29,26 +32,26 @@ def test_no_fact_breaks_a_table_or_is_empty() -> None:
 
 def test_a_fact_is_stated_once_and_shared_by_the_tables_that_show_it() -> None:
     # DDP's communication appears in 12's map and (as its cost) in 14's guide, from the same entry
-    assert facts.fact("ddp", "communicated") in facts.table("parallelism")
-    assert facts.fact("ddp", "gradient sync") in facts.table("dp-vs-ddp")
+    assert facts.fact("ddp", "communicated") in table("parallelism")
+    assert facts.fact("ddp", "gradient sync") in table("dp-vs-ddp")
     # the corrections the reviews asked for (notebook 09 is the one statement of what the backend does)
-    assert "ring all-reduce" not in facts.table("dp-vs-ddp")
+    assert "ring all-reduce" not in table("dp-vs-ddp")
     assert "the backend chooses" in facts.fact("ddp", "gradient sync")
     assert "parallel_apply" in facts.fact("dp", "mixed precision")
-    remedies = facts.table("remedies").splitlines()
+    remedies = table("remedies").splitlines()
     sharded = next(i for i, line in enumerate(remedies) if "FSDP" in line)
     pipeline = next(i for i, line in enumerate(remedies) if line.startswith("| sharding is not enough"))
     assert sharded < pipeline, "sharding comes before pipeline and tensor parallelism"
 
 
 def test_the_notebooks_carry_the_generated_tables() -> None:
-    blocks = manifest.generated_blocks()
+    blocks = generated.generated_blocks()
     carried = {name for path, names in blocks.items() if path.parent.name == "sources" for name in names}
     assert {"facts-dp-vs-ddp", "facts-parallelism", "facts-remedies"} <= carried
     for path, names in blocks.items():
         if path.parent.name == "sources":
             for name in names:
-                assert facts.table(name.removeprefix("facts-")) in path.read_text(encoding="utf-8")
+                assert table(name.removeprefix("facts-")) in path.read_text(encoding="utf-8")
 
 
 def test_fact_and_table_refuse_unknown_names_clearly() -> None:
@@ -59,6 +62,6 @@ def test_fact_and_table_refuse_unknown_names_clearly() -> None:
     with pytest.raises(TypeError, match="two strings"):
         facts.fact("ddp", 3)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="no table 'map'"):
-        facts.table("map")
+        table("map")
     with pytest.raises(TypeError, match="must be a string"):
-        facts.table(None)  # type: ignore[arg-type]
+        table(None)  # type: ignore[arg-type]

@@ -16,10 +16,7 @@ import pytest
 from nbclient import NotebookClient
 
 from course_lib.manifest import ROOT, notebook_paths
-
-sys.path.insert(0, str(ROOT / "scripts"))
-
-import gpu_cells  # noqa: E402
+from course_tools import gpu_cells
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
@@ -60,6 +57,7 @@ def test_the_cpu_mapping() -> None:
         gpu_cells.on_cpu(src, "xpu")
 
 
+@pytest.mark.slow  # executes notebooks
 @pytest.mark.parametrize("path", WITH_GPU_CELLS, ids=[p.stem for p in WITH_GPU_CELLS])
 def test_gpu_cells_run_on_cpu(path: Path, tmp_path: Path) -> None:
     nb, positions = gpu_cells.dry_run_notebook(path)
@@ -87,11 +85,10 @@ def test_gpu_cells_run_on_cpu(path: Path, tmp_path: Path) -> None:
         print(f"{where}: ran on {cell.mode}")
 
 
-def test_gpu_check_script_fails_on_any_error_cell_and_refuses_without_cuda(tmp_path: Path) -> None:
-    import subprocess
-
-    import gpu_check
+def test_gpu_check_report_fails_on_any_error_cell() -> None:
     import nbformat
+
+    from course_tools import gpu_check
 
     nb = nbformat.v4.new_notebook()
     nb.cells = [
@@ -107,6 +104,12 @@ def test_gpu_check_script_fails_on_any_error_cell_and_refuses_without_cuda(tmp_p
     assert "cell 0: a (ran)" in text and "42 TFLOP/s" in text and "cell 1: b (FAILED)" in text
     # an error anywhere fails the check, in a GPU cell or not
     assert gpu_check.error_cells(nb) == [(1, "RuntimeError: boom"), (2, "ValueError: not guarded")]
+
+
+@pytest.mark.slow  # a fresh interpreter importing torch and nbclient: half a minute on a loaded machine
+def test_gpu_check_script_refuses_without_cuda(tmp_path: Path) -> None:
+    import subprocess
+
     if not __import__("torch").cuda.is_available():
         proc = subprocess.run(
             [sys.executable, str(ROOT / "scripts" / "gpu_check.py"), "--out", str(tmp_path / "r.md")],
@@ -116,3 +119,20 @@ def test_gpu_check_script_fails_on_any_error_cell_and_refuses_without_cuda(tmp_p
         )
         assert proc.returncode == 2 and "no CUDA GPU" in proc.stderr
         assert not (tmp_path / "r.md").exists()
+
+
+def test_the_dry_run_keeps_only_the_cells_gpu_cells_depend_on() -> None:
+    sources = [
+        "import torch\nfrom course_lib.device import requires_gpu",  # 0: imports
+        "x = torch.ones(3)",  # 1: defines x
+        "unrelated = torch.zeros(2)\nprint(unrelated)",  # 2: nothing the GPU cell needs
+        "x.add_(1)",  # 3: changes x in place
+        "%%writefile _runs/job.py\nprint('hi')",  # 4: a script the GPU cell runs by path
+        "%matplotlib inline",  # 5: a magic: always kept
+        'if requires_gpu("y"):\n    y = x.cuda()\n    run_script(["python", "_runs/job.py"])',  # 6: the GPU cell
+        "z = 1",  # 7: after the GPU cell
+    ]
+    assert gpu_cells.needed_cells(sources, {6}) == {0, 1, 3, 4, 5, 6}
+    assert gpu_cells.needed_cells(sources, {6}, {6: {"requires_gpu"}}) == {0, 5, 6}  # a cell that only skips
+    assert gpu_cells.names_of("torch.manual_seed(0)", frozenset({"torch"})) == (set(), {"torch"})
+    assert gpu_cells.names_of("!ls") is None

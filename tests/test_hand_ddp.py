@@ -261,6 +261,7 @@ def reports() -> list[dict[str, Any]]:
     return run_ranks(f"{__file__}:worker", 2, timeout=240, echo="none")
 
 
+@pytest.mark.slow  # its `reports` fixture launches 2 ranks
 def test_equal_to_ddp_with_frozen_tied_buffers_and_no_sync(reports: list[dict[str, Any]]) -> None:
     for r in reports:
         runs = r["runs"]
@@ -278,6 +279,7 @@ def test_equal_to_ddp_with_frozen_tied_buffers_and_no_sync(reports: list[dict[st
             assert torch.equal(v, reports[1]["runs"][("hand", None, True)]["state"][k]), k
 
 
+@pytest.mark.slow  # its `reports` fixture launches 2 ranks
 def test_frozen_skipped_tied_counted_once_and_no_sync_silent(reports: list[dict[str, Any]]) -> None:
     run = reports[0]["runs"][("hand", 0, True)]
     assert run["frozen_grad_is_none"]
@@ -292,6 +294,7 @@ def test_frozen_skipped_tied_counted_once_and_no_sync_silent(reports: list[dict[
     assert b_calls == 2 + 4 * 2
 
 
+@pytest.mark.slow  # its `reports` fixture launches 2 ranks
 def test_bucket_counts_equal_ddps_from_the_second_step(reports: list[dict[str, Any]]) -> None:
     for cap, rep in reports[0]["buckets"].items():
         steps = rep["per_step"]
@@ -302,6 +305,7 @@ def test_bucket_counts_equal_ddps_from_the_second_step(reports: list[dict[str, A
     assert len(reports[0]["buckets"][None]["planned"]) == 1  # the 1 MiB first bucket holds this small model
 
 
+@pytest.mark.slow  # its `reports` fixture launches 2 ranks
 def test_mistakes_raise_clear_errors(reports: list[dict[str, Any]]) -> None:
     errors = reports[0]["errors"]
     assert "call finish() after backward()" in errors["forgot_finish"]
@@ -309,12 +313,14 @@ def test_mistakes_raise_clear_errors(reports: list[dict[str, Any]]) -> None:
     assert "1 trainable parameter(s) got no gradient" in errors["unused"]
 
 
+@pytest.mark.slow  # its `reports` fixture launches 2 ranks
 def test_overlap_hides_communication(reports: list[dict[str, Any]]) -> None:
     for r in reports:
         assert r["overlap"]["True"] > 0  # all-reduces ran while earlier layers computed
         assert r["overlap"]["False"] == 0  # started after backward: nothing can hide them
 
 
+@pytest.mark.slow  # its `reports` fixture launches 2 ranks
 def test_record_collectives_sees_the_same_all_reduces(reports: list[dict[str, Any]]) -> None:
     o = reports[0]["overlap"]
     assert sorted(o["recorded"]) == sorted(f"all_reduce {b:,} B" for b in o["buckets"])

@@ -226,6 +226,7 @@ def reports() -> list[dict[str, Any]]:
     return run_ranks(f"{__file__}:worker", 2, timeout=240, echo="none")
 
 
+@pytest.mark.slow  # its `reports` fixture launches 2 ranks
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_equal_to_fully_shard(reports: list[dict[str, Any]], precision: str) -> None:
     for r in reports:
@@ -250,6 +251,7 @@ def test_equal_to_fully_shard(reports: list[dict[str, Any]], precision: str) -> 
     assert rep["log"]["all_gather"][0] == 6 * (3 * 2 + 1) and rep["log"]["reduce_scatter"][0] == 6 * 4
 
 
+@pytest.mark.slow  # its `reports` fixture launches 2 ranks
 def test_collective_counts_equal_fsdp2s(reports: list[dict[str, Any]]) -> None:
     b = reports[0]["bytes"]
     for reshard in (True, False):
@@ -263,6 +265,7 @@ def test_collective_counts_equal_fsdp2s(reports: list[dict[str, Any]]) -> None:
         assert recorded.count("all_gather_single 16,640 B") == (6 if reshard else 3)
 
 
+@pytest.mark.slow  # its `reports` fixture launches 2 ranks
 def test_bytes_and_peak_against_the_zero3_model(reports: list[dict[str, Any]]) -> None:
     b = reports[0]["bytes"]
     psi, n = b["numel"], 2
@@ -281,11 +284,13 @@ def test_bytes_and_peak_against_the_zero3_model(reports: list[dict[str, Any]]) -
     assert hand["params_are_shards"] == [f"{i}.{SHARD_NAME}" for i in (0, 2, 4)]
 
 
+@pytest.mark.slow  # its `reports` fixture launches 2 ranks
 def test_refuses_a_parameter_shared_by_two_units_and_sharding_twice(reports: list[dict[str, Any]]) -> None:
     assert "shared between two units" in reports[0]["refusals"]["shared"]
     assert "already sharded" in reports[0]["refusals"]["twice"]
 
 
+@pytest.mark.slow  # its `reports` fixture launches 2 ranks
 def test_timeline_records_each_collective(reports: list[dict[str, Any]]) -> None:
     assert reports[0]["timeline"] == [
         ("comm", "all-gather 0 (forward)"),

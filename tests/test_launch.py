@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import textwrap
 import time
@@ -109,13 +110,16 @@ def jobs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _marked_processes() -> list[int]:
-    """Every live process that carries the launcher's marker, found independently with psutil."""
+    """Every live process that carries the launcher's marker and was launched from this test process,
+    found independently with psutil (other jobs on a shared machine carry the marker with their own owner)."""
     found = []
+    me = str(os.getpid())
     for p in psutil.process_iter(["pid", "status"]):
         try:
             if p.info["status"] == psutil.STATUS_ZOMBIE:
                 continue
-            if "COURSE_LIB_LAUNCH_ID" in p.environ():
+            env = p.environ()
+            if "COURSE_LIB_LAUNCH_ID" in env and env.get("COURSE_LIB_LAUNCH_OWNER") == me:
                 found.append(p.pid)
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             continue
@@ -124,7 +128,7 @@ def _marked_processes() -> list[int]:
 
 def _assert_nothing_left() -> None:
     assert _marked_processes() == []
-    assert launched_processes() == []
+    assert launched_processes(owner=os.getpid()) == []
     assert psutil.Process().children(recursive=True) == []
 
 
@@ -201,6 +205,7 @@ def test_invalid_arguments_are_refused_before_anything_starts(jobs: Path) -> Non
     _assert_nothing_left()
 
 
+@pytest.mark.slow  # launches a process tree
 def test_run_torchrun_streams_each_rank_and_returns_its_output(jobs: Path, capsys: pytest.CaptureFixture[str]) -> None:
     result = run_torchrun("ok.py", cwd=jobs, timeout=60, echo="live")
     assert isinstance(result, LaunchResult) and result.returncode == 0
@@ -212,6 +217,7 @@ def test_run_torchrun_streams_each_rank_and_returns_its_output(jobs: Path, capsy
     _assert_nothing_left()
 
 
+@pytest.mark.slow  # launches a process tree
 def test_two_torchrun_agents_make_a_two_node_job(jobs: Path) -> None:
     result = run_torchrun("ok.py", cwd=jobs, nnodes=2, nproc_per_node=1, timeout=60, echo="none")
     assert len(result.commands) == 2
@@ -220,6 +226,7 @@ def test_two_torchrun_agents_make_a_two_node_job(jobs: Path) -> None:
     _assert_nothing_left()
 
 
+@pytest.mark.slow  # launches a process tree
 def test_launcher_args_reach_torchrun_and_max_restarts_restarts_every_worker(jobs: Path) -> None:
     with pytest.raises(LaunchError):  # no restart allowed: rank 1's death fails the job
         run_torchrun("fails_once.py", cwd=jobs, timeout=60, echo="none")
@@ -232,6 +239,7 @@ def test_launcher_args_reach_torchrun_and_max_restarts_restarts_every_worker(job
     _assert_nothing_left()
 
 
+@pytest.mark.slow  # launches a process tree
 def test_a_rank_that_raises_gives_its_traceback(jobs: Path) -> None:
     start = time.monotonic()
     with pytest.raises(LaunchError, match="rank 1 failed") as info:
@@ -245,17 +253,34 @@ def test_a_rank_that_raises_gives_its_traceback(jobs: Path) -> None:
     _assert_nothing_left()
 
 
-def test_a_rank_that_hangs_in_a_collective_is_killed_at_the_timeout(jobs: Path) -> None:
+@pytest.mark.slow  # launches a process tree
+def test_a_job_that_hangs_is_killed_at_the_timeout_with_each_ranks_last_words() -> None:
+    # plain Python, no torch: it starts in milliseconds even on a loaded machine, so the ranks have
+    # printed before the timeout, whatever the load, and the message can quote them
+    code = "import sys, time; print(f'[rank{sys.argv[1]}]: in the job', flush=True); time.sleep(600)"
     start = time.monotonic()
-    with pytest.raises(LaunchError, match="did not finish within the timeout of 8 s") as info:
-        run_torchrun("hangs.py", cwd=jobs, timeout=8, echo="none")
+    with pytest.raises(LaunchError, match="did not finish within the timeout of 4 s") as info:
+        run_script([["python", "-c", code, str(r)] for r in (0, 1)], timeout=4, echo="none")
     elapsed = time.monotonic() - start
-    assert 8 <= elapsed < 8 + 6, elapsed  # the timeout, plus the few seconds cleanup may take
+    assert 4 <= elapsed < 4 + 20, elapsed  # the timeout, plus what cleanup may take on a busy machine
     assert info.value.reason == "timeout"
-    assert "in the job" in str(info.value)  # each rank's last words are quoted
-    _assert_nothing_left()  # torchrun's workers run in their own sessions: they were found and killed too
+    assert "[rank 0] last output: in the job" in str(info.value)  # each rank's last words are quoted
+    assert "[rank 1] last output: in the job" in str(info.value)
+    _assert_nothing_left()
 
 
+@pytest.mark.slow  # launches a process tree
+def test_a_rank_that_hangs_in_a_collective_under_torchrun_is_killed(jobs: Path) -> None:
+    # torchrun's workers run in their own sessions: the marker sweep must find and kill them too. The
+    # timeout leaves room for `import torch` on a loaded machine; the outcome is a timeout either way.
+    start = time.monotonic()
+    with pytest.raises(LaunchError, match="did not finish within the timeout of 20 s") as info:
+        run_torchrun("hangs.py", cwd=jobs, timeout=20, echo="none")
+    assert info.value.reason == "timeout" and time.monotonic() - start >= 20
+    _assert_nothing_left()
+
+
+@pytest.mark.slow  # launches a process tree
 def test_a_busy_port_is_a_clear_error(jobs: Path) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -288,6 +313,7 @@ def test_a_bad_script_path_is_a_clear_error(jobs: Path) -> None:
     _assert_nothing_left()
 
 
+@pytest.mark.slow  # launches a process tree
 def test_run_ranks_returns_each_ranks_value_in_rank_order(jobs: Path, capsys: pytest.CaptureFixture[str]) -> None:
     values = run_ranks(str(jobs / "launch_test_workers.py") + ":add_ranks", 2, (10.0,), timeout=60, echo="grouped")
     assert values == [30.0, 30.0]
@@ -306,6 +332,7 @@ def test_run_ranks_returns_each_ranks_value_in_rank_order(jobs: Path, capsys: py
     _assert_nothing_left()
 
 
+@pytest.mark.slow  # launches a process tree
 def test_run_ranks_names_the_rank_that_raised(jobs: Path) -> None:
     with pytest.raises(LaunchError, match="rank 1 failed") as info:
         run_ranks(str(jobs / "launch_test_workers.py") + ":raise_on_rank_1", 2, timeout=60, echo="none")
@@ -353,6 +380,7 @@ def test_script_rank_prefix_labels_lines_without_a_launcher(jobs: Path) -> None:
     assert result.output(1) == "from one" and result.output(0) == "from zero" and result.output("main") == "plain"
 
 
+@pytest.mark.slow  # launches a process tree
 def test_cpu_jobs_hide_the_gpus_unless_asked(jobs: Path) -> None:
     # every launcher: the processes see no GPU, so a CPU job stays on the CPU on a GPU machine
     assert run_ranks(str(jobs / "launch_test_workers.py") + ":visible_gpus", 2, echo="none") == [("", "")] * 2
@@ -381,3 +409,11 @@ def test_run_ranks_refuses_gpu_layouts_it_cannot_bind(jobs: Path) -> None:
         run_ranks(worker, too_many, device="cuda")
     with pytest.raises(ValueError, match="device must be one of"):
         run_torchrun("ok.py", cwd=jobs, device="tpu")
+
+
+def test_launched_processes_refuses_a_bad_owner() -> None:
+    with pytest.raises(ValueError, match="owner must be a process id"):
+        launched_processes(owner=0)
+    with pytest.raises(ValueError, match="owner must be a process id"):
+        launched_processes(owner="me")  # type: ignore[arg-type]
+    assert launched_processes(owner=os.getpid()) == []

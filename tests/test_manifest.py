@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from course_lib import manifest
-from course_lib.manifest import ROOT, course, course_map, lecture_plan, notebook_paths, readme_table
+from course_lib.manifest import ROOT, course, course_map, notebook_paths
+from course_tools import generated
+from course_tools.generated import lecture_plan, readme_table
 
 
 def test_the_manifest_lists_exactly_the_notebooks_in_the_folder() -> None:
@@ -34,8 +35,8 @@ def test_each_notebook_uses_its_exercise_module() -> None:
 
 
 def test_generated_blocks_of_readme_and_guide_are_current() -> None:
-    stale = manifest.write_generated(check=True)
-    assert not stale, f"{stale}: run `python -m course_lib.manifest --write`"
+    stale = generated.write_generated(check=True)
+    assert not stale, f"{stale}: run `make generated` (python -m course_tools.manifest --write)"
 
 
 def test_renderers() -> None:
@@ -46,7 +47,7 @@ def test_renderers() -> None:
     total = sum(e.lecture for e in entries) / 60
     assert f"About **{total:.1f} hours** of lecture" in plan
     assert course_map(entries).splitlines()[0].startswith("00_start_here ")
-    notes = manifest.teaching_notes(entries)
+    notes = generated.teaching_notes(entries)
     assert notes.count("### ") == len(entries) and all(e.teach in notes for e in entries)
     assert "`" not in course_map(entries)
 
@@ -63,13 +64,17 @@ def test_notebook_00_prints_the_map_from_the_manifest() -> None:
     assert printed and printed[0].strip() == course_map().strip()
 
 
-def test_cli_prints_the_paths(tmp_path: Path) -> None:
+def test_cli_prints_the_paths_and_checks_the_generated_blocks() -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "course_lib.manifest"], capture_output=True, text=True, check=True, timeout=60
+        [sys.executable, "-m", "course_tools.manifest"], capture_output=True, text=True, check=True, timeout=60
     ).stdout.split()
     assert out == [str(p.relative_to(ROOT)) for p in notebook_paths()]
+    check = subprocess.run(
+        [sys.executable, "-m", "course_tools.manifest", "--check"], capture_output=True, text=True, timeout=60
+    )
+    assert check.returncode == 0 and "up to date" in check.stdout, check.stdout
     bad = subprocess.run(
-        [sys.executable, "-m", "course_lib.manifest", "--nope"], capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "course_tools.manifest", "--nope"], capture_output=True, text=True, timeout=60
     )
     assert bad.returncode == 2 and "usage" in bad.stderr
 
@@ -88,6 +93,11 @@ def test_cli_prints_the_paths(tmp_path: Path) -> None:
             '[[notebook]]\nstem = "00_a"\ntitle = "t"\nsummary = "s"\nlecture = "1"\nexercises = 1\n'
             'exercise_module = "m"\nlive = "l"\nteach = "h"\n',
             "lecture must be a int",
+        ),
+        (
+            '[[notebook]]\nstem = "00_a"\ntitle = "t"\nsummary = "s"\nlecture = 1\nexercises = 1\n'
+            'exercise_module = "m"\nlive = "l"\nteach = "h"\nmodules = "memory"\n',
+            "modules must be a list of strings",
         ),
     ],
 )

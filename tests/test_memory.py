@@ -60,6 +60,7 @@ def test_step_peak_grows_by_one_activation_per_block_and_retains_the_gradients()
     assert peaks[16] - peaks[8] == 8 * unit
 
 
+@pytest.mark.slow  # profiles training steps: over 10 s on a loaded machine
 def test_checkpointing_lowers_the_measured_peak() -> None:
     model = deep_chain(64, 8)
     x = torch.randn(256, 8, requires_grad=True)
@@ -95,6 +96,22 @@ def test_state_bytes_for_sgd_momentum_and_adam() -> None:
         s = state_bytes(model, opt)
         assert (s.parameters, s.gradients, s.optimizer_state) == (n_params * 4, n_params * 4, expected_state)
         assert s.total == s.parameters + s.gradients + s.optimizer_state
+
+
+def test_measured_and_modelled_state_bytes_are_one_type_and_agree() -> None:
+    """What state_bytes counts from the tensors is what sharding.model_state_bytes models, field by field."""
+    from course_lib import sharding
+
+    assert StateBytes is sharding.StateBytes
+    model = torch.nn.Sequential(torch.nn.Linear(10, 20), torch.nn.Linear(20, 5))
+    n_params = sum(p.numel() for p in model.parameters())
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model(torch.randn(3, 10)).sum().backward()
+    opt.step()
+    measured = state_bytes(model, opt)
+    modelled = sharding.model_state_bytes(n_params, 1, "ddp", "fp32_sgd_momentum")
+    assert measured == modelled
+    assert modelled.optimizer == modelled.optimizer_state  # the name notebook 13 still reads
 
 
 def test_tensor_bytes_counts_shared_storage_once() -> None:

@@ -1,4 +1,4 @@
-"""The project's own files: dependency lists agree, the lock pins torch, CI runs the README's command."""
+"""The project's own files: dependency lists agree, the locks pin and close them, CI runs the README's command."""
 
 from __future__ import annotations
 
@@ -13,10 +13,29 @@ from packaging.requirements import Requirement
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _pyproject_deps() -> dict[str, str]:
+def _pyproject_deps(extra: str | None = None) -> dict[str, str]:
+    """The learner set (``[project] dependencies``), or an extra's (``dev``)."""
     data = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    reqs = [Requirement(r) for r in data["project"]["dependencies"]]
+    listed = data["project"]["optional-dependencies"][extra] if extra else data["project"]["dependencies"]
+    reqs = [Requirement(r) for r in listed]
     return {r.name.lower(): str(r.specifier) for r in reqs}
+
+
+def _pins(lock: str, constraints: bool = False) -> dict[str, str]:
+    """``name -> version`` a lock file installs (its -r lines followed; its -c constraints too if asked)."""
+    pinned = {}
+    for line in (ROOT / lock).read_text().splitlines():
+        if line.startswith("-r ") or (constraints and line.startswith("-c ")):
+            pinned |= _pins(line.split(maxsplit=1)[1], constraints)
+            continue
+        if line.startswith("-c "):
+            continue
+        if not line or line.startswith("#"):
+            continue
+        req = Requirement(line)
+        assert len(req.specifier) == 1 and next(iter(req.specifier)).operator == "==", f"{lock}: {line}"
+        pinned[re.sub(r"[-_.]+", "-", req.name).lower()] = next(iter(req.specifier)).version
+    return pinned
 
 
 def _conda_pip_section() -> list[str]:
@@ -29,25 +48,56 @@ def _conda_deps() -> dict[str, str]:
     return {r.name.lower(): str(r.specifier) for r in reqs}
 
 
-def test_environment_yml_lists_the_same_packages_as_pyproject() -> None:
+def test_environment_yml_lists_the_learner_set_of_pyproject() -> None:
     assert _conda_deps() == _pyproject_deps()
     assert "-e ." in _conda_pip_section(), "environment.yml must install course_lib itself"
 
 
-def test_lock_pins_every_dependency_exactly_and_torch_without_local_suffix() -> None:
-    lines = [
-        line for line in (ROOT / "requirements.lock").read_text().splitlines() if line and not line.startswith("#")
-    ]
-    pinned = {}
-    for line in lines:
-        req = Requirement(line)
-        assert len(req.specifier) == 1 and next(iter(req.specifier)).operator == "==", line
-        pinned[req.name.lower().replace("_", "-")] = next(iter(req.specifier)).version
-    assert pinned["torch"] == "2.13.0"
-    for name, spec in _pyproject_deps().items():
-        key = name.replace("_", "-")
-        assert key in pinned, f"{name} is a dependency but not pinned in requirements.lock"
-        assert Requirement(f"{name}{spec}").specifier.contains(pinned[key]), (name, spec, pinned[key])
+def test_learner_and_developer_sets_are_apart() -> None:
+    learner, dev = _pyproject_deps(), _pyproject_deps("dev")
+    assert not set(learner) & set(dev)
+    for tool in ("pytest", "nbval", "playwright", "ruff", "mypy", "pre-commit"):
+        assert tool in dev and tool not in learner, tool
+    for need in ("torch", "jupyterlab", "jupyterlab-rise", "ipykernel", "ipywidgets", "jupytext", "matplotlib"):
+        assert need in learner, need
+
+
+def test_each_lock_pins_its_set_exactly_and_torch_without_local_suffix() -> None:
+    learner, dev = _pins("requirements.lock"), _pins("requirements-dev.lock")
+    assert learner["torch"] == "2.13.0"
+    assert "pytest" not in learner and "ruff" not in learner and "playwright" not in learner
+    assert "pytest-xdist" not in dev, "nothing uses pytest-xdist"
+    for pins, wanted in ((learner, _pyproject_deps()), (dev, {**_pyproject_deps(), **_pyproject_deps("dev")})):
+        for name, spec in wanted.items():
+            key = re.sub(r"[-_.]+", "-", name).lower()
+            assert key in pins, f"{name} is a dependency but not pinned"
+            assert Requirement(f"{name}{spec}").specifier.contains(pins[key]), (name, spec, pins[key])
+    cuda = _pins("requirements-linux-cuda.lock")
+    assert {"triton", "nvidia-nccl-cu13"} <= set(cuda), "the packages PyPI's torch pulls on Linux are pinned"
+    assert not set(cuda) & set(dev), "a CPU build of torch installs none of the CUDA constraints"
+    assert "-c requirements-linux-cuda.lock" in (ROOT / "requirements.lock").read_text().splitlines()
+
+
+def test_the_lock_is_closed_over_this_environment() -> None:
+    """Every requirement of a pinned package (as installed here: make venv installs the dev lock) is pinned too, and
+    installed at the pinned version: `make lock` wrote the locks from fresh installs. (A package installed here by
+    hand and pinned nowhere is the owner's business, not the lock's.)"""
+    import importlib.metadata as md
+
+    from packaging.markers import default_environment
+
+    pins = _pins("requirements-dev.lock", constraints=True)
+    env = default_environment()
+    installed = {re.sub(r"[-_.]+", "-", d.metadata["Name"]).lower(): d for d in md.distributions()}
+    for name, dist in installed.items():
+        if name not in pins:
+            continue
+        assert dist.version.removesuffix("+cpu") == pins[name], f"{name} {dist.version} installed, {pins[name]} pinned"
+        for text in dist.requires or []:
+            req = Requirement(text)
+            if req.marker is None or req.marker.evaluate({**env, "extra": ""}):
+                key = re.sub(r"[-_.]+", "-", req.name).lower()
+                assert key in pins, f"{name} requires {req.name}, which no lock pins: run `make lock`"
 
 
 def test_ci_runs_the_readme_test_command() -> None:
@@ -57,6 +107,7 @@ def test_ci_runs_the_readme_test_command() -> None:
     assert re.search(r"^make test$", ci, re.M)
 
 
+@pytest.mark.slow  # two fresh interpreters importing torch: half a minute on a loaded machine
 def test_cpu_capability_script_checks_the_simulated_cpu() -> None:
     import os
     import subprocess
@@ -77,11 +128,15 @@ def test_ci_runs_the_portability_check_after_the_readme_command() -> None:
     assert ci.index("make test\n") < ci.index("make test-portable")
 
 
-def test_every_course_lib_package_is_installed() -> None:
+def test_every_course_lib_package_and_the_tooling_are_installed() -> None:
     data = tomllib.loads((ROOT / "pyproject.toml").read_text())
     listed = set(data["tool"]["setuptools"]["packages"])
     found = {".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "course_lib").rglob("__init__.py")}
-    assert found == listed, f"pyproject.toml [tool.setuptools] packages must list exactly {sorted(found)}"
+    assert found | {"course_tools"} == listed, f"[tool.setuptools] packages must list exactly {sorted(found)}"
+    assert data["tool"]["setuptools"]["package-dir"] == {"course_tools": "scripts"}
+    import course_tools.gpu_cells
+
+    assert Path(course_tools.gpu_cells.__file__).resolve() == ROOT / "scripts" / "gpu_cells.py"
 
 
 def test_the_declared_minimum_torch_is_the_version_ci_tests() -> None:

@@ -171,6 +171,7 @@ def reports() -> list[dict[str, Any]]:
     return run_ranks(f"{__file__}:worker", 2, timeout=240, echo="none")
 
 
+@pytest.mark.slow  # its `reports` fixture launches 2 ranks
 def test_equal_to_zero_redundancy_optimizer_and_frozen_untouched(reports: list[dict[str, Any]]) -> None:
     for r in reports:
         zero = r["runs"]["zero"]["state"]
@@ -183,6 +184,7 @@ def test_equal_to_zero_redundancy_optimizer_and_frozen_untouched(reports: list[d
                 assert run["skipped"] == 1
 
 
+@pytest.mark.slow  # its `reports` fixture launches 2 ranks
 def test_what_each_sharding_communicates_and_holds(reports: list[dict[str, Any]]) -> None:
     runs0, runs1 = reports[0]["runs"], reports[1]["runs"]
     trainable = (5 * 7 + 7 + 7 * 3 + 3) * 4
@@ -199,6 +201,7 @@ def test_what_each_sharding_communicates_and_holds(reports: list[dict[str, Any]]
     assert p0 + p1 == 2 * trainable and p0 != p1  # whole tensors: uneven shares
 
 
+@pytest.mark.slow  # its `reports` fixture launches 2 ranks
 def test_schedulers_unused_parameters_and_non_elementwise_optimizers(reports: list[dict[str, Any]]) -> None:
     other = reports[0]["other"]
     assert other["lr"] == (0.5, 0.5)  # the scheduler changed the outer group; the step copied it inside

@@ -36,10 +36,10 @@ def test_stages_in_order_and_equal_at_one_rank(precision: str, n: int) -> None:
 
 def test_what_each_stage_shards() -> None:
     ddp, z1, z2, z3 = (model_state_bytes(100, 4, s, "fp32_adam") for s in STAGES)
-    assert (ddp.parameters, ddp.gradients, ddp.optimizer) == (400, 400, 800)
-    assert (z1.parameters, z1.gradients, z1.optimizer) == (400, 400, 200)
-    assert (z2.parameters, z2.gradients, z2.optimizer) == (400, 100, 200)
-    assert (z3.parameters, z3.gradients, z3.optimizer) == (100, 100, 200)
+    assert (ddp.parameters, ddp.gradients, ddp.optimizer_state) == (400, 400, 800)
+    assert (z1.parameters, z1.gradients, z1.optimizer_state) == (400, 400, 200)
+    assert (z2.parameters, z2.gradients, z2.optimizer_state) == (400, 100, 200)
+    assert (z3.parameters, z3.gradients, z3.optimizer_state) == (100, 100, 200)
 
 
 def test_padding_and_custom_precision() -> None:

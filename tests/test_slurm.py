@@ -23,7 +23,7 @@ import psutil
 import pytest
 
 from course_lib.launch import free_port
-from scripts.slurm_cluster import (
+from course_tools.slurm_cluster import (
     INSTALL_HINT,
     PROGRAMS,
     SlurmCluster,
@@ -31,6 +31,8 @@ from scripts.slurm_cluster import (
     missing_programs,
     wait_until,
 )
+
+pytestmark = pytest.mark.slow  # a real Slurm cluster and its jobs: `make test-slurm`
 
 ROOT = Path(__file__).resolve().parents[1]
 ENABLED = os.environ.get("COURSE_SLURM_TESTS") == "1"
@@ -216,7 +218,7 @@ def test_without_slurm_the_tests_skip_saying_how_to_install_it_or_fail_where_req
 
 
 def test_start_without_slurm_is_a_clear_error(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setattr("scripts.slurm_cluster._SBIN", ())
+    monkeypatch.setattr("course_tools.slurm_cluster._SBIN", ())
     monkeypatch.setenv("PATH", str(tmp_path))
     assert missing_programs() == list(PROGRAMS)
     c = SlurmCluster()
@@ -260,7 +262,7 @@ def test_the_watchdog_stops_the_cluster_when_its_owner_is_killed(slurm: None, tm
         [
             sys.executable,
             "-c",
-            "import time; from scripts.slurm_cluster import SlurmCluster\n"
+            "import time; from course_tools.slurm_cluster import SlurmCluster\n"
             "c = SlurmCluster().start()\nprint(c.id, c.conf, flush=True)\ntime.sleep(600)",
         ],
         cwd=ROOT,

@@ -2,17 +2,13 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import nbformat
 import pytest
 
 from course_lib.manifest import ROOT, notebook_paths
-
-sys.path.insert(0, str(ROOT / "scripts"))
-import execute_notebooks  # noqa: E402
-import sync_notebooks  # noqa: E402
+from course_tools import execute_notebooks, sync_notebooks
 
 
 @pytest.mark.parametrize("path", notebook_paths(), ids=lambda p: p.stem)

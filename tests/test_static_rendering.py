@@ -8,16 +8,13 @@ Python repr such as ``VBox(children=(...`` or ``Output()``: the executor writes 
 from __future__ import annotations
 
 import re
-import sys
 from pathlib import Path
 
 import nbformat
 import pytest
 
-from course_lib.manifest import ROOT, notebook_paths
-
-sys.path.insert(0, str(ROOT / "scripts"))
-import execute_notebooks  # noqa: E402
+from course_lib.manifest import notebook_paths
+from course_tools import execute_notebooks
 
 REPR = re.compile(r"^[A-Z]\w*\((?:children=|outputs=|value=|\))")
 BAR = re.compile(r"(\d+)%\|[^|\n]*\|\s*(\d+)/(\d+)")

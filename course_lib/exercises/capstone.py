@@ -1,4 +1,4 @@
-"""Checks for notebook 14 (capstone)."""
+"""Checks for notebook 17 (capstone)."""
 
 from __future__ import annotations
 

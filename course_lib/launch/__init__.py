@@ -22,6 +22,13 @@ The public API, one module per job (each function's docstring has the details):
 * :func:`launched_processes` (``engine``, which also runs every job); :class:`LaunchResult` and
   :class:`LaunchError` (``results``); which rank failed first (``diagnosis``).
 
+Between its modules the package passes a small internal API, public names in each module (listed in the
+module's ``__all__``, documented) that this package does not export: the argument checks (``checks``),
+:func:`~course_lib.launch.ports.check_port` and :func:`~course_lib.launch.ports.rendezvous_port` (``ports``),
+:func:`~course_lib.launch.commands.is_launcher` and :func:`~course_lib.launch.commands.rank_offset`
+(``commands``), :func:`~course_lib.launch.engine.run_processes` (``engine``), the failure diagnosis
+(``diagnosis``) and :func:`~course_lib.launch.worker.worker_main` (``worker``).
+
 Processes are Linux/macOS processes; the ``/proc`` sweep is Linux-only (elsewhere process groups alone
 do the cleanup).
 

@@ -1,4 +1,8 @@
-"""The launcher's argument checks: each says what was wrong and what is allowed."""
+"""The launcher's argument checks: each says what was wrong and what is allowed.
+
+Internal API of :mod:`course_lib.launch`: the launching modules (``jobs``, ``ranks``, ``commands``,
+``engine``) validate their arguments with these; the package does not export them.
+"""
 
 from __future__ import annotations
 
@@ -8,11 +12,22 @@ from typing import Any
 
 from ..validation import check_int, is_number
 
+__all__ = [
+    "check_args",
+    "check_cwd",
+    "check_device",
+    "check_echo",
+    "check_env",
+    "check_positive_int",
+    "check_timeout",
+]
+
 _ECHO_MODES = ("auto", "live", "grouped", "none")
 _DEVICES = ("cpu", "cuda")
 
 
-def _check_timeout(timeout: Any) -> float:
+def check_timeout(timeout: Any) -> float:
+    """A job's timeout: positive seconds, under a day."""
     if not is_number(timeout):
         raise TypeError(f"timeout must be a number of seconds, got {type(timeout).__name__}")
     if not 0 < timeout < 24 * 3600:
@@ -20,23 +35,27 @@ def _check_timeout(timeout: Any) -> float:
     return float(timeout)
 
 
-def _check_positive_int(name: str, value: Any) -> int:
+def check_positive_int(name: str, value: Any) -> int:
+    """A count of processes or nodes: an int >= 1."""
     return check_int(name, value, minimum=1)
 
 
-def _check_echo(echo: Any) -> str:
+def check_echo(echo: Any) -> str:
+    """How the output is shown: one of ``auto``, ``live``, ``grouped``, ``none``."""
     if echo not in _ECHO_MODES:
         raise ValueError(f"echo must be one of {_ECHO_MODES}, got {echo!r}")
     return str(echo)
 
 
-def _check_args(args: Any, name: str = "args") -> list[str]:
+def check_args(args: Any, name: str = "args") -> list[str]:
+    """Command-line arguments: a list or tuple (never one string), as strings."""
     if isinstance(args, (str, bytes)) or not isinstance(args, Sequence):
         raise TypeError(f"{name} must be a list or tuple of command-line arguments, not a single string")
     return [str(a) for a in args]
 
 
-def _check_env(env: Any) -> dict[str, str]:
+def check_env(env: Any) -> dict[str, str]:
+    """Extra environment variables: a mapping (or ``None``), as strings."""
     if env is None:
         return {}
     if not isinstance(env, Mapping):
@@ -44,7 +63,8 @@ def _check_env(env: Any) -> dict[str, str]:
     return {str(k): str(v) for k, v in env.items()}
 
 
-def _check_cwd(cwd: Any) -> Path | None:
+def check_cwd(cwd: Any) -> Path | None:
+    """The processes' working directory: an existing directory, or ``None`` for the caller's."""
     if cwd is None:
         return None
     path = Path(cwd)
@@ -53,7 +73,8 @@ def _check_cwd(cwd: Any) -> Path | None:
     return path
 
 
-def _check_device(device: Any) -> str:
+def check_device(device: Any) -> str:
+    """The processes' device: ``cpu`` (GPUs hidden) or ``cuda``."""
     if device not in _DEVICES:
         raise ValueError(f"device must be one of {_DEVICES} (the processes' device), got {device!r}")
     return str(device)

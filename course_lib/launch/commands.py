@@ -9,10 +9,10 @@ from pathlib import Path
 from typing import Any
 
 from ..validation import is_int
-from .checks import _check_args, _check_positive_int
-from .ports import _check_port
+from .checks import check_args, check_positive_int
+from .ports import check_port
 
-__all__ = ["torchrun_command"]
+__all__ = ["is_launcher", "rank_offset", "torchrun_command"]
 
 
 def _torchrun_base(module: str) -> list[str]:
@@ -46,11 +46,11 @@ def torchrun_command(
     prefixes each line with the local rank so the launcher can label it. ``launcher_args`` are
     more options for the launcher itself, placed before the script (``["--max-restarts=1"]``).
     """
-    _check_positive_int("nproc_per_node", nproc_per_node)
-    _check_positive_int("nnodes", nnodes)
+    check_positive_int("nproc_per_node", nproc_per_node)
+    check_positive_int("nnodes", nnodes)
     if not is_int(node_rank) or not 0 <= node_rank < nnodes:
         raise ValueError(f"node_rank must be an int in 0..nnodes-1 = 0..{nnodes - 1}, got {node_rank!r}")
-    _check_port(master_port)
+    check_port(master_port)
     if rdzv not in ("static", "c10d"):
         raise ValueError(f"rdzv must be 'static' or 'c10d', got {rdzv!r}")
     cmd = _torchrun_base(module)
@@ -61,21 +61,27 @@ def torchrun_command(
         cmd += ["--rdzv-backend=c10d", f"--rdzv-endpoint={master_addr}:{master_port}", "--rdzv-id=course"]
     if tee:
         cmd += ["--tee", "3"]
-    extra = _check_args(launcher_args, "launcher_args")
+    extra = check_args(launcher_args, "launcher_args")
     if extra and not extra[0].startswith("-"):
         raise ValueError(f"launcher_args must start with an option (such as '--max-restarts=1'), got {extra!r}")
-    return cmd + extra + [str(script), *_check_args(args)]
+    return cmd + extra + [str(script), *check_args(args)]
 
 
-def _is_launcher(cmd: Sequence[str]) -> bool:
-    """A torchrun agent or the legacy launcher: its own lines are the agent's, its workers' are tee-prefixed."""
+def is_launcher(cmd: Sequence[str]) -> bool:
+    """A torchrun agent or the legacy launcher: its own lines are the agent's, its workers' are tee-prefixed.
+
+    Internal: :func:`~course_lib.launch.run_script` labels a command's lines by it.
+    """
     return Path(cmd[0]).name == "torchrun" or any(
         m in cmd[:3] for m in ("torch.distributed.run", "torch.distributed.launch")
     )
 
 
-def _rank_offset(cmd: Sequence[str]) -> int:
-    """node_rank * nproc_per_node from a launcher command line (0 when not given)."""
+def rank_offset(cmd: Sequence[str]) -> int:
+    """node_rank * nproc_per_node from a launcher command line (0 when not given).
+
+    Internal: :func:`~course_lib.launch.run_script` numbers a launcher's ranks from it.
+    """
 
     def value(name: str) -> int:
         for i, arg in enumerate(cmd):

@@ -1,4 +1,8 @@
-"""Which rank failed first, and its traceback: causes told apart from their effects."""
+"""Which rank failed first, and its traceback: causes told apart from their effects.
+
+Internal API of :mod:`course_lib.launch`: the engine names the failing rank in a
+:class:`~course_lib.launch.LaunchError` with :func:`failing_rank`; the package does not export it.
+"""
 
 from __future__ import annotations
 
@@ -6,13 +10,16 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
+__all__ = ["PORT_BUSY", "failing_rank", "rank_number"]
+
 _ROOT_CAUSE = re.compile(r"Root Cause.*?rank\s*:\s*(\d+)", re.S)
 
 
 _COLLATERAL = re.compile(r"Connection closed by peer|Connection reset by peer|Broken pipe|SIGTERM|Signal 15", re.I)
 
 
-_PORT_BUSY = re.compile(r"address already in use|EADDRINUSE|errno: 98|Errno 98", re.I)
+# What a process prints when its rendezvous port is taken: the engine then suggests a free port.
+PORT_BUSY = re.compile(r"address already in use|EADDRINUSE|errno: 98|Errno 98", re.I)
 
 
 def _last_traceback(text: str) -> str:
@@ -23,7 +30,7 @@ def _last_traceback(text: str) -> str:
     return text[idx:].strip()
 
 
-def _failing_rank(lines: Sequence[tuple[str, str]], error_dir: Path | None) -> tuple[str | None, str]:
+def failing_rank(lines: Sequence[tuple[str, str]], error_dir: Path | None) -> tuple[str | None, str]:
     """The label of the root-cause rank and its traceback."""
     if error_dir is not None:
         found = []
@@ -50,7 +57,8 @@ def _failing_rank(lines: Sequence[tuple[str, str]], error_dir: Path | None) -> t
     return None, ""
 
 
-def _rank_number(label: str | None) -> int | None:
+def rank_number(label: str | None) -> int | None:
+    """The rank in a label such as ``\"rank 3\"`` (``None`` for an agent, ``main`` or no label)."""
     if label is None:
         return None
     m = re.fullmatch(r"rank (\d+)", label)

@@ -17,13 +17,14 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from .checks import _check_device, _check_echo, _check_env, _check_timeout
-from .diagnosis import _PORT_BUSY, _failing_rank, _rank_number
+from .checks import check_device, check_echo, check_env, check_timeout
+from .diagnosis import PORT_BUSY, failing_rank, rank_number
 from .results import LaunchError, LaunchResult
 
-__all__ = ["launched_processes"]
+__all__ = ["launched_processes", "run_processes"]
 
 _MARKER = "COURSE_LIB_LAUNCH_ID"
+_OWNER = "COURSE_LIB_LAUNCH_OWNER"  # the pid of the process that launched the job
 
 # What hides GPUs from a process: CUDA's variable (ROCm honours it too) and ROCm's own.
 _HIDE_GPUS = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES")
@@ -38,15 +39,21 @@ _TEE_PREFIX = re.compile(r"^\[(?P<role>[A-Za-z_]\w*?)(?P<local>\d+)\]:(?P<text>.
 _RANK_PREFIX = re.compile(r"^\[rank(?P<rank>\d+)\]:\s?(?P<text>.*)$")
 
 
-def launched_processes(launch_id: str | None = None) -> list[int]:
-    """PIDs of live processes started by this module (optionally by one launch), from ``/proc``.
+def launched_processes(launch_id: str | None = None, *, owner: int | None = None) -> list[int]:
+    """PIDs of live processes started by this module, from ``/proc``: by one launch (``launch_id``), by
+    the launches of one process (``owner``, a pid: ``os.getpid()`` for this one's), or by any.
 
-    Empty where ``/proc`` does not exist. Tests use it to prove no process is left behind.
+    Empty where ``/proc`` does not exist. Tests use it to prove no process is left behind; on a machine
+    where other jobs launch too (a learner's notebook, a second test run), ``owner=os.getpid()`` sees
+    only this process's own.
     """
+    if owner is not None and (not isinstance(owner, int) or isinstance(owner, bool) or owner < 1):
+        raise ValueError(f"owner must be a process id (a positive int), got {owner!r}")
     proc = Path("/proc")
     if not proc.is_dir():
         return []
     needle = f"{_MARKER}={launch_id}".encode() if launch_id else f"{_MARKER}=".encode()
+    mine = f"{_OWNER}={owner}\0".encode() if owner is not None else b""
     found = []
     me = os.getpid()
     for entry in proc.iterdir():
@@ -57,7 +64,7 @@ def launched_processes(launch_id: str | None = None) -> list[int]:
             stat = (entry / "stat").read_text()
         except OSError:
             continue
-        if needle in environ and ") Z " not in stat:  # zombies are already dead
+        if needle in environ and mine in environ + b"\0" and ") Z " not in stat:  # zombies are already dead
             found.append(int(entry.name))
     return found
 
@@ -172,7 +179,7 @@ def _kill(procs: Sequence[subprocess.Popen[bytes]], launch_id: str) -> None:
             p.wait(timeout=2.0)
 
 
-def _run(
+def run_processes(
     commands: list[list[str]],
     labels: list[str],
     rank_offsets: list[int],
@@ -184,18 +191,25 @@ def _run(
     device: str = "cpu",
     error_dir: Path | None = None,
 ) -> LaunchResult:
-    timeout = _check_timeout(timeout)
-    echo_mode = _check_echo(echo)
+    """Run ``commands`` at once and return their :class:`LaunchResult`; raise :class:`LaunchError` on failure.
+
+    Internal: every launcher (``run_torchrun``, ``run_script``, ``run_ranks``) ends here. ``labels`` name each
+    command's lines; ``rank_offsets`` number the ranks of a launcher's tee-prefixed lines; ``error_dir`` is where
+    ``run_ranks`` children write their tracebacks. The other arguments are those of the public launchers.
+    """
+    timeout = check_timeout(timeout)
+    echo_mode = check_echo(echo)
     launch_id = uuid.uuid4().hex
     child_env = dict(os.environ)
     child_env.setdefault("OMP_NUM_THREADS", "1")  # what torchrun would set (and warn about) anyway
-    if _check_device(device) == "cpu":
+    if check_device(device) == "cpu":
         # A CPU job stays on the CPU on a GPU machine too: code that picks CUDA when it sees a GPU
         # (FSDP2's default mesh, init_process_group() without a backend) sees none.
         child_env.update({v: "" for v in _HIDE_GPUS})
-    child_env.update(_check_env(env))
+    child_env.update(check_env(env))
     child_env["PYTHONUNBUFFERED"] = "1"
     child_env[_MARKER] = launch_id
+    child_env.setdefault(_OWNER, str(os.getpid()))  # a launch inside a launched process keeps the first owner
     q: queue.Queue[tuple[int, str | None]] = queue.Queue()
     procs: list[subprocess.Popen[bytes]] = []
     lines: list[tuple[str, str]] = []
@@ -256,7 +270,7 @@ def _run(
     result = LaunchResult(returncode=returncode, wall_time=wall, lines=lines, commands=commands)
     printer.finish(result)
     if reason == "timeout":
-        culprit, tb = _failing_rank(lines, error_dir)
+        culprit, tb = failing_rank(lines, error_dir)
         tails = []
         known = dict.fromkeys([*(lab for lab in labels if not lab.startswith("agent")), *result.ranks])
         for lab in known:
@@ -270,19 +284,19 @@ def _run(
         )
         if tb:
             msg += f"\nFirst traceback ({culprit}):\n{tb}"
-        raise LaunchError(msg, reason="timeout", rank=_rank_number(culprit), traceback=tb, result=result)
+        raise LaunchError(msg, reason="timeout", rank=rank_number(culprit), traceback=tb, result=result)
     if reason == "failed" or returncode != 0:
-        culprit, tb = _failing_rank(lines, error_dir)
+        culprit, tb = failing_rank(lines, error_dir)
         text = "\n".join(t for _, t in lines)
         failed = [labels[i] for i, c in enumerate(codes) if c not in (0, None)]
         who = culprit or (failed[0] if failed else "a process")
         msg = f"{who} failed (exit code {returncode})."
-        if _PORT_BUSY.search(text):
+        if PORT_BUSY.search(text):
             msg += " The port it tried to use is already in use: use a free port (course_lib.launch.free_port)."
         if tb:
             msg += f" Its traceback:\n{tb}"
         else:
             tail = "\n".join(f"[{lab}] {t}" for lab, t in lines[-10:])
             msg += f" Last output:\n{tail}"
-        raise LaunchError(msg, reason="failed", rank=_rank_number(culprit), traceback=tb, result=result)
+        raise LaunchError(msg, reason="failed", rank=rank_number(culprit), traceback=tb, result=result)
     return result

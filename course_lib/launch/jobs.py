@@ -9,10 +9,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from .checks import _check_cwd, _check_positive_int
-from .commands import _is_launcher, _rank_offset, torchrun_command
-from .engine import _run
-from .ports import _master_port
+from .checks import check_cwd, check_positive_int
+from .commands import is_launcher, rank_offset, torchrun_command
+from .engine import run_processes
+from .ports import rendezvous_port
 from .results import LaunchResult
 
 __all__ = ["run_script", "run_torchrun"]
@@ -46,13 +46,13 @@ def run_torchrun(
     ``device="cpu"`` (the default) hides every GPU from the job (``CUDA_VISIBLE_DEVICES=""``);
     ``device="cuda"`` leaves them visible, for a script that binds ``LOCAL_RANK`` to its GPU.
     """
-    workdir = _check_cwd(cwd)
+    workdir = check_cwd(cwd)
     path = Path(script)
     full = path if path.is_absolute() or workdir is None else workdir / path
     if not full.is_file():
         raise FileNotFoundError(f"script not found: {str(full)!r} (cwd={str(workdir or Path.cwd())!r})")
-    _check_positive_int("nnodes", nnodes)
-    master_port = _master_port(master_port, master_addr)
+    check_positive_int("nnodes", nnodes)
+    master_port = rendezvous_port(master_port, master_addr)
     node_ranks = range(nnodes) if node_rank is None else [node_rank]
     commands = [
         torchrun_command(
@@ -71,7 +71,9 @@ def run_torchrun(
     ]
     labels = [f"agent{r}" if nnodes > 1 else "agent" for r in node_ranks]
     rank_offsets = [r * nproc_per_node for r in node_ranks]
-    return _run(commands, labels, rank_offsets, timeout=timeout, env=env, cwd=workdir, echo=echo, device=device)
+    return run_processes(
+        commands, labels, rank_offsets, timeout=timeout, env=env, cwd=workdir, echo=echo, device=device
+    )
 
 
 def run_script(
@@ -106,7 +108,7 @@ def run_script(
             c[0] = sys.executable
         elif shutil.which(c[0]) is None and not Path(c[0]).exists():
             raise FileNotFoundError(f"program not found: {c[0]!r}")
-    launchers = [_is_launcher(c) for c in commands]
+    launchers = [is_launcher(c) for c in commands]
     if labels is None:
         if any(launchers):
             labels = ["agent" if len(commands) == 1 else f"agent{i}" for i in range(len(commands))]
@@ -114,7 +116,7 @@ def run_script(
             labels = [f"rank {i}" for i in range(len(commands))] if len(commands) > 1 else ["main"]
     if len(labels) != len(commands) or not all(isinstance(lab, str) for lab in labels):
         raise ValueError(f"labels must be {len(commands)} strings, one per command, got {labels!r}")
-    offsets = [_rank_offset(c) if is_l else 0 for c, is_l in zip(commands, launchers)]
-    return _run(
-        commands, list(labels), offsets, timeout=timeout, env=env, cwd=_check_cwd(cwd), echo=echo, device=device
+    offsets = [rank_offset(c) if is_l else 0 for c, is_l in zip(commands, launchers)]
+    return run_processes(
+        commands, list(labels), offsets, timeout=timeout, env=env, cwd=check_cwd(cwd), echo=echo, device=device
     )

@@ -9,12 +9,12 @@ from typing import Any
 from ..validation import is_int
 from .results import LaunchError
 
-__all__ = ["free_port", "port_in_use"]
+__all__ = ["check_port", "free_port", "port_in_use", "rendezvous_port"]
 
 
 def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
     """True when ``port`` on ``host`` cannot be bound now (someone listens there)."""
-    _check_port(port)
+    check_port(port)
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         try:
             s.bind((host, port))
@@ -34,7 +34,8 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
-def _check_port(port: Any) -> int:
+def check_port(port: Any) -> int:
+    """A TCP port number: an int in 1..65535 (internal: the launchers check ports with it)."""
     if not is_int(port):
         raise TypeError(f"port must be an int, got {type(port).__name__}")
     if not 1 <= port <= 65535:
@@ -42,11 +43,14 @@ def _check_port(port: Any) -> int:
     return port
 
 
-def _master_port(master_port: int | None, host: str = "127.0.0.1") -> int:
-    """The rendezvous port of a job: a free one when ``None``; a port given must be free now."""
+def rendezvous_port(master_port: int | None, host: str = "127.0.0.1") -> int:
+    """The rendezvous port of a job: a free one when ``None``; a port given must be free now.
+
+    Internal: :func:`~course_lib.launch.run_torchrun` and :func:`~course_lib.launch.run_ranks` call it.
+    """
     if master_port is None:
         return free_port()
-    if port_in_use(_check_port(master_port), host if host != "localhost" else "127.0.0.1"):
+    if port_in_use(check_port(master_port), host if host != "localhost" else "127.0.0.1"):
         raise LaunchError(
             f"master port {master_port} on {host} is already in use (another job, or one that did not exit); "
             "pass master_port=None to use a free port",

@@ -15,9 +15,9 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from .checks import _check_cwd, _check_device, _check_positive_int, _check_timeout
-from .engine import _run
-from .ports import _master_port
+from .checks import check_cwd, check_device, check_positive_int, check_timeout
+from .engine import run_processes
+from .ports import rendezvous_port
 from .results import LaunchError
 
 __all__ = ["run_ranks"]
@@ -81,10 +81,10 @@ def run_ranks(
     ``r`` (``torch.cuda.set_device`` and ``init_process_group(device_id=...)``, before ``fn`` runs);
     it needs one GPU per rank and is refused otherwise. ``backend="nccl"`` needs ``device="cuda"``.
     """
-    nprocs = _check_positive_int("nprocs", nprocs)
+    nprocs = check_positive_int("nprocs", nprocs)
     if backend not in ("gloo", "nccl", "mpi"):
         raise ValueError(f"backend must be 'gloo', 'nccl' or 'mpi', got {backend!r}")
-    device = _check_device(device)
+    device = check_device(device)
     if backend == "nccl" and device != "cuda":
         raise ValueError("backend='nccl' runs collectives between GPUs: pass device='cuda' (one GPU per rank)")
     if device == "cuda":
@@ -100,9 +100,9 @@ def run_ranks(
         raise ValueError(f"init_method must be 'env', 'tcp' or 'none', got {init_method!r}")
     if isinstance(args, (str, bytes)) or not isinstance(args, Sequence):
         raise TypeError("args must be a tuple or list of extra arguments for fn")
-    timeout = _check_timeout(timeout)
+    timeout = check_timeout(timeout)
     module, name, path = _target_spec(fn)
-    master_port = _master_port(master_port)
+    master_port = rendezvous_port(master_port)
     try:
         payload = pickle.dumps(tuple(args))
     except Exception as e:  # noqa: BLE001 - say what could not be pickled
@@ -124,15 +124,15 @@ def run_ranks(
         }
         spec_file = Path(tmp) / "spec.pkl"
         spec_file.write_bytes(pickle.dumps(spec))
-        boot = "from course_lib.launch.worker import _spawn_worker_main; _spawn_worker_main()"
+        boot = "from course_lib.launch.worker import worker_main; worker_main()"
         commands = [[sys.executable, "-c", boot, str(spec_file), str(rank)] for rank in range(nprocs)]
-        result = _run(
+        result = run_processes(
             commands,
             [f"rank {r}" for r in range(nprocs)],
             list(range(nprocs)),
             timeout=timeout,
             env=env,
-            cwd=_check_cwd(cwd),
+            cwd=check_cwd(cwd),
             echo=echo,
             device=device,
             error_dir=Path(tmp),

@@ -10,9 +10,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+__all__ = ["worker_main"]
 
-def _spawn_worker_main() -> None:
-    """Entry point of a :func:`run_ranks` child: ``python -c ... spec.pkl rank``."""
+
+def worker_main() -> None:
+    """Entry point of a :func:`~course_lib.launch.run_ranks` child: ``python -c ... spec.pkl rank``.
+
+    Internal: ``run_ranks`` starts each child with ``from course_lib.launch.worker import worker_main; worker_main()``.
+    """
     import gc
     import importlib
     import importlib.util

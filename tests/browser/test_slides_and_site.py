@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 from facts import NOTEBOOKS, notebook_facts
 
+pytestmark = pytest.mark.slow  # drives a browser: `make test-browser`, never `make check`
+
 # Where the deck is: which leaf <section> is shown, and how many fragments of it are visible.
 STATE_JS = """() => {
   const leaves = [...document.querySelectorAll('.reveal .slides section')].filter(s => !s.querySelector('section'));
