@@ -33,7 +33,9 @@ from course_lib.sharding import model_state_bytes
 KINDS = {"ddp": "ddp", "zero1": "zero1", "zero1_builtin": "zero1", "zero2": "zero2", "fsdp2": "zero3"}
 
 # The scripts notebook 13 writes to _runs/, read from its text source: one copy.
-SCRIPTS = {name: written_file("13_sharded_data_parallel", f"_runs/{name}") for name in ("model.py", "zero.py", "zero_job.py")}
+SCRIPTS = {
+    name: written_file("13_sharded_data_parallel", f"_runs/{name}") for name in ("model.py", "zero.py", "zero_job.py")
+}
 
 WORKER = """
 import zero_job
