@@ -442,7 +442,7 @@ for kind, stage in {"ddp": "ddp", "zero1": "zero1", "zero1_builtin": "zero1", "z
     model = model_state_bytes(numel, RANKS, stage, "fp32_adam")
     for r in memory:
         h = r[kind]["held"]
-        assert (h["parameters"], h["gradients"], h["optimizer"]) == (model.parameters, model.gradients, model.optimizer)
+        assert (h["parameters"], h["gradients"], h["optimizer"]) == (model.parameters, model.gradients, model.optimizer_state)
         assert r[kind]["peak"] >= model.total  # the allocator saw at least the state at some point
     h = memory[0][kind]["held"]
     print(f"{kind:<14}{h['parameters']:>11,}{h['gradients']:>11,}{h['optimizer']:>11,}{sum(h.values()):>11,}"
@@ -781,7 +781,7 @@ zero3 = model_state_bytes(psi, RANKS, "zero3", "fp32_adam")
 mixed = model_state_bytes(psi, RANKS, "zero3", "mixed_adam")
 for r in fsdp_runs:
     for held in (r["held"], r["fsdp2_held"]):
-        assert (held["parameters"], held["gradients"], held["optimizer"]) == (zero3.parameters, zero3.gradients, zero3.optimizer)
+        assert (held["parameters"], held["gradients"], held["optimizer"]) == (zero3.parameters, zero3.gradients, zero3.optimizer_state)
 h = fsdp_runs[0]["held"]
 print(f"held per rank, ours and FSDP2's: master shards {h['parameters']:,} + gradients {h['gradients']:,} + "
       f"AdamW {h['optimizer']:,} = {sum(h.values()):,} B")
