@@ -1,15 +1,15 @@
 """Per-rank memory of DDP, ZeRO-1/2 (by hand and ``ZeroRedundancyOptimizer``) and FSDP2, against the model.
 
-Runs the training code of notebook 13 (its ``_runs/zero.py`` cell, read from
-``sources/13_sharded_data_parallel.py``, so the benchmark measures exactly what the notebook
-teaches) on N = 1, 2 and 4 gloo processes: a 4-layer MLP of 263,168 parameters, fp32 Adam, 3 steps.
+Runs the training code of notebook 13 (its ``_runs/model.py``, ``_runs/zero.py`` and
+``_runs/zero_job.py`` cells, read from ``sources/13_sharded_data_parallel.py``, so the benchmark
+measures exactly what the notebook teaches) on N = 1, 2 and 4 gloo processes: a 4-layer MLP of 263,168 parameters, fp32 Adam, 3 steps.
 For each way of training and each rank it records
 
 * the bytes of the parameters, gradients and optimizer state the rank holds (counted from its
   tensors, each storage once: exact), against ``course_lib.sharding.model_state_bytes``;
 * the allocator's view from ``course_lib.memory.measure_peak`` around the 3 steps: the peak, and
   what was still allocated at the end ("retained"). On gloo the retained total can exceed what
-  is held: frees made on gloo's worker threads are not recorded by the profiler (notebook 13, §6.1).
+  is held: frees made on gloo's worker threads are not recorded by the profiler (notebook 13, §2.1).
 
     python benchmarks/sharding_memory.py           # N = 1, 2, 4
     python benchmarks/sharding_memory.py --quick   # N = 1, 2
@@ -32,17 +32,19 @@ from course_lib.sharding import model_state_bytes
 
 KINDS = {"ddp": "ddp", "zero1": "zero1", "zero1_builtin": "zero1", "zero2": "zero2", "fsdp2": "zero3"}
 
-# The script notebook 13 writes to _runs/zero.py, read from its text source: one copy.
-ZERO_SCRIPT = written_file("13_sharded_data_parallel", "_runs/zero.py")
+# The scripts notebook 13 writes to _runs/, read from its text source: one copy.
+SCRIPTS = {
+    name: written_file("13_sharded_data_parallel", f"_runs/{name}") for name in ("model.py", "zero.py", "zero_job.py")
+}
 
 WORKER = """
-import zero
+import zero_job
 
 
 def measure_all(rank, n, kinds):
     out = {}
     for kind in kinds:
-        r = zero.measure_stage(rank, n, kind)
+        r = zero_job.measure_stage(rank, n, kind)
         out[kind] = {k: r[k] for k in ("held", "retained", "peak", "numel")}
     return out
 """
@@ -55,10 +57,11 @@ def main() -> None:
     sizes = (1, 2) if args.quick else (1, 2, 4)
     rows = []
     with tempfile.TemporaryDirectory(prefix="sharding_bench_") as tmp:
-        Path(tmp, "zero.py").write_text(ZERO_SCRIPT)
+        for name, text in SCRIPTS.items():
+            Path(tmp, name).write_text(text)
         Path(tmp, "bench_worker.py").write_text(WORKER)
         for n in sizes:
-            # cwd=tmp: the ranks start there, so bench_worker's `import zero` finds the notebook's script
+            # cwd=tmp: the ranks start there, so bench_worker's `import zero_job` finds the notebook's scripts
             results = run_ranks(
                 f"{tmp}/bench_worker.py:measure_all", nprocs=n, args=(list(KINDS),), timeout=300, echo="none", cwd=tmp
             )

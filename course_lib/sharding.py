@@ -90,7 +90,7 @@ class StateBytes:
 
     @property
     def optimizer(self) -> int:
-        """The same as :attr:`optimizer_state` (the name notebook 13 reads; kept until it reads ``optimizer_state``)."""
+        """The same as :attr:`optimizer_state` (an older name; notebook 13 and its tests read ``optimizer_state``)."""
         return self.optimizer_state
 
 

@@ -2,16 +2,17 @@
 """
 # 13 · Sharded data parallel: ZeRO by hand, FSDP2, DTensor and distributed checkpoints
 
-DDP (notebooks 09–10) keeps a full copy of the model on every rank: the parameters, their gradients and the optimizer's state, on each of `N` devices. With Adam that state is most of the memory, and it is the same on every rank. Sharded data parallelism keeps the data parallelism (every rank trains on its own slice of the batch) but stores each piece of model state on **one** rank only, and moves it with the two halves of an all-reduce: reduce-scatter and all-gather. This is ZeRO (Rajbhandari et al., 2020) and PyTorch's FSDP; when model state does not fit on one device, it is the first remedy to try.
+DDP (notebooks 09–10) keeps a full copy of the model on every rank: the parameters, their gradients and the optimizer's state, on each of `N` devices. With Adam that state is most of the memory, and it is the same on every rank. Sharded data parallelism keeps the data parallelism (every rank trains on its own slice of the batch) but stores each piece of model state on **one** rank only, and moves it with the two phases of an all-reduce: reduce-scatter and all-gather. This is ZeRO (Rajbhandari et al., 2020) and PyTorch's FSDP; when model state does not fit on one device, it is the first remedy to try.
 
 By the end you will be able to:
 - compute the bytes per rank of DDP and ZeRO stages 1, 2 and 3 for any model size, world size and optimizer, and check them against what real processes hold;
-- write ZeRO-1 and ZeRO-2 by hand with `reduce_scatter_single` and `all_gather_single`, prove they train exactly like DDP, and explain why they send the same bytes;
-- shard a model with FSDP2's `fully_shard`, and reason about `reshard_after_forward`, `MixedPrecisionPolicy` and gradient scaling;
+- write ZeRO-1 and ZeRO-2 as a sharded optimizer that takes parameter groups and any element-wise optimizer, skips frozen parameters, trains exactly like DDP and `ZeroRedundancyOptimizer`, and say which optimizers sharding by element suits;
+- write FSDP (ZeRO-3) by hand: units flattened, padded and sharded, gathered by hooks before forward and again for backward, gradients reduce-scattered, an fp32 master shard with bf16 compute, equal to FSDP2;
+- use FSDP2's `fully_shard` and say what it adds to the hand version (DTensor parameters and state dicts, prefetch, `reshard_after_forward`, `MixedPrecisionPolicy`, gradient scaling);
 - use `DeviceMesh` and `DTensor` (`Shard`, `Replicate`, `redistribute`, `full_tensor`), including a 2-D mesh of data × tensor parallelism;
-- save a sharded training run with `torch.distributed.checkpoint` and resume it on a different number of processes, exactly.
+- save a sharded training run with `torch.distributed.checkpoint` and resume it on a different number of processes, exactly, and say what a GPU run must save on top.
 
-This notebook assumes: notebook 04 (where training memory goes), 06 (master weights in mixed precision), 09 (reduce-scatter + all-gather = all-reduce), 10 (DDP, launching, checkpoints) and 12 (tensor parallelism, for the 2-D mesh). No GPU: every distributed run here is CPU processes talking over gloo, launched with `course_lib.launch`.
+This notebook assumes: notebook 04 (where training memory goes), 06 (master weights in mixed precision), 09 (reduce-scatter + all-gather = all-reduce), 10 (DDP, launching, checkpoints) and 12 (tensor parallelism, for the 2-D mesh). No GPU: every distributed run here is CPU processes talking over gloo, launched with `course_lib.launch`, one launch per section, with the results right after the code that produced them. On a GPU machine, `COURSE_DEVICE=cuda` (notebook 00) runs the training jobs on GPUs with NCCL instead, one process per GPU.
 """
 
 # %% slideshow={"slide_type": "-"}
@@ -22,7 +23,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from course_lib.allreduce_sim import ring_bytes_formula
+from course_lib.device import backend_for, course_device, course_ranks
 from course_lib.launch import run_ranks
 from course_lib.seeding import seed_everything
 from course_lib.sharding import STAGES, model_state_bytes, rank_memory, zero_table
@@ -30,7 +31,20 @@ from course_lib.sharding import STAGES, model_state_bytes, rank_memory, zero_tab
 seed_everything(0)
 os.makedirs("_runs", exist_ok=True)  # scratch folder for the scripts this notebook writes (git ignores it)
 sys.path.insert(0, os.path.abspath("_runs"))
-notebook_start = time.perf_counter()
+DEVICE = course_device()  # "cpu", unless COURSE_DEVICE=cuda asks for the GPU path (notebook 00)
+RANKS = course_ranks(2)  # 2 processes on the CPU; on the GPU path one per GPU, at most 2
+
+
+def launch(job, nprocs=None, args=()):
+    """Run job(rank, world_size, DEVICE, *args) in new processes (gloo on the CPU, NCCL on GPUs); their results."""
+    nprocs = nprocs or RANKS
+    start = time.perf_counter()
+    results = run_ranks(job, nprocs=nprocs, args=(DEVICE, *args), device=DEVICE, backend=backend_for(DEVICE),
+                        timeout=300, echo="none")
+    print(f"{nprocs} processes: every rank finished with exit code 0 (~{time.perf_counter() - start:.0f} s)")
+    return results
+
+
 print(f"torch {torch.__version__.split('+')[0]}, gloo available: {dist.is_gloo_available()}")
 
 # %% [markdown] slideshow={"slide_type": "slide"}
@@ -43,6 +57,8 @@ Notebook 04 counted what training keeps between steps; per parameter, with `Ψ` 
 - mixed-precision Adam (notebook 06): bf16/fp16 parameters and gradients (`P = G = 2`), and in fp32 a master copy of the weights plus Adam's `m` and `v` (`K = 4 + 4 + 4 = 12`): **16 bytes per parameter**;
 - plain fp32 Adam, what runs on this CPU: `P = G = 4`, `K = 8` (`m`, `v`): 16 bytes as well.
 
+Notebook 06 §5's master-weight loop holds more at its peak: it turns each fp16 gradient into a new fp32 tensor before the step (`w32.grad = w16.grad.float()`), 4 bytes per parameter on top, 20 in all. That fp32 gradient is transient: it is needed only while the optimizer steps, so implementations make it one bucket or one shard at a time, or never (a fused optimizer reads the 16-bit gradient and converts it in registers). The count here is what is kept between steps, and it stays 16. (FSDP with fp32 gradient reduction, §3, keeps the fp32 gradient instead and no 16-bit copy of the parameters: 16 again.)
+
 DDP keeps all 16 on every rank. ZeRO's three stages shard more and more of it over the `N` data-parallel ranks: stage 1 the optimizer state, stage 2 also the gradients, stage 3 also the parameters (FSDP is stage 3). `course_lib.sharding` holds the count; its table for mixed-precision Adam:
 """
 
@@ -50,12 +66,12 @@ DDP keeps all 16 on every rank. ZeRO's three stages shard more and more of it ov
 print(zero_table((1, 2, 4, 8, 64)))
 psi = 7_500_000_000  # the ZeRO paper's example: 7.5B parameters on 64 GPUs
 paper = [round(model_state_bytes(psi, 64, s).total / 1e9, 1) for s in STAGES]
-print("7.5B parameters, N=64, GB per rank:", dict(zip(STAGES, paper)))
+print("7.5B parameters, N=64, GB (10^9 bytes) per rank:", dict(zip(STAGES, paper)))
 assert paper == [120.0, 31.4, 16.6, 1.9]  # the numbers of the paper's figure 1
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-Read the table by rows. Stage 1 removes the largest term (12 of the 16 bytes) but stops at 4 bytes per parameter, however many ranks; stage 2 stops at 2; only stage 3 goes to zero as `N` grows. The paper's example checks out: 120 GB per GPU for DDP, 1.9 GB with stage 3.
+Read the table by rows. Stage 1 removes the largest term (12 of the 16 bytes) but stops at 4 bytes per parameter, however many ranks; stage 2 stops at 2; only stage 3 goes to zero as `N` grows. The paper's example checks out: 120 GB per GPU for DDP, 1.9 GB with stage 3. (GB here are 10⁹ bytes, as in the paper; the measured peaks below are in MiB, 2²⁰ bytes.)
 
 What the table leaves out is the **activations**. No ZeRO stage shards them: each rank keeps the activations of its own micro-batch, as in notebook 04, and gradient checkpointing, not sharding, is the remedy there (`course_lib.sharding.activation_bytes` counts both cases with notebook 04's √L segments). The calculator below adds them up; its static version after it prints the same text for a few settings.
 """
@@ -70,8 +86,10 @@ def describe(params_b, world_size, precision, stage, checkpointing, micro_batch)
     per_layer = 2048 * 4096 * 2 * 16  # bytes of activations per sample and layer (bf16, ~16 tensors of the width)
     r = rank_memory(int(params_b * 1e9), world_size, stage, precision, micro_batch=micro_batch,
                     bytes_per_sample_per_layer=per_layer, layers=32, checkpointing=checkpointing)
-    parts = ", ".join(f"{k} {v / 1e9:.1f}" for k, v in r.items() if k != "total")
-    return f"{params_b:g}B params, N={world_size}, {precision}, {stage}: {parts}; total {r['total'] / 1e9:.1f} GB per rank"
+    parts = ", ".join(f"{k} {r[k] / 1e9:.1f}" for k in ("parameters", "gradients", "optimizer"))
+    state = r["total"] - r["activations"]
+    return (f"{params_b:g}B params, N={world_size}, {precision}, {stage}: {parts}; model state {state / 1e9:.1f} GB "
+            f"+ activations {r['activations'] / 1e9:.1f} GB = {r['total'] / 1e9:.1f} GB per rank")
 
 
 controls = dict(
@@ -102,43 +120,36 @@ print(describe(7.0, 8, "mixed_adam", "zero3", True, 1))
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-For a 7B model on 8 devices, DDP needs 112 GB of model state per rank and ZeRO-3 14 GB; the activations of one sequence of 2048 tokens (8.6 GB without checkpointing, 3.0 GB with it, in this rough estimate) stay the same whatever the stage. The rest of this notebook checks the count on real processes: each stage is implemented, run on 2 gloo processes, and what each rank holds is measured.
+For a 7B model on 8 devices, DDP needs 112.0 GB of model state per rank and ZeRO-3 14.0 GB; the activations of one sequence of 2048 tokens (8.6 GB without checkpointing, 3.0 GB with it, in this rough estimate) stay the same whatever the stage. The rest of this notebook checks the count on real processes: each stage is implemented, run, and what each rank holds is counted.
 """
 
 # %% [markdown] slideshow={"slide_type": "slide"}
 """
-## 2. ZeRO-1 and ZeRO-2 by hand
+## 2. ZeRO-1 and ZeRO-2 by hand: a sharded optimizer
 
 DDP all-reduces the gradients, then every rank runs the same optimizer step on the same full state. ZeRO-1 notices that this step is done `N` times over, and splits it:
 
 1. backward as usual, into one flat gradient buffer;
-2. **reduce-scatter** the buffer: rank `r` receives only chunk `r` of the summed gradient;
-3. each rank runs Adam on **its chunk of the parameters only**, with optimizer state for that chunk only (`K Ψ / N` bytes);
+2. **reduce-scatter** the buffer: rank `r` receives only chunk `r` of the summed gradient, and divides it by `N` (the mean);
+3. each rank runs the optimizer on **its chunk of the parameters only**, with optimizer state for that chunk only (`K Ψ / N` bytes);
 4. **all-gather** the parameter chunks, so every rank again holds the full, updated parameters for the next forward.
 
 ZeRO-2 is the same step, but after the reduce-scatter a rank keeps only its chunk of the gradients (`G Ψ / N`) and drops the rest. (Real implementations reduce-scatter bucket by bucket during backward, so the full gradient never exists at once; here it does, briefly, which shows in the peak but not in what is kept.)
 
-The script below (`_runs/zero.py`) has the hand-written version, `HandZero`, and a `build` function for five ways to train the same model: DDP, ZeRO-1 and ZeRO-2 by hand, PyTorch's built-in ZeRO-1 (`ZeroRedundancyOptimizer`, which shards the optimizer by whole parameters and broadcasts each updated parameter from its owner) and FSDP2 (section 3). `measure_stage` trains each for 3 steps inside the course's allocator meter (`course_lib.memory.measure_peak`, notebook 04), counts the bytes of the tensors the rank holds, and returns the final parameters. The collectives work **in place** on the flat buffers: rank `r`'s output is chunk `r` of the input, which is how NCCL defines in-place reduce-scatter and all-gather too, so no extra buffer is needed.
+Every section trains the same model, written first (`_runs/model.py`): four `Linear` layers of 256, the same seeded weights in every process, and a global batch per step of which rank `r` takes rows `r, r + N, ...`. Its `shard_model` is FSDP2's (section 4), used from section 3 on.
 """
 
 # %% slideshow={"slide_type": "-"}
-# %%writefile _runs/zero.py
-"""ZeRO-1 and ZeRO-2 by hand, next to DDP, ZeroRedundancyOptimizer and FSDP2; what each rank holds."""
-import math
+# %%writefile _runs/model.py
+"""The model every section of notebook 13 trains, its batches and its loss; FSDP2's sharding of it (section 4)."""
 import warnings
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
-from torch.distributed.optim import ZeroRedundancyOptimizer
-from torch.distributed.tensor import DTensor
-from torch.nn.parallel import DistributedDataParallel as DDP
-
-from course_lib.memory import measure_peak
 
 # FSDP2's hooks warn about patterns this small model does not use (in-place ops on outputs, inputs without grad)
 warnings.filterwarnings("ignore", message=".*returned a view tensor.*")
@@ -147,77 +158,146 @@ warnings.filterwarnings("ignore", message="Full backward hook is firing.*")
 WIDTH, DEPTH, LR = 256, 4, 1e-3
 
 
-def make_model(width=WIDTH, depth=DEPTH):
+def make_model(width=WIDTH, depth=DEPTH, device="cpu"):
     torch.manual_seed(0)  # the same initial weights in every process
     layers = []
     for _ in range(depth - 1):
         layers += [nn.Linear(width, width), nn.Tanh()]
-    return nn.Sequential(*layers, nn.Linear(width, width))
+    return nn.Sequential(*layers, nn.Linear(width, width)).to(device)
 
 
-def batch(step, rank, world_size, per_rank=8, width=WIDTH):
+def batch(step, rank, world_size, per_rank=8, width=WIDTH, device="cpu"):
     """The global batch of a step (the same draw on every rank); rank r keeps rows r, r + N, ..."""
     g = torch.Generator().manual_seed(1000 + step)
     x = torch.randn(per_rank * world_size, width, generator=g)
     y = torch.randn(per_rank * world_size, width, generator=g)
-    return x[rank::world_size], y[rank::world_size]
+    return x[rank::world_size].to(device), y[rank::world_size].to(device)
 
 
 def loss_fn(model, x, y):
-    return F.mse_loss(model(x), y)
+    return F.mse_loss(model(x).float(), y)  # the loss in fp32, also when the model computes in bf16
+
+
+def shard_model(model, **kwargs):
+    """FSDP2: every Linear is one unit (gathered and freed together), then the root.
+
+    The mesh is given, on the model's device: without one, fully_shard builds a mesh on the
+    accelerator it finds (torch._C._get_accelerator()), so on a GPU machine a CPU job would move
+    its inputs to CUDA.
+    """
+    device = next(model.parameters()).device.type
+    kwargs.setdefault("mesh", init_device_mesh(device, (dist.get_world_size(),)))
+    for layer in model:
+        if isinstance(layer, nn.Linear):
+            fully_shard(layer, **kwargs)
+    return fully_shard(model, **kwargs)
+
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+`HandZero` below is written as an optimizer a real training script can use, not only for this model:
+
+- it takes **parameters or parameter groups** (each group with its own options, such as weight decay on the weights only) and the **optimizer class** to run on the chunks, with its options: `HandZero(groups, torch.optim.AdamW, stage=1, lr=1e-3)`;
+- it **leaves out every parameter that does not require grad**: a frozen parameter is not sharded, not stepped, and never decayed (§2.3 shows why "never");
+- it flattens each group into one buffer, padded so that every rank owns the same length, so a chunk may cut a tensor in two: right only for **element-wise** optimizers, which it checks (§2.3);
+- it **replaces DDP**: its reduce-scatter is the gradient communication, and it divides by `N` once. Wrapped in DDP as well, the gradients would arrive averaged and be averaged again; `course_lib.sharded_optim.ShardedOptimizer`, its library twin, reads already-averaged gradients under DDP and averages them itself only when asked (`reduce_gradients=True`).
+
+The collectives work **in place** on the flat buffers: rank `r`'s output is chunk `r` of the input, which is how NCCL defines in-place reduce-scatter and all-gather too, so no extra buffer is needed.
+"""
+
+# %% slideshow={"slide_type": "-"}
+# %%writefile _runs/zero.py
+"""ZeRO stage 1 or 2 by hand: a sharded optimizer around any element-wise torch.optim class."""
+import math
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from course_lib.sharded_optim import ELEMENTWISE_OPTIMIZERS  # SGD, Adam, AdamW, ...: see section 2.3
 
 
 class HandZero:
-    """ZeRO stage 1 or 2: the parameters live in one flat buffer; rank r owns chunk r of it."""
+    """ZeRO stage 1 or 2: each group's trainable parameters live in one flat buffer; rank r owns chunk r of it."""
 
-    def __init__(self, model, stage, lr=LR):
-        self.model, self.stage = model, stage
-        self.rank, self.n = dist.get_rank(), dist.get_world_size()
-        total = sum(p.numel() for p in model.parameters())
-        self.shard = math.ceil(total / self.n)                  # padded: every rank owns the same length
-        self.flat = torch.zeros(self.shard * self.n)
-        offset = 0
-        for p in model.parameters():                            # the parameters become views of the buffer
-            self.flat[offset:offset + p.numel()].copy_(p.detach().flatten())
-            p.data = self.flat[offset:offset + p.numel()].view_as(p)
-            offset += p.numel()
-        lo = self.rank * self.shard
-        self.mine = nn.Parameter(self.flat[lo:lo + self.shard])  # my chunk: a view, updated in place
-        self.opt = torch.optim.Adam([self.mine], lr=lr)         # optimizer state for my chunk only
-        self.grads = None                                       # the full flat gradient buffer
-        self.sent = 0                                           # bytes this rank sends (ring algorithms)
-
-    def _gradient_buffer(self):
-        if self.grads is None:                                  # stage 2 makes it anew for every step
-            self.grads = torch.zeros_like(self.flat)
+    def __init__(self, params, optimizer_class, stage=1, **defaults):
+        if not issubclass(optimizer_class, ELEMENTWISE_OPTIMIZERS):
+            raise ValueError(f"{optimizer_class.__name__} is not element-wise: shard it by whole parameters instead")
+        groups = list(params)
+        if not isinstance(groups[0], dict):
+            groups = [{"params": groups}]                               # plain parameters: one group
+        self.stage, self.rank, self.n = stage, dist.get_rank(), dist.get_world_size()
+        self.flats, inner = [], []
+        for group in groups:
+            params = [p for p in group["params"] if p.requires_grad]    # frozen: not sharded, stepped or decayed
+            if not params:
+                continue
+            shard = math.ceil(sum(p.numel() for p in params) / self.n)  # padded: every rank owns the same length
+            flat = torch.zeros(shard * self.n, device=params[0].device)
             offset = 0
-            for p in self.model.parameters():                   # backward accumulates into these views
-                p.grad = self.grads[offset:offset + p.numel()].view_as(p)
+            for p in params:                                            # the parameters become views of the buffer
+                flat[offset:offset + p.numel()].copy_(p.detach().flatten())
+                p.data = flat[offset:offset + p.numel()].view_as(p)
                 offset += p.numel()
-        else:                                                   # stage 1 keeps it between steps
-            self.grads.zero_()
+            mine = nn.Parameter(flat[self.rank * shard:(self.rank + 1) * shard])  # my chunk: a view, updated in place
+            self.flats.append({"params": params, "flat": flat, "shard": shard, "mine": mine, "grads": None})
+            inner.append({**{k: v for k, v in group.items() if k != "params"}, "params": [mine]})
+        self.opt = optimizer_class(inner, **defaults)                  # optimizer state for my chunks only
+        self.sent = 0                                                   # bytes this rank sends (ring algorithms)
 
-    def step(self, x, y):
-        self._gradient_buffer()
-        loss_fn(self.model, x, y).backward()
-        lo = self.rank * self.shard
-        chunk = self.grads[lo:lo + self.shard]
-        dist.reduce_scatter_single(chunk, self.grads)           # in place: chunk r receives chunk r of the sum
-        self.sent += (self.n - 1) * self.shard * 4              # a ring reduce-scatter sends (N-1)/N of it
-        if self.stage == 1:
-            self.mine.grad = chunk.div_(self.n)                 # the mean; a view: no new memory
-        else:                                                   # stage 2: keep my chunk, drop the rest
-            if self.mine.grad is None:
-                self.mine.grad = torch.empty(self.shard)
-            self.mine.grad.copy_(chunk).div_(self.n)
-            for p in self.model.parameters():
-                p.grad = None
-            # free the full buffer now, on this thread (gloo's thread may still hold a reference to it)
-            self.grads.untyped_storage().resize_(0)
-            self.grads = None
-        self.opt.step()                                         # Adam on my chunk, with my state only
-        dist.all_gather_single(self.flat, self.mine.detach())   # in place: my chunk in, the whole buffer out
-        self.sent += (self.n - 1) * self.shard * 4              # a ring all-gather sends (N-1)/N of it
+    def zero_grad(self):
+        for f in self.flats:
+            if f["grads"] is None:                                      # stage 2 makes it anew for every step
+                f["grads"] = torch.zeros_like(f["flat"])
+                offset = 0
+                for p in f["params"]:                                   # backward accumulates into these views
+                    p.grad = f["grads"][offset:offset + p.numel()].view_as(p)
+                    offset += p.numel()
+            else:                                                       # stage 1 keeps it between steps
+                f["grads"].zero_()
+
+    def step(self):
+        for f in self.flats:
+            grads, mine, lo = f["grads"], f["mine"], self.rank * f["shard"]
+            chunk = grads[lo:lo + f["shard"]]
+            dist.reduce_scatter_single(chunk, grads)                    # in place: chunk r receives chunk r of the sum
+            self.sent += (self.n - 1) * chunk.numel() * chunk.element_size()  # a ring reduce-scatter: (N-1)/N of it
+            if self.stage == 1:
+                mine.grad = chunk.div_(self.n)                          # the mean, once; a view: no new memory
+            else:                                                       # stage 2: keep my chunk, drop the rest
+                if mine.grad is None:
+                    mine.grad = torch.empty_like(chunk)
+                mine.grad.copy_(chunk).div_(self.n)
+                for p in f["params"]:
+                    p.grad = None
+                # free the full buffer now, on this thread (gloo's thread may still hold a reference to it)
+                grads.untyped_storage().resize_(0)
+                f["grads"] = None
+        self.opt.step()                                                 # the optimizer on my chunks, my state only
+        for f in self.flats:
+            dist.all_gather_single(f["flat"], f["mine"].detach())       # in place: my chunk in, the whole buffer out
+            self.sent += (self.n - 1) * f["mine"].numel() * f["mine"].element_size()  # (N-1)/N of it again
+
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+The job of this section (`_runs/zero_job.py`) trains the model four ways for 3 Adam steps: DDP, ZeRO-1 and ZeRO-2 by hand, and PyTorch's built-in ZeRO-1, `ZeroRedundancyOptimizer` (which shards the optimizer by whole parameters and broadcasts each updated parameter from its owner). `measure_stage` runs each inside the course's allocator meter (`course_lib.memory.measure_peak`, notebook 04), counts the bytes of the tensors the rank holds, and keeps the final parameters. `fine_tuning` then trains a fine-tuning setup for §2.3: the first layer frozen, AdamW with weight decay on the weights only.
+"""
+
+# %% slideshow={"slide_type": "-"}
+# %%writefile _runs/zero_job.py
+"""Section 2's job: DDP, ZeRO-1/2 by hand and ZeroRedundancyOptimizer; what each rank holds; a fine-tuning run."""
+import torch
+import torch.nn as nn
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+from torch.distributed.optim import ZeroRedundancyOptimizer
+from torch.distributed.tensor import DTensor
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from course_lib.memory import measure_peak
+from course_lib.sharded_optim import ShardedOptimizer
+from model import LR, batch, loss_fn, make_model, shard_model
+from zero import HandZero
 
 
 class DDPStep:
@@ -239,28 +319,15 @@ class DDPStep:
 
 def plain_step(model, opt):
     def step(x, y):
-        opt.zero_grad(set_to_none=False)
+        opt.zero_grad()
         loss_fn(model, x, y).backward()
         opt.step()
     return step
 
 
-def shard_model(model, **kwargs):
-    """FSDP2: every Linear is one unit (gathered and freed together), then the root.
-
-    The mesh is given, on the CPU: without one, fully_shard builds a mesh on the accelerator it
-    finds (torch._C._get_accelerator()), so on a GPU machine a CPU job would move its inputs to CUDA.
-    """
-    kwargs.setdefault("mesh", init_device_mesh("cpu", (dist.get_world_size(),)))
-    for layer in model:
-        if isinstance(layer, nn.Linear):
-            fully_shard(layer, **kwargs)
-    return fully_shard(model, **kwargs)
-
-
-def build(kind):
+def build(kind, device="cpu"):
     """A model, the object holding its optimizer, and a step function."""
-    model = make_model()
+    model = make_model(device=device)
     if kind in ("ddp", "zero1_builtin"):
         # init_sync=False: every rank built the same seeded weights, so skip DDP's initial broadcast;
         # gradient_as_bucket_view=True: .grad are views of DDP's buckets, not a second copy
@@ -269,16 +336,14 @@ def build(kind):
             opt = torch.optim.Adam(model.parameters(), lr=LR)
         else:
             opt = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.Adam, lr=LR)
-        step = DDPStep(model, opt)
-        return model, opt, step
+        return model, opt, DDPStep(model, opt)
     if kind in ("zero1", "zero2"):
-        z = HandZero(model, stage=int(kind[-1]))
-        return model, z, z.step
-    if kind == "fsdp2":
-        shard_model(model)
-        opt = torch.optim.Adam(model.parameters(), lr=LR)
-        return model, opt, plain_step(model, opt)
-    raise ValueError(f"unknown kind {kind!r}")
+        opt = HandZero(model.parameters(), torch.optim.Adam, stage=int(kind[-1]), lr=LR)
+    elif kind == "fsdp2":                                       # section 4
+        opt = torch.optim.Adam(shard_model(model).parameters(), lr=LR)
+    else:
+        raise ValueError(f"unknown kind {kind!r}")
+    return model, opt, plain_step(model, opt)
 
 
 def held_bytes(model, opt):
@@ -293,7 +358,7 @@ def held_bytes(model, opt):
         return total
 
     if isinstance(opt, HandZero):
-        grads = [opt.grads] if opt.grads is not None else [opt.mine.grad]
+        grads = [f["grads"] if f["grads"] is not None else f["mine"].grad for f in opt.flats]
         states = opt.opt.state.values()
     else:
         grads = [p.grad for p in model.parameters() if p.grad is not None]
@@ -302,76 +367,478 @@ def held_bytes(model, opt):
     return {"parameters": storages(model.parameters()), "gradients": storages(grads), "optimizer": storages(state)}
 
 
-def measure_stage(rank, n, kind, steps=3):
+def measure_stage(rank, n, kind, steps=3, device="cpu"):
     def run():
-        model, opt, step = build(kind)
+        model, opt, step = build(kind, device)
         for s in range(steps):
-            step(*batch(s, rank, n))
+            step(*batch(s, rank, n, device=device))
         return model, opt, step
 
-    memory = measure_peak(run)                                  # everything returned stays allocated
+    memory = measure_peak(run, device=device)                   # everything returned stays allocated
     model, opt, step = memory.result
     params = [p.full_tensor() if isinstance(p, DTensor) else p for p in model.parameters()]
-    sent = opt.sent if isinstance(opt, HandZero) else None
     return {
         "held": held_bytes(model, opt),
         "retained": memory.retained_bytes,
         "peak": memory.peak_bytes,
-        "params": torch.cat([p.detach().flatten() for p in params]),
+        "params": torch.cat([p.detach().flatten() for p in params]).cpu(),
         "numel": sum(p.numel() for p in params),
-        "sent": sent,
+        "sent": getattr(opt, "sent", None),
         "ddp_bucket_bytes": getattr(step, "bucket_bytes", None),
     }
 
 
+def fine_tuning(rank, n, kind, steps=5, device="cpu"):
+    """The first layer frozen, AdamW with weight decay on the weights only; the final parameters."""
+    model = make_model(device=device)
+    model[0].requires_grad_(False)                              # frozen, as in fine-tuning
+    frozen = model[0].weight.detach().clone()
+    groups = [{"params": [m.weight for m in model if isinstance(m, nn.Linear)], "weight_decay": 0.1},
+              {"params": [m.bias for m in model if isinstance(m, nn.Linear)], "weight_decay": 0.0}]
+    net = model if kind in ("zero1", "zero2", "library_element") else DDP(model, init_sync=False)
+    if kind == "ddp":
+        opt = torch.optim.AdamW(groups, lr=LR)
+    elif kind == "zero1_builtin":                               # ZeroRedundancyOptimizer, under DDP
+        opt = ZeroRedundancyOptimizer(groups[0]["params"], optimizer_class=torch.optim.AdamW, lr=LR, weight_decay=0.1)
+        opt.add_param_group(groups[1])
+    elif kind in ("zero1", "zero2"):                             # ours, without DDP: its reduce-scatter averages
+        opt = HandZero(groups, torch.optim.AdamW, stage=int(kind[-1]), lr=LR)
+    elif kind == "library_element":                             # course_lib's twin of ours, without DDP
+        opt = ShardedOptimizer(groups, torch.optim.AdamW, shard_by="element", reduce_gradients=True, lr=LR)
+    else:                                                       # course_lib's, by whole parameters, under DDP
+        opt = ShardedOptimizer(groups, torch.optim.AdamW, shard_by="parameter", lr=LR)
+    for s in range(steps):
+        opt.zero_grad()
+        loss_fn(net, *batch(s, rank, n, device=device)).backward()
+        opt.step()
+    return {"params": torch.cat([p.detach().flatten() for p in model.parameters()]).cpu(),
+            "frozen unchanged": torch.equal(model[0].weight, frozen)}
+
+
+def report(rank, n, device):
+    tuning = ["ddp", "zero1_builtin", "zero1", "zero2", "library_element", "library_parameter"]
+    if device != "cpu":
+        tuning.remove("library_element")                        # course_lib's element sharding: CPU tensors only
+    return {"memory": {kind: measure_stage(rank, n, kind, device=device) for kind in ("ddp", "zero1", "zero1_builtin", "zero2")},
+            "fine_tuning": {kind: fine_tuning(rank, n, kind, device=device) for kind in tuning}}
+
+
+# %% slideshow={"slide_type": "fragment"}
+zero_runs = launch("_runs/zero_job.py:report")
+
+# %% [markdown] slideshow={"slide_type": "slide"}
+"""
+### 2.1 What each rank holds, against the model
+
+For every way of training, on each rank: the bytes of the parameters, gradients and optimizer state it holds after 3 steps (counted from the tensors, each storage once: exact), against the model of section 1 for the same stage (fp32 Adam); and the highest point the allocator meter saw during the 3 steps (`~`: it includes activations and temporaries, and depends on the machine).
+"""
+
+# %% slideshow={"slide_type": "fragment"}
+memory = [r["memory"] for r in zero_runs]
+numel = memory[0]["ddp"]["numel"]
+print(f"model: {numel:,} parameters, fp32 Adam, N={RANKS}; bytes per rank")
+print(f"{'':<14}{'parameters':>11}{'gradients':>11}{'optimizer':>11}{'held':>11}{'model':>11}   allocator peak")
+for kind, stage in {"ddp": "ddp", "zero1": "zero1", "zero1_builtin": "zero1", "zero2": "zero2"}.items():
+    model = model_state_bytes(numel, RANKS, stage, "fp32_adam")
+    for r in memory:
+        h = r[kind]["held"]
+        assert (h["parameters"], h["gradients"], h["optimizer"]) == (model.parameters, model.gradients, model.optimizer_state)
+        assert r[kind]["peak"] >= model.total  # the allocator saw at least the state at some point
+    h = memory[0][kind]["held"]
+    print(f"{kind:<14}{h['parameters']:>11,}{h['gradients']:>11,}{h['optimizer']:>11,}{sum(h.values()):>11,}"
+          f"{model.total:>11,}   ~{memory[0][kind]['peak'] / 2**20:.2f} MiB")
+print("held bytes = the model's, part by part, on every rank")
+
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-Section 6 runs it; here is what it checks. With `Ψ` parameters in fp32 Adam on `N = 2` ranks, the model of section 1 predicts per rank `4Ψ + 4Ψ + 8Ψ` bytes for DDP, `4Ψ + 4Ψ + 4Ψ` for ZeRO-1 and `4Ψ + 2Ψ + 4Ψ` for ZeRO-2. After 3 steps every version must hold the same parameters as DDP.
+The tensors each rank holds are exactly the model's count, part by part: both versions of ZeRO-1 keep half of DDP's optimizer state on each of the 2 ranks, ZeRO-2 also half the gradients. The peaks include the activations and temporaries of a step (ZeRO-2's full gradient exists for a moment in every step here), so with this small model sharding lowers them less than it lowers what is kept.
 
-**Bytes sent.** A ring reduce-scatter sends `(N-1)/N` of the buffer and a ring all-gather another `(N-1)/N`: together `2 (N-1)/N · S`, which is exactly what a ring all-reduce sends (notebook 09). That is not a coincidence: a ring all-reduce *is* a reduce-scatter followed by an all-gather. DDP all-gathers the reduced gradients and then every rank computes the same update; ZeRO all-gathers the *updated parameters* instead. Same traffic, and the optimizer's work and memory are divided by `N`. (Gloo itself implements reduce-scatter as one all-reduce per rank, so on gloo it is slower than that; the byte count is that of the algorithms NCCL uses.)
+Why count tensors rather than read the allocator's "still allocated" total? On gloo, a collective's work object keeps references to its tensors, and to any temporary it made, until gloo's worker thread is done with it, and the last reference is often dropped **on that thread**. The profiler behind `measure_peak` records allocations and frees of the threads it profiles, so such a free goes unseen, and the running total ends higher than what is really allocated, by a different amount from run to run. (`benchmarks/sharding_memory.py` prints both numbers for N = 1, 2 and 4: the retained total matches the held bytes for DDP and `ZeroRedundancyOptimizer`, and exceeds them by whole buffers, differently from rank to rank, where gloo's reduce-scatter is involved.) On a GPU, `torch.cuda.memory_allocated` has no such blind spot.
 """
 
 # %% [markdown] slideshow={"slide_type": "slide"}
 """
-## 3. ZeRO-3 with FSDP2: `fully_shard`
+### 2.2 ZeRO trains exactly like DDP, and sends the same bytes
 
-Stage 3 also shards the parameters, so a layer's weights must be gathered before it can run, and freed after. PyTorch's FSDP2 (`torch.distributed.fsdp.fully_shard`, the successor of the `FullyShardedDataParallel` wrapper, Zhao et al. 2023) does this per *unit*: `fully_shard(layer)` makes each `Linear` a unit, `fully_shard(model)` the root. Each parameter becomes a `DTensor` sharded on dimension 0 (`Shard(0)`): rank `r` stores rows `r·rows/N ...` of each weight. In one training step:
+After 3 Adam steps, every sharded version holds the parameters DDP holds. The byte counts: `HandZero` added up `(N-1)/N` of the buffer per collective; DDP's communication hook saw its gradient buckets, whose ring all-reduce costs `2 (N-1)/N` of their size (`ring_bytes_formula`, from notebook 09).
+"""
 
-- **forward**: before each unit runs, all-gather its parameters; after it, free them again (`reshard_after_forward=True`, the default);
-- **backward**: all-gather each unit's parameters again, compute its gradients, **reduce-scatter** them: each rank keeps the gradient of its own rows;
-- **optimizer step**: a plain `torch.optim.Adam`, on the local shards.
+# %% slideshow={"slide_type": "fragment"}
+from course_lib.allreduce_sim import ring_bytes_formula
 
-`reshard_after_forward=False` keeps the gathered parameters from forward to backward: one all-gather per unit per step instead of two, for the memory of full parameters during that time (ZeRO-2's memory, between forward and backward). `MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)` gathers bf16 copies for compute while the shards and the optimizer stay fp32: notebook 06's master weights, sharded.
+ddp = memory[0]["ddp"]
+for kind in ("zero1", "zero1_builtin", "zero2"):
+    assert all(torch.allclose(r[kind]["params"], ddp["params"], rtol=0, atol=1e-6) for r in memory), kind
+    print(f"{kind:<14} parameters after 3 steps allclose to DDP's (atol 1e-6): True")
+ddp_sent = ring_bytes_formula(ddp["ddp_bucket_bytes"], RANKS)
+for kind in ("zero1", "zero2"):
+    sent = memory[0][kind]["sent"]
+    print(f"{kind}: reduce-scatter + all-gather sent {sent:,} bytes in 3 steps; DDP's ring all-reduce {ddp_sent:,.0f}")
+    assert sent == ddp_sent == 3 * 2 * (RANKS - 1) / RANKS * 4 * numel
 
-**Gradient scaling.** bf16 has fp32's range, so bf16 training needs no loss scaling (notebook 07 §3). fp16 does, and with sharded gradients a scaler must see an overflow in *any* rank's shard, or ranks skip different steps and drift apart. The old FSDP wrapper needed `ShardedGradScaler`, which all-reduces the overflow flag. With FSDP2 the gradients are DTensors, and DTensor's dispatch reduces the overflow flag of `torch.amp.GradScaler`'s unscale across the mesh: the ordinary scaler works. The script checks it by putting an `inf` into rank 1's shard only.
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+**Same bytes.** A ring reduce-scatter sends `(N-1)/N` of the buffer and a ring all-gather another `(N-1)/N`: together `2 (N-1)/N · S`, which is exactly what a ring all-reduce sends (notebook 09). That is not a coincidence: a ring all-reduce *is* a reduce-scatter followed by an all-gather. DDP all-gathers the reduced gradients and then every rank computes the same update; ZeRO all-gathers the *updated parameters* instead. Same traffic, and the optimizer's work and memory are divided by `N`. (Gloo itself implements reduce-scatter with all-reduces, so it sends more than this count; the count is that of the ring algorithms NCCL uses.)
+"""
 
-The script below measures all of it: FSDP2 against one process training on the whole batch, the collectives of one step counted with `CommDebugMode` (from `torch.distributed.tensor.debug`, a dispatch mode that records every collective), which units stay gathered after forward, bf16 compute, and both scalers.
+# %% [markdown] slideshow={"slide_type": "slide"}
+"""
+### 2.3 Real models: parameter groups, frozen parameters, which optimizers
+
+The fine-tuning run: the first layer frozen, AdamW with weight decay 0.1 on the weights and none on the biases, 5 steps. Every way of sharding the optimizer must end where DDP with a plain AdamW ends, with the frozen layer untouched. Two of them run under DDP, which averages the gradients: `ZeroRedundancyOptimizer`, and `course_lib`'s `ShardedOptimizer` sharding by whole parameters. Three run without it and average in their reduce-scatter: ours at stages 1 and 2, and `ShardedOptimizer(shard_by="element", reduce_gradients=True)`, the library's copy of ours.
+"""
+
+# %% slideshow={"slide_type": "fragment"}
+tuned = [r["fine_tuning"] for r in zero_runs]
+for kind in [k for k in tuned[0] if k != "ddp"]:
+    same = all(torch.equal(t[kind]["params"], t["ddp"]["params"]) for t in tuned)
+    frozen = all(t[kind]["frozen unchanged"] for t in tuned)
+    print(f"{kind:<18} equal to DDP + AdamW (torch.equal): {same}; frozen layer unchanged: {frozen}")
+    assert same and frozen
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+Equal to the bit: the same element-wise AdamW on the same averaged gradients (summing two numbers and halving is exact in floating point, whichever rank adds first). And under DDP nothing was averaged twice: `ShardedOptimizer` there communicates only parameters.
+
+Why must the frozen layer be **left out**, not merely given no gradient to speak of? A version that puts every parameter into its flat buffer hands the frozen one a gradient of zeros instead of none, and AdamW's decoupled weight decay shrinks every parameter it steps, gradient or not. One parameter at 2.0, a zero gradient, AdamW with learning rate 0.1 and weight decay 0.1, 10 steps:
+"""
+
+# %% slideshow={"slide_type": "fragment"}
+w = torch.full((1,), 2.0, requires_grad=True)
+opt = torch.optim.AdamW([w], lr=0.1, weight_decay=0.1)
+for _ in range(10):
+    w.grad = torch.zeros_like(w)  # what a frozen parameter gets inside a flat buffer
+    opt.step()
+print(f"a zero gradient, 10 AdamW steps: 2.0 -> {w.item():.4f} (= 2.0 x (1 - 0.1 x 0.1)^10 = {2.0 * 0.99 ** 10:.4f})")
+assert abs(w.item() - 2.0 * 0.99**10) < 1e-6
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+**Which optimizers can be sharded by element?** Cutting a flat buffer into chunks, as `HandZero` does (and FSDP, section 3), is right only when each element's update depends on that element's gradient and state alone: SGD, Adam, AdamW and the others in `course_lib.sharded_optim.ELEMENTWISE_OPTIMIZERS`. An optimizer that looks at a whole tensor (Adafactor's second moment, factored over the rows and columns of a matrix; LAMB's per-tensor norms; Muon's orthogonalised matrix update) computes something else on a chunk. Sharding by **whole parameters**, as `ZeroRedundancyOptimizer` and `ShardedOptimizer(shard_by="parameter")` do, suits every optimizer, at the price of uneven shares (a large embedding is one rank's alone). The check below steps a 6×4 matrix whole, and as two flat chunks:
+"""
+
+# %% slideshow={"slide_type": "fragment"}
+from course_lib.errors import expect_error
+from course_lib.sharded_optim import ELEMENTWISE_OPTIMIZERS
+from zero import HandZero
+
+w0, g = torch.randn(6, 4), torch.randn(6, 4)
+
+
+def step_once(optimizer_class, w, grad):
+    w = w.clone().requires_grad_()
+    w.grad = grad.clone()
+    optimizer_class([w], lr=0.1).step()
+    return w.detach()
+
+
+for cls in (torch.optim.AdamW, torch.optim.Adafactor):
+    whole = step_once(cls, w0, g)
+    chunks = torch.cat([step_once(cls, c, d) for c, d in zip(w0.flatten().chunk(2), g.flatten().chunk(2))])
+    same = torch.equal(chunks.view(6, 4), whole)
+    print(f"{cls.__name__:<9} stepped as two flat chunks = stepped whole: {same}")
+    assert same == (cls in ELEMENTWISE_OPTIMIZERS)
+with expect_error(ValueError, match="not element-wise"):
+    HandZero([torch.nn.Parameter(w0)], torch.optim.Adafactor, lr=0.1)
+print("element-wise:", ", ".join(c.__name__ for c in ELEMENTWISE_OPTIMIZERS))
+
+# %% [markdown] slideshow={"slide_type": "slide"}
+"""
+## 3. ZeRO-3 by hand: FSDP in one page
+
+Stage 3 also shards the parameters, so a layer's weights must be gathered before it runs and freed after. FSDP does this per **unit**, a module whose parameters are gathered and freed together (here: each `Linear`). The script below writes it by hand, with notebook 06's master weights built in:
+
+- **flatten, pad, shard**: a unit's parameters are concatenated into one flat vector, padded to a multiple of `N`, and rank `r` keeps chunk `r` as an fp32 `nn.Parameter`, the **master shard**: the only copy of those weights on the rank. It is registered on the unit, so `model.parameters()` yields the shards and any optimizer steps them; the original parameters are removed from their modules;
+- **pre-forward hook**: all-gather the shards, cast to the compute dtype first (bf16: half the bytes on the wire), into a full flat tensor; give each module views of it in place of its parameters; cast the unit's inputs to bf16;
+- **post-forward hook**: free the full tensor's memory (`untyped_storage().resize_(0)`: the tensor object stays, and so do the views autograd saved for backward, but their bytes go), and hook the unit's output;
+- **before the unit's backward** (the hook on its output fires when the gradient reaches it): all-gather again, into the same storage, so the saved views see the weights again;
+- **backward of the gather**: the gather is an `autograd.Function`, so its backward receives the gradient of the whole flat tensor; cast it to fp32, **reduce-scatter** it, divide by `N` once, and return it as the master shard's gradient; free the full tensor again;
+- **optimizer step**: a plain `torch.optim.AdamW` on the fp32 master shards.
+"""
+
+# %% slideshow={"slide_type": "-"}
+# %%writefile _runs/fsdp_by_hand.py
+"""FSDP by hand (ZeRO-3): each unit's parameters flattened, padded and sharded; gathered before forward, freed,
+gathered again for backward; gradients reduce-scattered in fp32; an fp32 master shard, compute in bf16."""
+import math
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+
+class Gather(torch.autograd.Function):
+    """Forward: all-gather a unit's shards into its full flat parameters. Backward: reduce-scatter their gradient."""
+
+    @staticmethod
+    def forward(ctx, shard, unit):
+        ctx.unit = unit
+        full = torch.empty(unit.padded, dtype=unit.dtype, device=shard.device)
+        unit.all_gather(full)
+        return full
+
+    @staticmethod
+    def backward(ctx, grad_full):
+        unit = ctx.unit
+        grad = grad_full.float()                                  # reduce in fp32, not in the compute dtype
+        mine = torch.empty(unit.padded // unit.n, device=grad.device)
+        dist.reduce_scatter_single(mine, grad)                    # chunk r of the sum over the ranks
+        unit.log.append(("reduce_scatter", grad.numel() * grad.element_size()))
+        unit.free()                                               # this unit's backward is done
+        return mine.div_(unit.n), None                            # the mean, for the fp32 master shard
+
+
+class Unit:
+    def __init__(self, module, dtype, log, gathered):
+        self.dtype, self.log, self.gathered = dtype, log, gathered
+        self.n, rank = dist.get_world_size(), dist.get_rank()
+        self.places = [(m, name, p) for m in module.modules() for name, p in m.named_parameters(recurse=False)]
+        total = sum(p.numel() for *_, p in self.places)
+        self.padded = math.ceil(total / self.n) * self.n            # padded: every rank owns the same length
+        flat = torch.zeros(self.padded, device=self.places[0][2].device)
+        flat[:total] = torch.cat([p.detach().flatten() for *_, p in self.places])
+        self.shard = nn.Parameter(flat.chunk(self.n)[rank].clone())  # the fp32 master shard: all this rank keeps
+        for m, name, _ in self.places:
+            del m._parameters[name]                               # the modules no longer own their parameters
+        module.register_parameter("flat_shard", self.shard)       # model.parameters() yields the shards
+        module.register_forward_pre_hook(self.before_forward)
+        module.register_forward_hook(self.after_forward)
+
+    def all_gather(self, out):
+        dist.all_gather_single(out, self.shard.detach().to(self.dtype))  # each shard, cast, into the full tensor
+        self.log.append(("all_gather", out.numel() * out.element_size()))
+        self.gathered["now"] += out.numel() * out.element_size()  # bytes of full parameters held right now
+        self.gathered["peak"] = max(self.gathered["peak"], self.gathered["now"])
+
+    def free(self):
+        if self.full.untyped_storage().nbytes():
+            self.full.untyped_storage().resize_(0)                # the memory goes; the tensor object stays
+            self.gathered["now"] -= self.full.numel() * self.full.element_size()
+
+    def before_forward(self, module, args):
+        self.full = Gather.apply(self.shard, self)
+        offset = 0
+        for m, name, p in self.places:                            # each module gets views of the full tensor
+            setattr(m, name, self.full[offset:offset + p.numel()].view(p.shape))
+            offset += p.numel()
+        return tuple(a.to(self.dtype) if a.is_floating_point() else a for a in args)  # compute in self.dtype
+
+    def after_forward(self, module, args, output):
+        self.free()
+        if output.requires_grad:
+            output.register_hook(self.before_backward)            # fires when the gradient reaches the output
+        return output
+
+    def before_backward(self, grad):
+        storage = self.full.untyped_storage()                     # autograd's saved views point at this storage
+        storage.resize_(self.full.numel() * self.full.element_size())
+        with torch.no_grad():                                     # refill it through a second tensor on it
+            self.all_gather(torch.empty(0, dtype=self.dtype, device=self.full.device).set_(storage))
+
+
+def hand_fsdp(model, dtype=torch.bfloat16):
+    """Make every Linear of `model` a unit; return the log of its collectives and the gathered-bytes meter."""
+    log, gathered = [], {"now": 0, "peak": 0}
+    for module in model:
+        if isinstance(module, nn.Linear):
+            Unit(module, dtype, log, gathered)
+    return log, gathered
+
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+This version handles what this model needs (every parameter trainable, each in a `Linear` unit). `course_lib.hand_fsdp.HandFSDP` is the canonical copy, with the rest: frozen and tied parameters, a root unit for parameters outside the units, `reshard_after_forward=False`. The job below trains three copies of the model for 3 AdamW steps on `N` ranks: ours, the library's (`HandFSDP(model, units, param_dtype=torch.bfloat16, reduce_dtype=torch.float32)`), and FSDP2's `fully_shard` (section 4) with the matching `MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)`. It records the collectives of each one's third step (FSDP2's with `course_lib.simulated_compute.record_collectives`, which wraps `torch.distributed`'s functions) and counts the bytes each rank holds.
+"""
+
+# %% slideshow={"slide_type": "-"}
+# %%writefile _runs/fsdp_job.py
+"""Section 3's job: FSDP by hand against course_lib's HandFSDP and FSDP2, with bf16 compute on fp32 master shards."""
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.distributed.fsdp import MixedPrecisionPolicy
+
+from course_lib.hand_fsdp import HandFSDP
+from course_lib.simulated_compute import Timeline, record_collectives
+from fsdp_by_hand import hand_fsdp
+from model import LR, batch, loss_fn, make_model, shard_model
+from zero_job import held_bytes
+
+BF16 = torch.bfloat16
+
+
+def train(model, rank, n, device, steps=3, timeline=None):
+    opt = torch.optim.AdamW(model.parameters(), lr=LR)
+    for s in range(steps):
+        opt.zero_grad()
+        if s == steps - 1 and timeline is not None:
+            with record_collectives(timeline):                  # the last step's collectives, in order
+                loss_fn(model, *batch(s, rank, n, device=device)).backward()
+        else:
+            loss_fn(model, *batch(s, rank, n, device=device)).backward()
+        opt.step()
+    return opt
+
+
+def report(rank, n, device):
+    ours = make_model(device=device)
+    log, gathered = hand_fsdp(ours, dtype=BF16)
+    opt = train(ours, rank, n, device)
+    held = held_bytes(ours, opt)
+    shards = []
+    for shard in ours.parameters():                             # gather the fp32 master shards, to compare
+        full = torch.empty(shard.numel() * n, device=device)
+        dist.all_gather_single(full, shard.detach())
+        shards.append(full)
+
+    lib = None
+    if device == "cpu":                                         # course_lib.hand_fsdp works on CPU tensors
+        library = make_model()
+        lib = HandFSDP(library, units=[m for m in library if isinstance(m, nn.Linear)], param_dtype=BF16,
+                       reduce_dtype=torch.float32)
+        train(library, rank, n, device)
+
+    fsdp2 = shard_model(make_model(device=device), mp_policy=MixedPrecisionPolicy(param_dtype=BF16, reduce_dtype=torch.float32))
+    timeline = Timeline(rank)
+    opt2 = train(fsdp2, rank, n, device, timeline=timeline)
+    fsdp2_log = []
+    for span in timeline.spans:                                 # labels such as "all_gather_single 131,584 B"
+        name, size, _ = span.label.split()
+        fsdp2_log.append((name.removesuffix("_single"), int(size.replace(",", ""))))
+    step = len(log) // 3
+    return {
+        "ours": torch.cat(shards).cpu(),
+        "library": torch.cat([v.flatten() for v in lib.full_parameters().values()]) if lib else None,
+        "fsdp2": torch.cat([p.full_tensor().detach().flatten() for p in fsdp2.parameters()]).cpu(),
+        "log": log[-step:], "library_log": lib.log.entries[-step:] if lib else None, "fsdp2_log": fsdp2_log,
+        "gathered_peak": gathered["peak"], "gathered_after_step": gathered["now"],
+        "held": held, "fsdp2_held": held_bytes(fsdp2, opt2), "numel": sum(p.numel() for p in make_model().parameters()),
+    }
+
+
+# %% slideshow={"slide_type": "fragment"}
+fsdp_runs = launch("_runs/fsdp_job.py:report")
+
+# %% [markdown] slideshow={"slide_type": "slide"}
+"""
+### 3.1 Equal to the library's copy, and to FSDP2
+
+Ours and `course_lib`'s do the same operations in the same order, so they must agree to the bit. FSDP2 shards each parameter along its first dimension instead of a flat vector, but AdamW is element-wise and the bf16 gather and the fp32 reduction are the same, so it must agree too; the check allows 1e-6.
+"""
+
+# %% slideshow={"slide_type": "fragment"}
+TOL = "1e-6" if DEVICE == "cpu" else "1e-4"  # on GPUs the two may pick different bf16 matmul kernels
+tol = float(TOL)
+for r in fsdp_runs:
+    if r["library"] is not None:  # the CPU path (course_lib.hand_fsdp works on CPU tensors)
+        assert torch.equal(r["ours"], r["library"]) and r["log"] == r["library_log"]
+    assert torch.allclose(r["ours"], r["fsdp2"], rtol=0, atol=tol)
+print("FSDP by hand after 3 AdamW steps (bf16 compute, fp32 master shards), on every rank:")
+print(f"  = course_lib.hand_fsdp.HandFSDP (torch.equal, and the same collectives): {fsdp_runs[0]['library'] is not None}")
+print(f"  allclose to fully_shard with MixedPrecisionPolicy(bf16, fp32) (atol {TOL}): True")
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+### 3.2 The collectives of one step, and their bytes
+
+Per step each unit is all-gathered twice (forward, backward) in bf16 and reduce-scattered once in fp32: with `Ψ` parameters, all-gathers of `2 × 2Ψ` bytes and a reduce-scatter of `4Ψ`, of which a ring sends `(N-1)/N` per rank. Exercise 3 counts the same three collectives per unit, with bf16 gradients (a reduce-scatter of `2Ψ`).
+"""
+
+# %% slideshow={"slide_type": "fragment"}
+r = fsdp_runs[0]
+psi = r["numel"]
+kinds = {"all_gather": "AG", "reduce_scatter": "RS"}
+for kind in kinds:
+    sizes = [b for k, b in r["log"] if k == kind]
+    print(f"ours, one step: {len(sizes)} x {kind} of {sizes[0]:,} B = {sum(sizes):,} B")
+ag, rs = (sum(b for k, b in r["log"] if k == kind) for kind in kinds)
+assert ag == 2 * 2 * psi and rs == 4 * psi  # bf16 parameters twice, fp32 gradients once
+sent = (RANKS - 1) / RANKS * (ag + rs)
+print(f"psi = {psi:,}: all-gathered 4 psi, reduce-scattered 4 psi; a ring sends (N-1)/N of it: {sent:,.0f} B per rank")
+same = sorted(r["fsdp2_log"]) == sorted(r["log"])
+print(f"FSDP2, one step: the same collectives with the same bytes: {same}")
+assert same
+from model import DEPTH  # the number of units: one per Linear
+
+for who, log in (("ours", r["log"]), ("FSDP2", r["fsdp2_log"])):
+    order = [kinds[k] for k, _ in log]
+    print(f"order, {who + ':':<6} forward {' '.join(order[:DEPTH])} | backward {' '.join(order[DEPTH:])}")
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+Same collectives, same bytes, and in forward the same order: four gathers (`AG`), one per unit. In backward the order differs. Ours gathers a unit, runs its backward, reduce-scatters its gradient (`RS`), then gathers the next. FSDP2 gathers the *next* unit before it reduce-scatters the current one: that is **prefetch**. On a GPU, FSDP2 issues its collectives on separate CUDA streams, so the next unit's gather runs while the current unit computes; here, on gloo, every collective completes before the next operation starts, and only the order shows.
+"""
+
+# %% [markdown] slideshow={"slide_type": "slide"}
+"""
+### 3.3 What each rank holds
+
+The master shards, their gradients and AdamW's two states, all fp32, counted from the tensors after the 3 steps; and the most bytes of gathered bf16 parameters that existed at once during them.
+"""
+
+# %% slideshow={"slide_type": "fragment"}
+zero3 = model_state_bytes(psi, RANKS, "zero3", "fp32_adam")
+mixed = model_state_bytes(psi, RANKS, "zero3", "mixed_adam")
+for r in fsdp_runs:
+    for held in (r["held"], r["fsdp2_held"]):
+        assert (held["parameters"], held["gradients"], held["optimizer"]) == (zero3.parameters, zero3.gradients, zero3.optimizer_state)
+h = fsdp_runs[0]["held"]
+print(f"held per rank, ours and FSDP2's: master shards {h['parameters']:,} + gradients {h['gradients']:,} + "
+      f"AdamW {h['optimizer']:,} = {sum(h.values()):,} B")
+print(f"  = ZeRO-3 with fp32 Adam, part by part: True; = 16 psi / N, mixed-precision Adam's total: {sum(h.values()) == mixed.total}")
+unit_bf16 = 2 * psi // DEPTH  # one of the equal units, in bf16
+print(f"gathered bf16 parameters, at most: {r['gathered_peak']:,} B = one unit ({unit_bf16:,} B); "
+      f"all units at once would be {2 * psi:,} B; after the step: {r['gathered_after_step']} B")
+assert all(r["gathered_peak"] == unit_bf16 and r["gathered_after_step"] == 0 for r in fsdp_runs)
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+Between steps each rank holds exactly ZeRO-3's count for fp32 Adam: `16Ψ / N` bytes, which is also the total section 1 gives mixed-precision Adam, split differently. There is no persistent 16-bit copy of the parameters (the bf16 weights exist only while their unit runs, one unit at a time here), and the gradient is kept in fp32, the reduction's dtype. The transient bytes are one unit's gathered parameters: the size of the units, not of the model, sets them, which is why FSDP is applied to each transformer block, as the FSDP2 tutorial in the references does.
+
+Exercise 4 asks for the heart of the backward: the reduce-scatter step of `Gather.backward`.
+"""
+
+# %% [markdown] slideshow={"slide_type": "slide"}
+"""
+## 4. FSDP2's `fully_shard`: the same, done properly
+
+PyTorch's FSDP2 (`torch.distributed.fsdp.fully_shard`, the successor of the `FullyShardedDataParallel` wrapper, Zhao et al. 2023) is section 3's design: `fully_shard(layer)` makes each `Linear` a unit, `fully_shard(model)` the root (`shard_model` in `_runs/model.py`), and a step gathers, frees, gathers again and reduce-scatters as ours did. What it adds:
+
+- **DTensor parameters.** It shards each parameter on its first dimension, not a flat vector: each becomes a `DTensor` with placement `Shard(0)` (section 5), so rank `r` stores rows `r·rows/N ...` of each weight. Parameters keep their names and shapes, and the state dict is one of sharded DTensors, which `torch.distributed.checkpoint` saves shard by shard (section 6);
+- **prefetch** (section 3.2), on separate CUDA streams on a GPU; `set_modules_to_forward_prefetch` / `set_modules_to_backward_prefetch` tune it;
+- **`reshard_after_forward`**: `True` (the default, ours) frees each unit after forward and gathers it again for backward; `False` keeps the gathered parameters from forward to backward: one all-gather per unit per step instead of two, for the memory of full parameters during that time (ZeRO-2's memory, between forward and backward);
+- **`MixedPrecisionPolicy`** per unit (section 3 used it), gradient scaling with sharded gradients (below), and more than this notebook runs: CPU offload of the shards (`CPUOffloadPolicy`), HSDP (shard within a node, replicate across nodes, on a 2-D mesh), and accumulation without reduce-scatter (`set_requires_gradient_sync(False)`).
+
+**Gradient scaling.** bf16 has fp32's range, so bf16 training needs no loss scaling (notebook 07 §3). fp16 does, and with sharded gradients a scaler must see an overflow in *any* rank's shard, or ranks skip different steps and drift apart. The old FSDP wrapper needed `ShardedGradScaler`, which all-reduces the overflow flag. With FSDP2 the gradients are DTensors, and DTensor's dispatch reduces the overflow flag of `torch.amp.GradScaler`'s unscale across the mesh: the ordinary scaler works. The script checks it by putting an `inf` into the last rank's shard only.
+
+The job: FSDP2 in fp32 against one process training on the whole batch; the collectives of one step counted with `CommDebugMode` (from `torch.distributed.tensor.debug`, a dispatch mode that records every collective) for each `reshard_after_forward`, and whether each unit's weight is still the sharded `DTensor` between forward and backward (a gathered unit's weight is a plain tensor); the state dict's types; both scalers.
 """
 
 # %% slideshow={"slide_type": "-"}
 # %%writefile _runs/fsdp2_demo.py
-"""FSDP2 on gloo: equal to one process; collectives per step; reshard_after_forward; bf16; GradScaler."""
+"""FSDP2: equal to one process; collectives per step; reshard_after_forward; state dicts; GradScaler."""
 import torch
+import torch.distributed as dist
 import torch.nn as nn
-import torch.nn.functional as F
-from torch.distributed.fsdp import MixedPrecisionPolicy
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.debug import CommDebugMode
 
-from zero import LR, batch, loss_fn, make_model, shard_model
+from model import LR, batch, loss_fn, make_model, shard_model
 
 
-def against_one_process(rank, n, steps=3):
-    reference = make_model()                                    # one process, the whole global batch
+def against_one_process(rank, n, device, steps=3):
+    reference = make_model(device=device)                      # one process, the whole global batch
     ref_opt = torch.optim.Adam(reference.parameters(), lr=LR)
-    model = shard_model(make_model())
+    model = shard_model(make_model(device=device))
     opt = torch.optim.Adam(model.parameters(), lr=LR)
     for s in range(steps):
         ref_opt.zero_grad()
-        loss_fn(reference, *batch(s, 0, 1, per_rank=8 * n)).backward()
+        loss_fn(reference, *batch(s, 0, 1, per_rank=8 * n, device=device)).backward()
         ref_opt.step()
         opt.zero_grad()
-        loss_fn(model, *batch(s, rank, n)).backward()           # my rows of the same global batch
+        loss_fn(model, *batch(s, rank, n, device=device)).backward()  # my rows of the same global batch
         opt.step()
     w = model[0].weight
     return {
@@ -381,59 +848,98 @@ def against_one_process(rank, n, steps=3):
     }
 
 
-def one_step_collectives(rank, n, reshard):
-    model = shard_model(make_model(), reshard_after_forward=reshard)
-    x, y = batch(0, rank, n)
+def one_step_collectives(rank, n, device, reshard):
+    model = shard_model(make_model(device=device), reshard_after_forward=reshard)
+    x, y = batch(0, rank, n, device=device)
     loss_fn(model, x, y).backward()                             # a first step: lazy initialisation
     units = [m for m in model if isinstance(m, nn.Linear)]
     with CommDebugMode() as comm:
         loss = loss_fn(model, x, y)
-        # between forward and backward: which units still hold their gathered parameters?
-        # (_fsdp_param_group is FSDP2's private state: no public API says it)
-        gathered = [u._get_fsdp_state()._fsdp_param_group.is_unsharded for u in units]
+        sharded = [isinstance(u.weight, DTensor) for u in units]  # between forward and backward
         loss.backward()
     counts = {str(k).split(".")[-1]: v for k, v in comm.get_comm_counts().items()}
-    full_bytes = sum(p.numel() * 4 for u, g in zip(units, gathered) if g for p in u.parameters())
-    return {"counts": counts, "gathered_units": sum(gathered), "gathered_bytes": full_bytes}
+    gathered = sum(p.numel() * p.element_size() for u, s in zip(units, sharded) if not s for p in u.parameters())
+    return {"counts": counts, "gathered_units": sharded.count(False), "gathered_bytes": gathered}
 
 
-def bf16_compute(rank, n):
-    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-    model = shard_model(make_model(), mp_policy=policy)
-    x, y = batch(0, rank, n)
-    out = model(x)
-    F.mse_loss(out.float(), y).backward()
-    w = model[0].weight
-    return {"output": str(out.dtype), "shard": str(w.dtype), "grad": str(w.grad.dtype)}
+def state_dicts(rank, n, device):
+    model = shard_model(make_model(device=device))
+    sharded = get_model_state_dict(model)["0.weight"]
+    full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    return {"sharded": (type(sharded).__name__, str(sharded.placements), tuple(sharded.to_local().shape)),
+            "full": (type(full["0.weight"]).__name__, tuple(full["0.weight"].shape)) if full else "empty"}
 
 
-def scalers(rank, n):
+def scalers(rank, n, device):
     out = {}
-    makers = {"torch.amp.GradScaler": lambda: torch.amp.GradScaler("cpu", init_scale=1024.0),
-              "ShardedGradScaler": lambda: ShardedGradScaler(device="cpu", init_scale=1024.0)}
+    makers = {"torch.amp.GradScaler": lambda: torch.amp.GradScaler(device, init_scale=1024.0),
+              "ShardedGradScaler": lambda: ShardedGradScaler(device=device, init_scale=1024.0)}
     for name, make in makers.items():
-        model = shard_model(make_model(width=8, depth=1))
+        model = shard_model(make_model(width=8, depth=1, device=device))
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
         scaler = make()
         before = model[0].weight.to_local().clone()
-        scaler.scale(loss_fn(model, *batch(0, rank, n, width=8))).backward()
-        if rank == 1:
-            model[0].weight.grad.to_local()[0, 0] = float("inf")  # an overflow in rank 1's shard only
+        scaler.scale(loss_fn(model, *batch(0, rank, n, width=8, device=device))).backward()
+        if rank == n - 1:
+            model[0].weight.grad.to_local()[0, 0] = float("inf")  # an overflow in the last rank's shard only
         scaler.step(opt)
         scaler.update()
         out[name] = {"stepped": not torch.equal(model[0].weight.to_local(), before), "scale": scaler.get_scale()}
     return out
 
 
-def fsdp2_report(rank, n):
-    return {"one_process": against_one_process(rank, n),
-            "reshard": {r: one_step_collectives(rank, n, r) for r in (True, False)},
-            "bf16": bf16_compute(rank, n), "scalers": scalers(rank, n)}
+def report(rank, n, device):
+    return {"one_process": against_one_process(rank, n, device),
+            "reshard": {r: one_step_collectives(rank, n, device, r) for r in (True, False)},
+            "state_dict": state_dicts(rank, n, device), "scalers": scalers(rank, n, device)}
 
+
+# %% slideshow={"slide_type": "fragment"}
+fsdp2_runs = launch("_runs/fsdp2_demo.py:report")
+
+# %% slideshow={"slide_type": "subslide"}
+f = fsdp2_runs[0]
+one = f["one_process"]
+print(f"weight of the first Linear: a {one['type']} {one['placements']}, global {one['global_shape']}, local {one['local_shape']}")
+assert one["type"] == "DTensor" and one["local_shape"] == (one["global_shape"][0] // RANKS, one["global_shape"][1])
+assert all(r["one_process"]["max_diff"] < 1e-4 for r in fsdp2_runs)
+print(f"FSDP2 ({RANKS} processes) after 3 Adam steps allclose to one process on the whole batch (atol 1e-4): True")
+for reshard, r in f["reshard"].items():
+    print(f"reshard_after_forward={reshard!s:<5}: one step = {r['counts']}; units still gathered after forward: "
+          f"{r['gathered_units']} of {DEPTH} ({r['gathered_bytes']:,} bytes of full parameters)")
+for reshard, r in f["reshard"].items():  # each collective moves (N-1)/N of a unit's bytes; DDP's all-reduce: 2 of those
+    print(f"reshard_after_forward={reshard!s:<5}: bytes sent over DDP's: {sum(r['counts'].values()) / (2 * DEPTH):.1f}x")
+assert f["reshard"][True]["counts"] == {"_allgather_base_": 2 * DEPTH, "_reduce_scatter_base_": DEPTH}
+assert f["reshard"][False]["counts"] == {"_allgather_base_": DEPTH, "_reduce_scatter_base_": DEPTH}
+assert f["reshard"][True]["gathered_units"] == 0 and f["reshard"][False]["gathered_bytes"] == 4 * psi
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+(`_allgather_base_` and `_reduce_scatter_base_` are the operators behind `all_gather_single` and `reduce_scatter_single`.) With the default each of the 4 units is all-gathered twice and reduce-scattered once per step, as in section 3: **1.5 times DDP's traffic** (three collectives of `(N-1)/N · S` against an all-reduce's two). With `reshard_after_forward=False` it is one all-gather per unit, the traffic of DDP, but all 4 units keep their full parameters from forward to backward (4 bytes × every parameter, here 1,052,672 bytes on each rank). With `True`, no unit stays gathered between forward and backward (0 of 4 above).
+
+The difference from one process (below 1e-4, not bit-exact) is that of summing the same numbers in another order; Adam's division by `√v` can magnify such differences where gradients are near zero.
+
+State dicts, and the gradient scalers:
+"""
+
+# %% slideshow={"slide_type": "fragment"}
+print("get_model_state_dict(model)['0.weight']: a {} {}, local {}".format(*f["state_dict"]["sharded"]))
+fulls = [r["state_dict"]["full"] for r in fsdp2_runs]
+print(f"with StateDictOptions(full_state_dict=True, cpu_offload=True), per rank: {fulls}")
+assert f["state_dict"]["sharded"][0] == "DTensor" and fulls == [("Tensor", one["global_shape"])] + ["empty"] * (RANKS - 1)
+for name in ("torch.amp.GradScaler", "ShardedGradScaler"):
+    seen = [r["scalers"][name] for r in fsdp2_runs]
+    print(f"{name:<21} inf in rank {RANKS - 1}'s shard only: stepped {[s['stepped'] for s in seen]}, scale 1024 -> {[s['scale'] for s in seen]}")
+    assert all(not s["stepped"] and s["scale"] == 512.0 for s in seen)
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+The state dict holds each rank's shard as a DTensor (no rank gathers anything to produce it); the full state dict gathers every parameter, and with `cpu_offload=True` only rank 0 keeps it, in CPU memory (the other ranks get an empty dict). Both scalers made **both** ranks skip the step and halve the scale, although only rank 1's shard overflowed: with FSDP2, `torch.amp.GradScaler` is enough.
+"""
 
 # %% [markdown] slideshow={"slide_type": "slide"}
 """
-## 4. DTensor and DeviceMesh
+## 5. DTensor and DeviceMesh
 
 FSDP2's parameters are `DTensor`s: a tensor whose data lives on the processes of a `DeviceMesh` (an n-dimensional array of ranks, each dimension with its own process group), described by one *placement* per mesh dimension:
 
@@ -443,35 +949,22 @@ FSDP2's parameters are `DTensor`s: a tensor whose data lives on the processes of
 
 `distribute_tensor` places a tensor, `to_local()` is this rank's piece, `full_tensor()` gathers the whole, and `redistribute` changes placements with the matching collective (`Shard → Replicate` is an all-gather, `Partial → Replicate` an all-reduce, `Partial → Shard` a reduce-scatter).
 
-A mesh with two dimensions combines parallelisms. On 4 processes arranged as a 2×2 mesh named `("dp", "tp")`, `parallelize_module` splits each layer's weights across the `tp` ranks (notebook 12's tensor parallelism: `ColwiseParallel` splits the first `Linear` by outputs, `RowwiseParallel` the second by inputs, so the only communication is one all-reduce of the output), and `fully_shard(..., mesh=mesh["dp"])` shards what remains across the `dp` ranks, which see different data. Each weight is then sharded twice, once per mesh dimension.
+A mesh with two dimensions combines parallelisms. On 4 processes arranged as a 2×2 mesh named `("dp", "tp")`, `parallelize_module` splits each layer's weights across the `tp` ranks (notebook 12's tensor parallelism: `ColwiseParallel` splits the first `Linear` by outputs, `RowwiseParallel` the second by inputs, so the only communication is one all-reduce of the output), and `fully_shard(..., mesh=mesh["dp"])` shards what remains across the `dp` ranks, which see different data. Each weight is then sharded twice, once per mesh dimension. This section's job runs on 4 CPU processes (on the GPU path too: it shows placements, not speed).
 """
 
 # %% slideshow={"slide_type": "-"}
 # %%writefile _runs/dtensor_demo.py
 """DTensor placements on a 1-D mesh; data parallel x tensor parallel on a 2-D mesh, against one process."""
-import gc
-import sys
-
 import torch
-import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 from torch.distributed.tensor.debug import CommDebugMode
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
-from zero import LR, batch, loss_fn, make_model, shard_model
+from model import LR, batch, loss_fn, make_model, shard_model
 
 
 def placements(rank, n):
-    world = dist.group.WORLD                                    # the default process group
-    before = sys.getrefcount(world)
-    result = _placements(rank, n)                               # its mesh and DTensors are gone when it returns
-    gc.collect()
-    result["extra references to the group"] = sys.getrefcount(world) - before
-    return result
-
-
-def _placements(rank, n):
     mesh = init_device_mesh("cpu", (n,))
     full = torch.arange(8.0).reshape(4, 2)                      # the same tensor on every rank
     sharded = distribute_tensor(full, mesh, [Shard(0)])
@@ -508,9 +1001,45 @@ def two_d(rank, n, steps=3, width=64):
             "max_diff": max((p.full_tensor() - q).abs().max().item() for p, q in zip(model.parameters(), reference.parameters()))}
 
 
+def report(rank, n):
+    return {"placements": placements(rank, n), "two_d": two_d(rank, n)}
+
+
+# %% slideshow={"slide_type": "fragment"}
+start = time.perf_counter()
+dtensor_runs = run_ranks("_runs/dtensor_demo.py:report", nprocs=4, timeout=300, echo="none")  # CPU, gloo
+print(f"4 processes: every rank finished with exit code 0 (~{time.perf_counter() - start:.0f} s)")
+
+# %% slideshow={"slide_type": "subslide"}
+full = torch.arange(8.0).reshape(4, 2)
+for rank, r in enumerate(dtensor_runs):
+    d = r["placements"]
+    print(f"rank {rank}: Shard(0) holds {d['shard local']}, Replicate() holds {d['replicate local']}")
+    assert d["shard local"] == full[rank:rank + 1].tolist() and d["replicate local"] == full.tolist()
+    assert d["full_tensor"] == d["redistributed"] == full.tolist()
+d = dtensor_runs[0]["placements"]
+print(f"full_tensor(): {d['full_tensor']}; (2 * t).sum() is {d['sum placement']} until asked: {d['sum']}")
+assert d["sum placement"] == "(Partial(sum),)" and d["sum"] == 2 * full.sum().item()
+
+# %% slideshow={"slide_type": "fragment"}
+t = dtensor_runs[0]["two_d"]
+print(f"mesh (dp rows, tp columns): {t['mesh']}; first weight {t['global']} placed {t['placements']}, local piece {t['local']}")
+print(f"collectives of one forward pass: {t['forward']}")
+assert t["local"] == (t["global"][0] // 4, t["global"][1])    # sharded by tp, then again by dp
+assert t["forward"] == {"_allgather_base_": 2, "all_reduce": 1}
+assert all(r["two_d"]["max_diff"] < 1e-5 for r in dtensor_runs)
+print("4 processes, data parallel x tensor parallel, after 3 Adam steps: allclose to one process (atol 1e-5): True")
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+On the 2×2 mesh the first weight (64×64) is split into 4 row blocks of 16: by its output features across `tp` (`ColwiseParallel`), and each of those again across `dp` by FSDP2. `_StridedShard` is how DTensor records that the `dp` split happened *inside* the `tp` split. A forward pass communicates twice on the `dp` dimension (FSDP2 all-gathers each `Linear`'s shards) and once on `tp`: the single all-reduce that sums the row-parallel layer's partial outputs (notebook 12). And the four processes trained exactly the model one process trains.
+
+An observation about PyTorch 2.13, made while writing this notebook, not something the lesson depends on: after a DTensor computation the default process group stays referenced from PyTorch's C++ side (no Python object `gc` can find holds it), so `destroy_process_group()` cannot free it, and `course_lib.launch`'s workers warn that its gloo threads may outlive the script (the jobs here run with `echo="none"`, which hides the warning). What matters is that the job ends cleanly: every rank of every job above exited with code 0, which `run_ranks` checks. A later PyTorch may not keep the reference at all.
+"""
+
 # %% [markdown] slideshow={"slide_type": "slide"}
 """
-## 5. Checkpoints of a sharded model
+## 6. Checkpoints of a sharded model
 
 Notebook 10 saved a DDP checkpoint the simple way: every rank holds everything, rank 0 writes. With sharding nobody holds everything, and two ways remain:
 
@@ -535,7 +1064,7 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model
 from torch.distributed.tensor import DTensor
 from torch.utils.data import DistributedSampler, TensorDataset
 
-from zero import LR, WIDTH, loss_fn, make_model, shard_model
+from model import LR, WIDTH, loss_fn, make_model, shard_model
 
 GLOBAL_BATCH, SAMPLES = 16, 48                                  # 3 steps per epoch
 PARTS = ("model", "optim", "progress", "rng")                  # the whole training state
@@ -546,9 +1075,9 @@ def dataset():
     return TensorDataset(torch.randn(SAMPLES, WIDTH, generator=g), torch.randn(SAMPLES, WIDTH, generator=g))
 
 
-def train(rank, n, stop, save_dir=None, save_at=None, resume_from=None, full_path=None, keep=PARTS):
+def train(rank, n, stop, device="cpu", save_dir=None, save_at=None, resume_from=None, full_path=None, keep=PARTS):
     """Train to step `stop`; save everything at step `save_at`, or start from a saved run (the parts in `keep`)."""
-    model = make_model()
+    model = make_model(device=device)
     if dist.is_initialized():
         shard_model(model)                                      # FSDP2 when launched; a plain model otherwise
     opt = torch.optim.Adam(model.parameters(), lr=LR)
@@ -580,7 +1109,7 @@ def train(rank, n, stop, save_dir=None, save_at=None, resume_from=None, full_pat
             eps = 0.1 * torch.randn(GLOBAL_BATCH, WIDTH, generator=noise)  # the same draw on every rank
             x, y = data.tensors[0][idx] + eps[rank::n], data.tensors[1][idx]
             opt.zero_grad()
-            loss_fn(model, x, y).backward()
+            loss_fn(model, x.to(device), y.to(device)).backward()
             opt.step()
             progress["step"] += 1
             if progress["step"] == save_at:
@@ -594,212 +1123,55 @@ def train(rank, n, stop, save_dir=None, save_at=None, resume_from=None, full_pat
         else:
             progress["epoch"] += 1
     params = [p.full_tensor() if isinstance(p, DTensor) else p for p in model.parameters()]
-    return torch.cat([p.detach().flatten() for p in params])
+    return torch.cat([p.detach().flatten() for p in params]).cpu()
 
 
-# %% [markdown] slideshow={"slide_type": "slide"}
-"""
-## 6. Running it: one launch per world size
-
-Starting a process costs seconds (Python, then `import torch`, then the distributed modules), so the whole notebook runs **two** launches: one job of 2 processes doing everything of sections 2–5 that needs 2 ranks, and one of 4 processes for the 2-D mesh and the resume at `N = 4`. The job functions return dictionaries, which the cells after them check. The resume at `N = 1` runs right here, in the notebook's own process: `dcp.load` works without a process group.
-"""
-
-# %% slideshow={"slide_type": "-"}
-# %%writefile _runs/jobs.py
-"""The two jobs of notebook 13: everything at 2 processes, then the 2-D mesh and a resume at 4."""
-import dtensor_demo
-import fsdp2_demo
-import resume
-import zero
+def uninterrupted(rank, n, device, ckpt_dir, full_path):
+    return train(rank, n, stop=8, device=device, save_dir=ckpt_dir, save_at=4, full_path=full_path)
 
 
-def at_two(rank, n, ckpt_dir, full_path):
-    return {
-        "dtensor": dtensor_demo.placements(rank, n),            # first: it checks what DTensor leaves behind
-        "memory": {kind: zero.measure_stage(rank, n, kind) for kind in ("ddp", "zero1", "zero1_builtin", "zero2", "fsdp2")},
-        "fsdp2": fsdp2_demo.fsdp2_report(rank, n),
-        "uninterrupted": resume.train(rank, n, stop=8, save_dir=ckpt_dir, save_at=4, full_path=full_path),
-    }
-
-
-def at_four(rank, n, ckpt_dir):
-    return {"two_d": dtensor_demo.two_d(rank, n), "resumed": resume.train(rank, n, stop=8, resume_from=ckpt_dir)}
+def resumed(rank, n, device, ckpt_dir):
+    return train(rank, n, stop=8, device=device, resume_from=ckpt_dir)
 
 
 # %% slideshow={"slide_type": "fragment"}
 import shutil
 
 shutil.rmtree("_runs/dcp_step4", ignore_errors=True)
-two = run_ranks("_runs/jobs.py:at_two", nprocs=2, args=("_runs/dcp_step4", "_runs/full_step4.pt"), timeout=180, echo="none")
-four = run_ranks("_runs/jobs.py:at_four", nprocs=4, args=("_runs/dcp_step4",), timeout=180, echo="none")
-print(f"2 processes, then 4: both jobs finished, every rank with exit code 0; ~{time.perf_counter() - notebook_start:.0f} s so far")
-
-# %% [markdown] slideshow={"slide_type": "slide"}
-"""
-### 6.1 What each rank holds, against the model
-
-For every way of training, on each rank: the bytes of the parameters, gradients and optimizer state it holds after 3 steps (counted from the tensors, each storage once: exact), against the model of section 1 for the same stage (fp32 Adam, `N = 2`); and the highest point the allocator meter saw during the 3 steps (`~`: it includes activations and temporaries, and depends on the machine).
-"""
-
-# %% slideshow={"slide_type": "fragment"}
-stage_of = {"ddp": "ddp", "zero1": "zero1", "zero1_builtin": "zero1", "zero2": "zero2", "fsdp2": "zero3"}
-numel = two[0]["memory"]["ddp"]["numel"]
-print(f"model: {numel:,} parameters, fp32 Adam, N=2; bytes per rank")
-print(f"{'':<14}{'parameters':>11}{'gradients':>11}{'optimizer':>11}{'held':>11}{'model':>11}   allocator peak")
-for kind, stage in stage_of.items():
-    model = model_state_bytes(numel, 2, stage, "fp32_adam")
-    for rank in (0, 1):
-        r = two[rank]["memory"][kind]
-        h = r["held"]
-        assert (h["parameters"], h["gradients"], h["optimizer"]) == (model.parameters, model.gradients, model.optimizer)
-        assert r["peak"] >= model.total  # the allocator saw at least the state at some point
-    h, r = two[0]["memory"][kind]["held"], two[0]["memory"][kind]
-    print(f"{kind:<14}{h['parameters']:>11,}{h['gradients']:>11,}{h['optimizer']:>11,}{sum(h.values()):>11,}"
-          f"{model.total:>11,}   ~{r['peak'] / 1e6:.2f} MB")
-print("held bytes = the model's, part by part, on both ranks")
-assert two[0]["memory"]["fsdp2"]["peak"] < two[0]["memory"]["ddp"]["peak"]
+saved_by = launch("_runs/resume.py:uninterrupted", args=("_runs/dcp_step4", "_runs/full_step4.pt"))
+files = sorted(os.listdir("_runs/dcp_step4"))
+print(f"DCP checkpoint at step 4: {files}")
+assert files == [".metadata"] + [f"__{r}_0.distcp" for r in range(RANKS)]  # one file per saving rank, and the index
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-The tensors each rank holds are exactly the model's count, part by part: ZeRO-1 (both versions) halves the optimizer state, ZeRO-2 also the gradients, FSDP2 everything, to half of DDP's 16 bytes per parameter. The peaks include the activations and temporaries of a step (ZeRO-2's full gradient exists for a moment in every step here), so with this small model sharding lowers them less than it lowers what is kept.
-
-Why count tensors rather than read the allocator's "still allocated" total? On gloo, a collective's work object keeps references to its tensors, and to any temporary it made, until gloo's worker thread is done with it, and the last reference is often dropped **on that thread**. The profiler behind `measure_peak` records allocations and frees of the threads it profiles, so such a free goes unseen, and the running total ends higher than what is really allocated, by a different amount from run to run. (`benchmarks/sharding_memory.py` prints both numbers for N = 1, 2 and 4: the retained total matches the held bytes for DDP and `ZeroRedundancyOptimizer`, and exceeds them by whole buffers, differently from rank to rank, where gloo's reduce-scatter is involved.) On a GPU, `torch.cuda.memory_allocated` has no such blind spot.
-"""
-
-# %% [markdown] slideshow={"slide_type": "slide"}
-"""
-### 6.2 ZeRO trains exactly like DDP, and sends the same bytes
-
-After 3 Adam steps, every sharded version holds the parameters DDP holds. The byte counts: `HandZero` added up `(N-1)/N` of the buffer per collective; DDP's communication hook saw its gradient buckets, whose ring all-reduce costs `2 (N-1)/N` of their size (`ring_bytes_formula`, from notebook 09).
-"""
-
-# %% slideshow={"slide_type": "fragment"}
-ddp = two[0]["memory"]["ddp"]
-for kind in ("zero1", "zero1_builtin", "zero2", "fsdp2"):
-    for rank in (0, 1):
-        theirs = two[rank]["memory"][kind]["params"]
-        assert torch.allclose(theirs, ddp["params"], rtol=0, atol=1e-6), kind
-    print(f"{kind:<14} parameters after 3 steps allclose to DDP's (atol 1e-6): True")
-ddp_sent = ring_bytes_formula(ddp["ddp_bucket_bytes"], 2)
-for kind in ("zero1", "zero2"):
-    sent = two[0]["memory"][kind]["sent"]
-    print(f"{kind}: reduce-scatter + all-gather sent {sent:,} bytes in 3 steps; DDP's ring all-reduce {ddp_sent:,.0f}")
-    assert sent == ddp_sent == 3 * 2 * (2 - 1) / 2 * 4 * numel
-
-# %% [markdown] slideshow={"slide_type": "slide"}
-"""
-### 6.3 FSDP2
-
-FSDP2 on 2 processes against one process training on the whole batch; where its parameters live; and the collectives of one training step with each `reshard_after_forward`.
-"""
-
-# %% slideshow={"slide_type": "fragment"}
-f = two[0]["fsdp2"]
-one = f["one_process"]
-print(f"weight of the first Linear: a {one['type']} {one['placements']}, global {one['global_shape']}, local {one['local_shape']}")
-assert one["type"] == "DTensor" and one["local_shape"] == (one["global_shape"][0] // 2, one["global_shape"][1])
-assert all(two[r]["fsdp2"]["one_process"]["max_diff"] < 1e-4 for r in (0, 1))
-print("FSDP2 (2 processes) after 3 Adam steps allclose to one process on the whole batch (atol 1e-4): True")
-for reshard, r in f["reshard"].items():
-    print(f"reshard_after_forward={reshard!s:<5}: one step = {r['counts']}; units still gathered after forward: "
-          f"{r['gathered_units']} of 4 ({r['gathered_bytes']:,} bytes of full parameters)")
-units = 4
-for reshard, r in f["reshard"].items():  # each collective moves (N-1)/N of a unit's bytes; DDP's all-reduce: 2 of those
-    print(f"reshard_after_forward={reshard!s:<5}: bytes sent over DDP's: {sum(r['counts'].values()) / (2 * units):.1f}x")
-assert f["reshard"][True]["counts"] == {"_allgather_base_": 2 * units, "_reduce_scatter_base_": units}
-assert f["reshard"][False]["counts"] == {"_allgather_base_": units, "_reduce_scatter_base_": units}
-assert f["reshard"][True]["gathered_units"] == 0 and f["reshard"][False]["gathered_bytes"] == 4 * numel
-
-# %% [markdown] slideshow={"slide_type": "subslide"}
-"""
-(`_allgather_base_` and `_reduce_scatter_base_` are the operators behind `all_gather_single` and `reduce_scatter_single`.) Per step, with the default, each of the 4 units is all-gathered twice (forward, backward) and reduce-scattered once: **1.5 times DDP's traffic** (three collectives of `(N-1)/N · S` against an all-reduce's two). With `reshard_after_forward=False` it is one all-gather per unit, the traffic of DDP, but all 4 units keep their full parameters from forward to backward (4 bytes × every parameter, here 1,052,672 bytes on each rank). With `True`, no unit stays gathered between forward and backward (0 of 4 above): a unit's full parameters exist only around the moment it runs.
-
-The difference from one process (below 1e-4, not bit-exact) is that of summing the same numbers in another order; Adam's division by `√v` can magnify such differences where gradients are near zero.
-
-bf16 compute, and the gradient scalers:
-"""
-
-# %% slideshow={"slide_type": "fragment"}
-print("MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32):", f["bf16"])
-assert f["bf16"] == {"output": "torch.bfloat16", "shard": "torch.float32", "grad": "torch.float32"}
-for name in ("torch.amp.GradScaler", "ShardedGradScaler"):
-    seen = [two[r]["fsdp2"]["scalers"][name] for r in (0, 1)]
-    print(f"{name:<21} inf in rank 1's shard only: stepped {[s['stepped'] for s in seen]}, scale 1024 -> {[s['scale'] for s in seen]}")
-    assert all(not s["stepped"] and s["scale"] == 512.0 for s in seen)
-
-# %% [markdown] slideshow={"slide_type": "subslide"}
-"""
-The forward ran in bf16 while the shards, their gradients and so Adam's state stayed fp32. Both scalers made **both** ranks skip the step and halve the scale, although only rank 1's shard overflowed: with FSDP2, `torch.amp.GradScaler` is enough.
-"""
-
-# %% [markdown] slideshow={"slide_type": "slide"}
-"""
-### 6.4 DTensor placements, and the 2-D mesh
-"""
-
-# %% slideshow={"slide_type": "fragment"}
-for rank in (0, 1):
-    d = two[rank]["dtensor"]
-    print(f"rank {rank}: Shard(0) holds {d['shard local']}, Replicate() holds {d['replicate local']}")
-d = two[0]["dtensor"]
-print(f"full_tensor(): {d['full_tensor']}; (2 * t).sum() is {d['sum placement']} until asked: {d['sum']}")
-full = torch.arange(8.0).reshape(4, 2)
-assert two[0]["dtensor"]["shard local"] == full[:2].tolist() and two[1]["dtensor"]["shard local"] == full[2:].tolist()
-assert all(two[r]["dtensor"]["full_tensor"] == two[r]["dtensor"]["redistributed"] == full.tolist() for r in (0, 1))
-assert d["sum placement"] == "(Partial(sum),)" and d["sum"] == 2 * full.sum().item()
-refs = [two[r]["dtensor"]["extra references to the group"] for r in (0, 1)]
-print(f"references to the default process group left behind by one DTensor computation, per rank: {refs}")
-assert refs == [1, 1]
-
-# %% slideshow={"slide_type": "fragment"}
-t = four[0]["two_d"]
-print(f"mesh (dp rows, tp columns): {t['mesh']}; first weight {t['global']} placed {t['placements']}, local piece {t['local']}")
-print(f"collectives of one forward pass: {t['forward']}")
-assert t["local"] == (t["global"][0] // 4, t["global"][1])    # sharded by tp, then again by dp
-assert t["forward"] == {"_allgather_base_": 2, "all_reduce": 1}
-assert all(four[r]["two_d"]["max_diff"] < 1e-5 for r in range(4))
-print("4 processes, data parallel x tensor parallel, after 3 Adam steps: allclose to one process (atol 1e-5): True")
-
-# %% [markdown] slideshow={"slide_type": "subslide"}
-"""
-On the 2×2 mesh the first weight (64×64) is split into 4 row blocks of 16: by its output features across `tp` (`ColwiseParallel`), and each of those again across `dp` by FSDP2. `_StridedShard` is how DTensor records that the `dp` split happened *inside* the `tp` split. A forward pass communicates twice on the `dp` dimension (FSDP2 all-gathers each `Linear`'s shards) and once on `tp`: the single all-reduce that sums the row-parallel layer's partial outputs (notebook 12). And the four processes trained exactly the model one process trains.
-
-One wart, found while writing this notebook and checked in the cell before the 2-D mesh: after a DTensor computation, PyTorch 2.13 keeps one reference to the default process group somewhere in its C++ side (not in any Python object `gc` can find; it survives deleting the mesh and the tensors). `destroy_process_group()` then cannot free the group, and `course_lib.launch`'s workers print a warning that its gloo threads may outlive the script. They did not cause a crash in any run here: both jobs above ended with exit code 0 on every rank, which `run_ranks` checks (the warning is not shown because the jobs run with `echo="none"`).
-"""
-
-# %% [markdown] slideshow={"slide_type": "slide"}
-"""
-### 6.5 Checkpoints: saved by 2 processes, resumed by 1 and by 4
+Resumed at `N = 1` right here, in the notebook's own process (`dcp.load` works without a process group, into a plain model), and at `N = 4` by a new job:
 """
 
 # %% slideshow={"slide_type": "fragment"}
 import warnings
 
-from resume import train
+import resume
 
 # dcp.load in a process without a process group warns that it assumes one process: that is the intent here
 warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
-files = sorted(os.listdir("_runs/dcp_step4"))
-print("DCP checkpoint at step 4:", files)
-assert files == [".metadata", "__0_0.distcp", "__1_0.distcp"]  # one file per saving rank, and the index
-
-uninterrupted = two[0]["uninterrupted"]
-assert torch.equal(uninterrupted, two[1]["uninterrupted"])
-resumed_one = train(0, 1, stop=8, resume_from="_runs/dcp_step4")    # here, in the notebook's process
-resumed_four = four[0]["resumed"]
-for name, resumed, atol in (("N=1", resumed_one, 1e-6), ("N=4", resumed_four, 2e-5)):
-    assert torch.allclose(resumed, uninterrupted, rtol=0, atol=atol)
-    print(f"saved at N=2, resumed at {name}, steps 5-8: allclose to the uninterrupted N=2 run (atol {atol:g}): True")
+uninterrupted = saved_by[0]
+assert all(torch.equal(uninterrupted, u) for u in saved_by)
+resumed_one = resume.train(0, 1, stop=8, resume_from="_runs/dcp_step4")  # on the CPU, in this process
+resumed_four = launch("_runs/resume.py:resumed", nprocs=course_ranks(4), args=("_runs/dcp_step4",))[0]
+across = 1e-6 if DEVICE == "cpu" else 1e-4  # the GPU path compares a GPU run with this CPU process
+for name, result, atol in (("N=1", resumed_one, across), (f"N={course_ranks(4)}", resumed_four, 2e-5)):
+    assert torch.allclose(result, uninterrupted, rtol=0, atol=atol)
+    print(f"saved at N={RANKS}, resumed at {name}, steps 5-8: allclose to the uninterrupted N={RANKS} run (atol {atol:g}): True")
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-The run resumed at step 4 of the 8, in epoch 1, one step into it, with the noise generator where it was; on 1 process and on 4 it ends where the uninterrupted 2-process run ends. Drop a part of the state and it does not: the check below also resumes without the optimizer state (a fresh Adam: no `m`, `v`, step count) and without the generator's state (different noise).
+The run resumed at step 4 of the 8, in epoch 1, one step into it, with the noise generator where it was; on 1 process and on 4 it ends where the uninterrupted 2-process run ends (up to the order of sums, which changes with the number of shards). Drop a part of the state and it does not: the check below also resumes without the optimizer state (a fresh Adam: no `m`, `v`, step count) and without the generator's state (different noise).
 
 The second file, written by rank 0 from a gathered state dict, holds the same weights as the DCP checkpoint: the portable alternative, with its cost paid by rank 0.
 """
 
 # %% slideshow={"slide_type": "fragment"}
-import resume
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
@@ -811,29 +1183,41 @@ assert full.keys() == weights.keys() and all(torch.equal(full[k], weights[k]) fo
 print(f"rank 0's gathered torch.save file = the DCP shards, tensor for tensor ({len(full)} tensors): True")
 
 for dropped in ("optim", "rng"):                              # resume at N=1 without one part of the state
-    partial = train(0, 1, stop=8, resume_from="_runs/dcp_step4", keep=tuple(p for p in resume.PARTS if p != dropped))
+    partial = resume.train(0, 1, stop=8, resume_from="_runs/dcp_step4", keep=tuple(p for p in resume.PARTS if p != dropped))
     gap = (partial - uninterrupted).abs().max().item()
     print(f"resumed without {dropped!r}: largest difference from the uninterrupted run ~{gap:.0e}")
     assert gap > 5e-4
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+**On GPUs, exact resumption needs more state.** This run resumes exactly because everything random it draws comes from one explicit CPU generator, the same on every rank, and because CPU kernels give the same bits every time. A GPU training script must also save and restore:
+
+- **each rank's CUDA generator** (`torch.cuda.get_rng_state()`, one per rank, saved under a key with the rank in it): dropout and any other random op on the GPU draw from it, and ranks may hold different states;
+- **each rank's CPU generator** when ranks draw differently (`torch.get_rng_state()`), and Python's and NumPy's if the script uses them;
+- **the data loader's position and its workers' generators**: a `DataLoader` with worker processes seeds each worker from the base generator and prefetches ahead, so "the step counter" does not say where it is; `torchdata`'s `StatefulDataLoader` has the `state_dict()` / `load_state_dict()` for that.
+
+And it must run **deterministic kernels**: some GPU backward kernels add with atomics in whatever order threads arrive, so two runs differ in the last bits without any randomness; `torch.use_deterministic_algorithms(True)` (with `CUBLAS_WORKSPACE_CONFIG=:4096:8` for cuBLAS) makes them repeatable, at some cost in speed. DCP's **`Stateful` protocol** keeps all this in one checkpoint: any object with `state_dict()` and `load_state_dict()` placed in the dict given to `dcp.save` / `dcp.load` is saved and restored through those methods, so a training script wraps its loader, its generators and its progress in such objects.
+"""
 
 # %% [markdown] slideshow={"slide_type": "slide"}
 """
 ## 7. When to shard, and when to split the model
 
-When the **model state** (parameters, gradients, optimizer state) does not fit on one device, shard it across the data-parallel ranks first: ZeRO-1 or 2 if dividing the optimizer state (and gradients) is enough, ZeRO-3/FSDP when the parameters too must be divided. It keeps the data-parallel program: every rank runs the whole model on its own data, the code barely changes (`fully_shard` and a state-dict API), and the traffic is DDP's (stages 1–2) or 1.5 times it (stage 3). On GPUs FSDP hides much of it behind compute by all-gathering the next unit while the current one runs (communication on its own CUDA stream); on these CPU processes there is nothing to overlap with, so that part is not measured here.
+When the **model state** (parameters, gradients, optimizer state) does not fit on one device, shard it across the data-parallel ranks first: ZeRO-1 or 2 if dividing the optimizer state (and gradients) is enough, ZeRO-3/FSDP when the parameters too must be divided. It keeps the data-parallel program: every rank runs the whole model on its own data, the code barely changes (`fully_shard` and a state-dict API), and the traffic is DDP's (stages 1–2) or 1.5 times it (stage 3). On GPUs FSDP hides much of it behind compute by all-gathering the next unit while the current one runs (the prefetch of section 3.2, on its own CUDA stream); on these CPU processes there is nothing to overlap with, so that part is not measured here.
 
-Pipeline and tensor parallelism (notebook 12) come in when sharding is not enough or not efficient: when the **activations** of even one micro-batch do not fit (sharding does not divide them; tensor parallelism does, inside each layer), when a single layer's gathered parameters are too big for one device, or at a scale where all-gathering every parameter over the slower links between nodes costs more than the compute it overlaps with. Large runs then combine them on a multi-dimensional `DeviceMesh`, as in section 6.4: FSDP across the data-parallel dimension, tensor parallelism within a node, pipeline stages across nodes.
+Pipeline and tensor parallelism (notebook 12) come in when sharding is not enough or not efficient: when the **activations** of even one micro-batch do not fit (sharding does not divide them; tensor parallelism divides those inside its column- and row-parallel layers, but leaves the ones around them, the layer norms, dropout and the residual stream, whole on every tensor-parallel rank unless **sequence parallelism** splits them along the sequence: notebook 15), when a single layer's gathered parameters are too big for one device, or at a scale where all-gathering every parameter over the slower links between nodes costs more than the compute it overlaps with. Large runs then combine them on a multi-dimensional `DeviceMesh`, as in section 5: FSDP across the data-parallel dimension, tensor parallelism within a node, pipeline stages across nodes.
 """
 
 # %% [markdown] slideshow={"slide_type": "slide"}
 """
 ## Summary
 
-- Per parameter, training keeps `P + G + K` bytes (16 for mixed-precision Adam, 12 of them optimizer state). ZeRO-1 divides `K` by the number of ranks `N`, ZeRO-2 also `G`, ZeRO-3/FSDP also `P`; activations are never sharded. Measured on 2 processes, the tensors each rank held were the model's count exactly, part by part.
-- ZeRO-1/2 by hand is reduce-scatter the gradients, update your own shard with your own optimizer state, all-gather the parameters: exactly DDP's result and exactly DDP's bytes, because an all-reduce is a reduce-scatter and an all-gather. `ZeroRedundancyOptimizer` is the built-in ZeRO-1.
-- FSDP2's `fully_shard` makes parameters `Shard(0)` DTensors; a step is an all-gather per unit in forward, another in backward and a reduce-scatter (1.5× DDP's traffic), or one all-gather with `reshard_after_forward=False` at the cost of keeping the gathered parameters. `MixedPrecisionPolicy` computes in bf16 on fp32 shards; bf16 needs no scaler and fp16's `torch.amp.GradScaler` skips on every rank when any shard overflows.
+- Per parameter, training keeps `P + G + K` bytes (16 for mixed-precision Adam, 12 of them optimizer state; a transient fp32 gradient is not kept). ZeRO-1 divides `K` by the number of ranks `N`, ZeRO-2 also `G`, ZeRO-3/FSDP also `P`; activations are never sharded. Measured on 2 processes, the tensors each rank held were the model's count exactly, part by part.
+- ZeRO-1/2 by hand is reduce-scatter the gradients, update your own shard with your own optimizer state, all-gather the parameters: exactly DDP's result and exactly DDP's bytes, because an all-reduce is a reduce-scatter and an all-gather. A sharded optimizer for real models takes parameter groups, leaves frozen parameters out (a zero gradient is not no gradient: AdamW decayed one from 2.0 to 1.8088 in 10 steps), and averages once; sharding by element suits element-wise optimizers only, sharding by whole parameters (`ZeroRedundancyOptimizer`) every optimizer.
+- FSDP by hand is a pre-forward hook that all-gathers a unit's flat shards (in bf16), a post-forward hook that frees them, a gather again when the gradient reaches the unit, and a reduce-scatter (in fp32) in the gather's backward; the optimizer steps fp32 master shards. It equals `course_lib.hand_fsdp` to the bit and FSDP2 with the matching `MixedPrecisionPolicy` within 1e-6, with the same collectives; each rank holds ZeRO-3's `16Ψ/N` and one unit's gathered parameters at a time.
+- FSDP2's `fully_shard` adds DTensor parameters and state dicts, prefetch, and `reshard_after_forward`: 1.5x DDP's traffic by default, DDP's with `False` at the cost of keeping the gathered parameters. bf16 needs no scaler, and fp16's `torch.amp.GradScaler` skips on every rank when any shard overflows.
 - DTensor placements (`Shard`, `Replicate`, `Partial`) and `redistribute` are the collectives with names; a 2-D mesh ran data × tensor parallelism on 4 processes, equal to one process.
-- `torch.distributed.checkpoint` writes each rank's shards and reloads them into any world size; with the whole training state (model, optimizer, step, sampler epoch, generator states) a run saved at 2 processes and resumed at 1 or 4 ends where the uninterrupted run ends.
+- `torch.distributed.checkpoint` writes each rank's shards and reloads them into any world size; with the whole training state (model, optimizer, step, sampler epoch, generator states) a run saved at 2 processes and resumed at 1 or 4 ends where the uninterrupted run ends. A GPU run also saves each rank's CUDA generator and its loader's state, and runs deterministic kernels.
 - Shard first when model state does not fit; pipeline and tensor parallelism (notebook 12) when activations or single layers do not, or at scale.
 """
 
@@ -844,10 +1228,12 @@ Pipeline and tensor parallelism (notebook 12) come in when sharding is not enoug
 1. Write `rank_bytes(num_params, world_size, stage)`: the bytes of model state one rank holds with mixed-precision Adam (2 + 2 + 12 bytes per parameter), for `stage` in `"ddp"`, `"zero1"`, `"zero2"`, `"zero3"`; a shard is `ceil(num_params / world_size)` elements.
 2. For each case in `FIT_SCENARIOS` (parameters, world size, device memory, activations per rank; mixed-precision Adam), give the **first** of `ddp`, `zero1`, `zero2`, `zero3` whose model state plus activations fits (each stage communicates or reorganises more than the one before).
 3. Write `bytes_sent(num_params, world_size, stage)`: the bytes one rank sends per training step with bf16 parameters and gradients (2 bytes each) and ring algorithms, for the four stages (ZeRO-3 with `reshard_after_forward=True`).
+4. Write the reduce-scatter step of section 3's FSDP: `shard_gradient(full_grad, world_size, reduce_dtype, shard_dtype)` gets this rank's gradient of a unit's gathered flat parameters (padded, in the compute dtype) and returns this rank's shard of the **mean** gradient over the ranks, in `shard_dtype`. Use `dist.reduce_scatter_single` (the check runs it on simulated ranks).
 """
 
 # %% slideshow={"slide_type": "-"}
-from course_lib.exercises.sharding import FIT_SCENARIOS, check_bytes_sent, check_rank_bytes, check_stage_that_fits
+from course_lib.exercises.sharding import (FIT_SCENARIOS, check_bytes_sent, check_rank_bytes, check_reduce_scatter_step,
+                                           check_stage_that_fits)
 
 
 def rank_bytes(num_params, world_size, stage):
@@ -870,13 +1256,25 @@ def bytes_sent(num_params, world_size, stage):
 
 print(check_bytes_sent(bytes_sent))
 
+
+# %% slideshow={"slide_type": "-"}
+def shard_gradient(full_grad, world_size, reduce_dtype, shard_dtype):
+    """full_grad: this rank's gradient of a unit's gathered flat parameters (padded, compute dtype).
+    Return this rank's shard of the mean gradient over the ranks, in shard_dtype."""
+    raise NotImplementedError  # your code here
+
+
+print(check_reduce_scatter_step(shard_gradient))
+
 # %% [markdown] slideshow={"slide_type": "slide"}
 """
 ## References
 
 - S. Rajbhandari, J. Rasley, O. Ruwase, Y. He, *ZeRO: Memory Optimizations Toward Training Trillion Parameter Models*, SC 2020, [arXiv:1910.02054](https://arxiv.org/abs/1910.02054).
 - Y. Zhao et al., *PyTorch FSDP: Experiences on Scaling Fully Sharded Data Parallel*, VLDB 2023, [arXiv:2304.11277](https://arxiv.org/abs/2304.11277).
-- PyTorch docs: [`torch.distributed.fsdp.fully_shard`](https://pytorch.org/docs/stable/distributed.fsdp.fully_shard.html), [DTensor and DeviceMesh](https://pytorch.org/docs/stable/distributed.tensor.html), [Tensor Parallelism](https://pytorch.org/docs/stable/distributed.tensor.parallel.html), [`torch.distributed.checkpoint`](https://pytorch.org/docs/stable/distributed.checkpoint.html), [`ZeroRedundancyOptimizer`](https://pytorch.org/docs/stable/distributed.optim.html), [collective communication](https://pytorch.org/docs/stable/distributed.html#collective-functions).
+- PyTorch docs: [`torch.distributed.fsdp.fully_shard`](https://pytorch.org/docs/stable/distributed.fsdp.fully_shard.html), [DTensor and DeviceMesh](https://pytorch.org/docs/stable/distributed.tensor.html), [Tensor Parallelism](https://pytorch.org/docs/stable/distributed.tensor.parallel.html), [`torch.distributed.checkpoint`](https://pytorch.org/docs/stable/distributed.checkpoint.html), [`ZeroRedundancyOptimizer`](https://pytorch.org/docs/stable/distributed.optim.html), [collective communication](https://pytorch.org/docs/stable/distributed.html#collective-functions), [reproducibility](https://pytorch.org/docs/stable/notes/randomness.html).
 - PyTorch tutorials: [Getting started with FSDP2](https://pytorch.org/tutorials/intermediate/FSDP_tutorial.html), [Getting started with DeviceMesh](https://pytorch.org/tutorials/recipes/distributed_device_mesh.html), [Distributed checkpoint recipe](https://pytorch.org/tutorials/recipes/distributed_checkpoint_recipe.html).
+- `torchdata`'s [Stateful DataLoader tutorial](https://pytorch.org/data/0.11/stateful_dataloader_tutorial.html) (`StatefulDataLoader`).
 - NVIDIA NCCL documentation, "In-place operations" (reduce-scatter and all-gather in place when the rank's chunk is the input or output).
+- N. Shazeer, M. Stern, *Adafactor: Adaptive Learning Rates with Sublinear Memory Cost*, ICML 2018, [arXiv:1804.04235](https://arxiv.org/abs/1804.04235) (the factored second moment of section 2.3).
 """

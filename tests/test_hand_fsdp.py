@@ -275,9 +275,9 @@ def test_bytes_and_peak_against_the_zero3_model(reports: list[dict[str, Any]]) -
     sent = (n - 1) / n * (gathered + reduced)  # what a ring sends of them
     assert sent == 3 * (n - 1) / n * 2 * psi  # the ZeRO-3 traffic of notebook 13's exercise: 1.5 x DDP's
     zero3 = model_state_bytes(psi, n, "zero3", "fp32_adam")
-    assert hand["shard_bytes"] == zero3.parameters and hand["state_bytes"] == zero3.optimizer
+    assert hand["shard_bytes"] == zero3.parameters and hand["state_bytes"] == zero3.optimizer_state
     # the fp32 master and Adam's m and v: mixed-precision Adam's 12 bytes per parameter, sharded
-    assert hand["shard_bytes"] + hand["state_bytes"] == model_state_bytes(psi, n, "zero3", "mixed_adam").optimizer
+    assert hand["shard_bytes"] + hand["state_bytes"] == model_state_bytes(psi, n, "zero3", "mixed_adam").optimizer_state
     unit_bf16 = (64 * 64 + 64) * 2
     assert hand["peak"] == unit_bf16 and hand["now"] == 0  # one unit at a time, all freed after the step
     assert b["hand_False"]["peak"] == 3 * unit_bf16  # kept from forward to backward: all of them at once
