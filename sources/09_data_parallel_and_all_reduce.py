@@ -131,6 +131,8 @@ print("loading dp.module.state_dict() works")
 
 # %% slideshow={"slide_type": "-"}
 print(run_script(["python", "_runs/dp_without_gpus.py"], timeout=600, echo="none").output("main"))
+
+# %% slideshow={"slide_type": "-"}
 model = make_mlp()  # the same seeded MLP, in this kernel, for the rest of the section
 loss_fn = nn.CrossEntropyLoss()
 

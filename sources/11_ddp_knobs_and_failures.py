@@ -478,7 +478,7 @@ The same hook lists each bucket's size at each step. Three rules explain every n
 2. **After step 1 the buckets are rebuilt** in the order the gradients actually arrived (the last layer first), and kept from then on.
 3. Gradients go into a bucket **whole**, and a bucket is closed as soon as its size **reaches** the cap; so a bucket can exceed the cap by up to one tensor. With the default `bucket_cap_mb=25`, the **first** bucket's cap is `dist._DEFAULT_FIRST_BUCKET_BYTES` = 1 MiB, so that the last layers' gradients, ready first, go out early instead of waiting in a 25 MiB bucket. When you pass `bucket_cap_mb` yourself, there is no special first bucket: every bucket, the first included, is capped at your value.
 
-Notebook 09 §5 summed the rule up as "a bucket closed as soon as it holds at least 1 MiB for the first, 25 MiB for the others". That is rule 3 with the default cap only, and after the rebuild; rules 1 and 2 and the explicit cap are what it leaves out, and what the counts below need.
+Notebook 09 §5 states the steady state: whole tensors in reverse order, a bucket closed once it holds at least its cap, 1 MiB for the first bucket and 25 MiB for the others under the default `bucket_cap_mb`, a cap you pass applying to every bucket, and a first step with one bucket before the rebuild. The rules below take each part apart, with the counts that need them.
 """
 
 # %% slideshow={"slide_type": "-"}

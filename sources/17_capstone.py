@@ -150,7 +150,7 @@ def run(amp=False, use_checkpoint=False, accum=1, ddp=False, steps=30, batch=512
         acc = (model(test.flat()).argmax(1) == test.y).float().mean().item()
     name = "+".join(n for n, on in (("amp", amp), ("ckpt", use_checkpoint), (f"accum{accum}", accum > 1), ("ddp", ddp)) if on) or "baseline"
     return {"config": name, "amp": amp, "checkpoint": use_checkpoint, "accum": accum, "world": world,
-            "peak_mb": peak / 2**20, "step_ms": 1000 * step_s,
+            "peak_mib": peak / 2**20, "step_ms": 1000 * step_s,
             "accuracy": acc, "final_loss": statistics.mean(losses[-5:])}
 
 
@@ -180,7 +180,7 @@ def main():
     results = []
     for amp, ckpt, accum in combos:
         r = run(amp, ckpt, accum, args.ddp, args.steps)
-        log(f"{r['config']:<22} peak {r['peak_mb']:6.2f} MB  step ~{r['step_ms']:.2f} ms  accuracy {r['accuracy']:.3f}")
+        log(f"{r['config']:<22} peak {r['peak_mib']:6.2f} MiB  step ~{r['step_ms']:.2f} ms  accuracy {r['accuracy']:.3f}")
         results.append(r)
     if args.ddp:
         dist.barrier()  # every rank done communicating before anyone tears the group down
@@ -225,17 +225,17 @@ def cpu_dependent(r, value, spec, width):
     return f"{('~' if r['amp'] else '') + format(value, spec):>{width}}"
 
 
-print(f"{'configuration':<22} {'processes':>9} {'peak MB':>8} {'accuracy':>9}   step ms")
+print(f"{'configuration':<22} {'processes':>9} {'peak MiB':>8} {'accuracy':>9}   step ms")
 for r in rows:  # the timing goes last, right after '~', so its width cannot shift the other columns
-    print(f"{r['config']:<22} {r['world']:>9} {cpu_dependent(r, r['peak_mb'], '.2f', 8)} "
+    print(f"{r['config']:<22} {r['world']:>9} {cpu_dependent(r, r['peak_mib'], '.2f', 8)} "
           f"{cpu_dependent(r, r['accuracy'], '.3f', 9)}   ~{r['step_ms']:.1f}")
 
 # %% slideshow={"slide_type": "-"}
 fig, axes = plt.subplots(1, 2, figsize=(11, 3.8), constrained_layout=True)
 names = [r["config"] for r in rows]
 colors = ["tab:blue" if r["world"] == 1 else "tab:green" for r in rows]
-axes[0].barh(names, [r["peak_mb"] for r in rows], color=colors)
-axes[0].set(xlabel="peak memory of one step (MB, per process)", title="memory (green: 2 DDP ranks, worst rank)")
+axes[0].barh(names, [r["peak_mib"] for r in rows], color=colors)
+axes[0].set(xlabel="peak memory of one step (MiB, per process)", title="memory (green: 2 DDP ranks, worst rank)")
 axes[1].barh(names, [r["step_ms"] for r in rows], color=colors)
 axes[1].set(xlabel="median step time (ms)", title="time per optimizer step (2 shared CPU cores)")
 for ax in axes:
@@ -256,13 +256,13 @@ What the table shows. Memory is the allocator's record, the same on every run; f
 # %% slideshow={"slide_type": "-"}
 base = res["baseline"]
 for name in ("ckpt", "accum4", "amp", "amp+ckpt+accum4"):
-    assert res[name]["peak_mb"] < base["peak_mb"], name
-assert res["amp+ckpt+accum4"]["peak_mb"] == min(r["peak_mb"] for r in rows if r["world"] == 1)
-assert res["ddp"]["peak_mb"] < base["peak_mb"]
+    assert res[name]["peak_mib"] < base["peak_mib"], name
+assert res["amp+ckpt+accum4"]["peak_mib"] == min(r["peak_mib"] for r in rows if r["world"] == 1)
+assert res["ddp"]["peak_mib"] < base["peak_mib"]
 fp32 = [r["accuracy"] for r in rows if not r["amp"]]
 assert max(fp32) - min(fp32) <= 0.01 and all(abs(r["accuracy"] - base["accuracy"]) <= 0.02 for r in rows)
 for name in ("ckpt", "accum4", "amp", "amp+ckpt+accum4", "ddp"):
-    ratio = res[name]["peak_mb"] / base["peak_mb"]
+    ratio = res[name]["peak_mib"] / base["peak_mib"]
     print(f"{name:<16} peak memory x{'~' if res[name]['amp'] else ''}{ratio:.2f} of baseline, step time x~{res[name]['step_ms'] / base['step_ms']:.2f}")
 print(f"test accuracy: float32 configurations {min(fp32):.3f}-{max(fp32):.3f}, baseline {base['accuracy']:.3f}")
 
