@@ -153,7 +153,7 @@ print("torch.cpu.amp.autocast ->", [str(w.message) for w in caught if issubclass
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-**On CUDA the lists differ.** CUDA autocast's fp32 list also contains `softmax`, `log_softmax`, `layer_norm`, `group_norm`, `exp`, `log`, `pow`, `sum`, `prod`, `norm` and more, because with fp16 (5 exponent bits) `exp` overflows beyond 11.1, sums of many terms exceed 65504, and norms square their inputs. The GPU cell below prints the same table for `autocast("cuda", torch.float16)`.
+**On CUDA the lists differ.** CUDA autocast's fp32 list ([PyTorch's autocast op reference](https://pytorch.org/docs/stable/amp.html#autocast-op-reference)) also contains `softmax`, `log_softmax`, `layer_norm`, `group_norm`, `exp`, `log`, `pow`, `sum`, `prod`, `norm` and more, because with fp16 (5 exponent bits) `exp` overflows beyond 11.1, sums of many terms exceed 65504, and norms square their inputs. The GPU cell below prints the same table for `autocast("cuda", torch.float16)`.
 """
 
 # %% slideshow={"slide_type": "fragment"}
