@@ -300,9 +300,11 @@ ref_final = torch.load("_runs/fsdp_ref/final.pt", weights_only=True)
 fsdp_final = torch.load("_runs/fsdp/final.pt", weights_only=True)
 param_diff = max((ref_final[k] - fsdp_final[k]).abs().max().item() for k in ref_final)
 print(f"{len(fsdp_log['losses'])} steps on {fsdp_log['world']} ranks against 1 process:")
+# Parameters get 1e-4: AdamW divides each update by the root of its running squared gradient, so gradients that differ
+# in the last bits (sharded sums in another order, other CPU kernels) can move a small-gradient weight by ~1e-5.
 print(f"  losses equal within 1e-5: {loss_diff < 1e-5}; gradient norms (clip_grad_norm_ on DTensors) within 1e-5: "
-      f"{norm_diff < 1e-5}; final parameters within 1e-5: {param_diff < 1e-5}")
-assert sorted(ref_final) == sorted(fsdp_final) and loss_diff < 1e-5 and norm_diff < 1e-5 and param_diff < 1e-5
+      f"{norm_diff < 1e-5}; final parameters within 1e-4: {param_diff < 1e-4}")
+assert sorted(ref_final) == sorted(fsdp_final) and loss_diff < 1e-5 and norm_diff < 1e-5 and param_diff < 1e-4
 
 # %% [markdown] slideshow={"slide_type": "fragment"}
 """
@@ -402,7 +404,7 @@ Bit for bit, because everything a step depends on came back: the parameters, Ada
 """
 ## Summary
 
-- Build on `meta`, `fully_shard` each block and then the root on an explicit mesh of the device you chose, `to_empty`, initialize: no rank ever holds the whole model, and the sharded run trained like one process (losses, gradient norms and final parameters within 1e-5).
+- Build on `meta`, `fully_shard` each block and then the root on an explicit mesh of the device you chose, `to_empty`, initialize: no rank ever holds the whole model, and the sharded run trained like one process (losses and gradient norms within 1e-5, final parameters within 1e-4).
 - One unit per block: an all-gather holds one block's parameters. Per micro-batch the root is gathered once and each block twice; `set_requires_gradient_sync(False)` skips the reduce-scatters of all micro-batches but the last, not the all-gathers.
 - `MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)` computes in bf16 on fp32 shards, gradients and optimizer state; checkpoint each block first, then shard it.
 - `clip_grad_norm_` on DTensor gradients returns the global norm.
