@@ -144,15 +144,13 @@ test-load: $(DEV_STAMP)
 
 # CI's extra passes over every notebook, two conditions per nbval run so that four cost two: the portable CPU
 # (one thread) with $(SIMULATED_GPUS) simulated GPUs visible, then the AVX2 CPU with every core kept busy. Each
-# condition alone is the target above (test-portable, test-gpu-visible, test-load).
+# condition alone is the target above (test-portable, test-gpu-visible, test-load); this runs the last two under the
+# first one's two CPUs.
 test-extra: $(DEV_STAMP)
-	@echo "== nbval under the portable simulated CPU, with $(SIMULATED_GPUS) simulated CUDA GPUs visible"
-	env $(CPU_PORTABLE) $(GPU_VISIBLE_ENV) $(BIN)/python scripts/cpu_capability.py
-	env $(CPU_PORTABLE) $(GPU_VISIBLE_ENV) $(BIN)/python -c "import torch; assert torch.cuda.device_count() == $(SIMULATED_GPUS)"
-	env $(CPU_PORTABLE) $(GPU_VISIBLE_ENV) $(BIN)/python -m pytest -p no:cacheprovider $(PYTEST_NBVAL) $(NB)
-	@echo "== nbval under the AVX2 simulated CPU, on a loaded machine"
+	env $(CPU_PORTABLE) $(BIN)/python scripts/cpu_capability.py
+	env $(CPU_PORTABLE) $(MAKE) --no-print-directory test-gpu-visible
 	env $(CPU_AVX2) $(BIN)/python scripts/cpu_capability.py
-	env $(CPU_AVX2) $(BIN)/python scripts/cpu_hog.py -- $(BIN)/python -m pytest -p no:cacheprovider $(PYTEST_NBVAL) $(NB)
+	env $(CPU_AVX2) $(MAKE) --no-print-directory test-load
 
 # The real-browser tests (tests/browser): JupyterLab runs every notebook, the decks and the site
 # are stepped through offline. Playwright drives $(CHROMIUM); it never downloads a browser.
