@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 JUPYTER = ("jupyterlab", "jupyterlab_rise", "jupytext", "ipykernel", "ipywidgets", "notebook_shim")
 DEV_TOOLS = ("pytest", "nbval", "ruff", "mypy", "playwright", "pre_commit")
 NOT_INSTALLED = {"apex"}  # notebook 17 demonstrates that Apex is not part of PyTorch and not installed
-WRITTEN = re.compile(r"^# %%writefile _runs/(\w+)\.py", re.M)
+WRITTEN = re.compile(r"^# %%writefile _runs/(?:[\w-]+/)*(\w+)\.py", re.M)  # _runs/x.py and _runs/n15/x.py
 
 
 def course_imports() -> set[str]:
