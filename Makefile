@@ -14,13 +14,14 @@ PYTEST_NBVAL := --nbval --nbval-current-env --nbval-sanitize-with tests/sanitize
 CHROMIUM ?= /usr/bin/chromium
 NPM_STAMP := node_modules/.package-lock.json
 
-.PHONY: help venv venv-learner lab test check lint lint-sources test-lib test-notebooks test-portable test-gpu-visible test-load test-extra test-browser test-slurm test-learner-install execute sync generated footprint slides html lock benchmarks clean
+.PHONY: help venv venv-learner lab test check static lint lint-sources test-lib test-notebooks test-portable test-gpu-visible test-load test-extra test-browser test-slurm test-learner-install execute sync generated footprint slides html lock benchmarks clean
 
 help:
 	@echo "make lab        - create $(VENV), install the pinned learner environment, open JupyterLab in notebooks/"
 	@echo "make test       - create/update $(VENV) with the developer extras, lint, pytest, nbval over every notebook"
 	@echo "make check      - the edit-test loop (< 2 min): lint, types, doctests, the unit tests not marked slow"
-	@echo "make lint       - ruff (lint and format), mypy course_lib, course_lib's doctests"
+	@echo "make static     - ruff (lint and format), mypy course_lib, ruff's notebook rules over sources/ (seconds)"
+	@echo "make lint       - make static, then course_lib's doctests"
 	@echo "make lint-sources - ruff's notebook rules (pyflakes-level) over the text sources in sources/"
 	@echo "make execute    - re-execute notebooks in place (NB='notebooks/01_*.ipynb' for some)"
 	@echo "make sync       - update notebooks/*.ipynb from their edited text sources in sources/ (FROM=ipynb: the reverse)"
@@ -81,25 +82,25 @@ test: $(DEV_STAMP)
 test-lib: $(DEV_STAMP)
 	$(BIN)/python -m pytest -p no:cacheprovider tests
 
-# The edit-test loop, under 2 minutes on 2 cores: `make lint` (ruff, format, mypy, doctests) and every unit test
-# not marked slow, the doctests and tests in one pytest process (one torch import). The slow tests execute
+# The edit-test loop, under 2 minutes on 2 cores: `make static` (ruff, format, mypy, the sources' rules) and every
+# unit test not marked slow, the doctests and tests in one pytest process (one torch import). The slow tests execute
 # notebooks, launch process trees or drive a browser: `make test` runs them (the marker is declared in
 # pyproject.toml's [tool.pytest.ini_options]). CHECK_ARGS=... passes pytest options (CHECK_ARGS=--durations=10).
-check: $(DEV_STAMP)
-	$(BIN)/ruff check course_lib scripts tests benchmarks
-	$(BIN)/ruff format --check course_lib scripts tests benchmarks
-	$(BIN)/mypy course_lib
-	$(if $(filter 1,$(LINT_SOURCES)),$(BIN)/ruff check --config ruff-sources.toml sources)
+check: static
 	$(BIN)/python -m pytest -p no:cacheprovider -q -m "not slow" --doctest-modules $(CHECK_ARGS) course_lib tests
 
 # Style and types of the library, tooling, tests and benchmarks (pyproject.toml's [tool.ruff] and
-# [tool.mypy] say what is left out), and every example in course_lib's docstrings run as a doctest.
-lint: $(DEV_STAMP)
+# [tool.mypy] say what is left out), and the text sources (LINT_SOURCES below): the static half that `make lint`
+# and `make check` share, in seconds. `make lint` adds every example in course_lib's docstrings, run as a doctest;
+# `make check` runs those and the unit tests in one pytest process.
+static: $(DEV_STAMP)
 	$(BIN)/ruff check course_lib scripts tests benchmarks
 	$(BIN)/ruff format --check course_lib scripts tests benchmarks
 	$(BIN)/mypy course_lib
-	$(BIN)/python -m pytest -p no:cacheprovider -q --doctest-modules course_lib
 	$(if $(filter 1,$(LINT_SOURCES)),$(BIN)/ruff check --config ruff-sources.toml sources)
+
+lint: static
+	$(BIN)/python -m pytest -p no:cacheprovider -q --doctest-modules course_lib
 
 # The text sources, linted as notebooks (ruff-sources.toml: pyflakes-level rules, no style). Part of `make lint`
 # and `make check` (LINT_SOURCES=0 leaves it out). It caught a notebook calling a name its setup never imported.

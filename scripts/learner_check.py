@@ -6,7 +6,8 @@ Run with the interpreter of an environment made from ``requirements.lock`` alone
 It imports every third-party module that a notebook's text source or ``course_lib`` imports (read from their
 code: the modules a notebook writes with ``%%writefile`` and ``apex``, which notebook 17 shows missing, left
 out), every ``course_lib`` module, and what JupyterLab needs for the course (RISE, jupytext, the kernel,
-widgets); then it checks that none of the developer tools (pytest, nbval, ruff, mypy, playwright, pre-commit) is
+widgets), and reads the course's data (the digits ship inside scikit-learn's wheel, which nothing imports);
+then it checks that none of the developer tools (pytest, nbval, ruff, mypy, playwright, pre-commit) is
 installed. Exit status 1, with the list, if anything is wrong.
 """
 
@@ -61,6 +62,12 @@ def main() -> int:
             importlib.import_module(name)
         except Exception as e:  # noqa: BLE001
             failed.append(f"import {name}: {type(e).__name__}: {e}")
+    try:  # the data ship inside installed packages (scikit-learn's wheel, Python's pydoc_data): read them once
+        from course_lib.data import digits, text_corpus
+
+        digits(), text_corpus()
+    except Exception as e:  # noqa: BLE001
+        failed.append(f"course data: {type(e).__name__}: {e}")
     present = [tool for tool in DEV_TOOLS if importlib.util.find_spec(tool) is not None]
     if present:
         failed.append(f"developer tools in the learner's environment: {present} (they belong to the dev extra)")

@@ -15,6 +15,27 @@ def test_digits_shapes_and_split() -> None:
     assert abs(float(train.x.mean())) < 1e-4 and abs(float(train.x.std()) - 1) < 1e-3
 
 
+def test_digits_are_scikit_learns_without_importing_it() -> None:
+    """The file read directly holds what ``load_digits`` returns, in order; reading it imports no scikit-learn."""
+    import subprocess
+    import sys
+
+    from sklearn.datasets import load_digits
+
+    from course_lib.data import _digits_arrays
+
+    images, labels = _digits_arrays()
+    bunch = load_digits()
+    assert images.shape == bunch.images.shape == (1797, 8, 8)
+    assert (images == bunch.images).all() and (labels == bunch.target).all() and labels.dtype == bunch.target.dtype
+    code = (
+        "import sys, course_lib.data as d; d.digits(); "
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'sklearn', 'scipy'}))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
+    assert out.stdout.strip() == "[]", out.stdout
+
+
 def test_digits_is_deterministic_and_seed_changes_the_split() -> None:
     a, _ = digits()
     b, _ = digits()
