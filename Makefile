@@ -10,7 +10,13 @@ DEV_STAMP := $(VENV)/.installed-dev
 # The notebooks, in course order, from the manifest (course.toml); expanded when a recipe runs,
 # after the venv exists.
 NB     ?= $(shell $(BIN)/python -m course_tools.manifest)
-PYTEST_NBVAL := --nbval --nbval-current-env --nbval-sanitize-with tests/sanitize.cfg
+# nbval runs NBVAL_WORKERS notebooks at once (pytest-xdist; each notebook's cells stay in order in one kernel, on one
+# worker: --dist loadfile). A notebook keeps about one core busy on average (it waits on its ranks, sleeps, timeouts),
+# so two at a time on 2 cores take ~0.6 of the time of one at a time, and every notebook must print the same
+# under that load anyway (make test-load). NBVAL_WORKERS=1 runs them one after another, in one process.
+NBVAL_WORKERS ?= 2
+XDIST := $(if $(filter-out 0 1,$(NBVAL_WORKERS)),-n $(NBVAL_WORKERS) --dist loadfile)
+PYTEST_NBVAL := --nbval --nbval-current-env --nbval-sanitize-with tests/sanitize.cfg $(XDIST)
 CHROMIUM ?= /usr/bin/chromium
 NPM_STAMP := node_modules/.package-lock.json
 
