@@ -256,6 +256,37 @@ def needed_cells(sources: list[str], targets: set[int], uses: dict[int, set[str]
     return needed
 
 
+def names_lost_with_launches(
+    sources: list[str], keep: set[int], targets: set[int], uses: dict[int, set[str]] | None = None
+) -> dict[int, set[str]]:
+    """The names that a kept launch cell defines and a later kept cell reads, by the launch cell's index.
+
+    The dry run leaves launch cells out (nbval has run them; the GPU cells do not need their processes), so such a
+    name would be undefined there: the launch cell must keep only the launch, with its definitions in a cell before.
+    """
+    imported = frozenset(
+        name
+        for src in sources
+        for node in ast.walk(_parse_or_empty(src))
+        if isinstance(node, (ast.Import, ast.ImportFrom))
+        for name in ((a.asname or a.name).split(".")[0] for a in node.names)
+    )
+    lost: dict[int, set[str]] = {}
+    for i in sorted(keep - targets):
+        names = names_of(sources[i], imported)
+        if not LAUNCHES.search(sources[i]) or names is None:
+            continue
+        read: set[str] = set()
+        for j in sorted(k for k in keep if k > i):
+            later = names_of(sources[j], imported)
+            read |= (
+                (uses or {}).get(j, later[1] if later else set()) if j in targets else (later[1] if later else set())
+            )
+        if names[0] & read:
+            lost[i] = names[0] & read
+    return lost
+
+
 def _parse_or_empty(source: str) -> ast.AST:
     try:
         return ast.parse(source)
@@ -283,6 +314,13 @@ def dry_run_notebook(path: Path) -> tuple[nbformat.NotebookNode, dict[int, GpuCe
     sources = [c.source if c.cell_type == "code" else "" for c in nb.cells]
     guard_only = {c.index: {"requires_gpu"} for c in cells if c.mode == "cannot"}
     keep = needed_cells(sources, set(by_index), guard_only)
+    lost = names_lost_with_launches(sources, keep, set(by_index), guard_only)
+    if lost:
+        where = "; ".join(f"cell {i} defines {sorted(names)}" for i, names in sorted(lost.items()))
+        raise ValueError(
+            f"{path.name}: the GPU cells' dry run leaves launch cells out, but a later cell it runs reads what they "
+            f"define ({where}): move those definitions into a cell before the launch"
+        )
     for i, cell in enumerate(nb.cells[: last + 1]):
         if cell.cell_type != "code" or i not in keep:
             continue

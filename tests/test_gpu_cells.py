@@ -134,5 +134,13 @@ def test_the_dry_run_keeps_only_the_cells_gpu_cells_depend_on() -> None:
     ]
     assert gpu_cells.needed_cells(sources, {6}) == {0, 1, 3, 4, 5, 6}
     assert gpu_cells.needed_cells(sources, {6}, {6: {"requires_gpu"}}) == {0, 5, 6}  # a cell that only skips
+    assert gpu_cells.names_lost_with_launches(sources, {0, 1, 3, 4, 5, 6}, {6}) == {}
+    launching = [
+        "from course_lib.launch import run_ranks",
+        "def f(): pass\nr = run_ranks(f, nprocs=2)",
+        'if requires_gpu("y"):\n    f()',
+    ]
+    assert gpu_cells.names_lost_with_launches(launching, {0, 1, 2}, {2}) == {1: {"f"}}  # f lives in a launch cell
+    assert gpu_cells.names_lost_with_launches(launching, {0, 1, 2}, {2}, {2: {"requires_gpu"}}) == {}
     assert gpu_cells.names_of("torch.manual_seed(0)", frozenset({"torch"})) == (set(), {"torch"})
     assert gpu_cells.names_of("!ls") is None
