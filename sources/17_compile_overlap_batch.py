@@ -658,7 +658,7 @@ The smallest batch needs over 4 times the steps of the largest, but the largest 
 - Under DDP, `torch.compile`'s DDPOptimizer cuts the graph where DDP's buckets begin, so each bucket's all-reduce can start between the subgraphs' backwards: 2 graphs for DDP's 2 default buckets; with `bucket_cap_mb=2`, 5 graphs for DDP's 4 buckets (it always assumes a 1 MiB first bucket); 1 graph with `optimize_ddp=False`.
 - FSDP2: compile each block (`block.compile()`) before or after `fully_shard`; the hooks stay between the compiled pieces and the losses equal eager.
 - `torch._dynamo.explain` lists graph breaks and their reasons, `TORCH_LOGS=recompiles` the guard that failed; compiled autograd captures the backward at run time as one more graph.
-- Overlap measured with PyTorch's own DDP and FSDP2 on a simulated device: DDP hid 3 of 4 all-reduces under backward; FSDP2's prefetch on a CPU needs `_set_unshard_async_op(True)` and hides the all-gathers only; both savings agree with the α-β prediction in order of magnitude (the printed `~` numbers; on a busy machine the collectives run slower than the idle fit predicts, and overlap hides more).
+- Overlap measured with PyTorch's own DDP and FSDP2 on a simulated device: DDP hid 3 of 4 all-reduces under backward; FSDP2's prefetch on a CPU needs `_set_unshard_async_op(True)` and hides the all-gathers only; both savings agree with the α-β prediction in order of magnitude (the printed `~` numbers; on a busy machine the collectives take longer than the idle fit predicts, and overlap hides more).
 - A `k` times larger global batch needs a larger learning rate (linear for SGD, about `sqrt(k)` for Adam, with warmup), and past the critical batch size a larger batch buys few steps.
 """
 
