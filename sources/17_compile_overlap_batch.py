@@ -668,10 +668,12 @@ The smallest batch needs over 4 times the steps of the largest, but the largest 
 
 1. Write `ddp_optimizer_graphs(layer_bytes, bucket_cap_bytes, first_bucket_cap_bytes=2**20)`: the number of graphs DDPOptimizer cuts a model into, given the parameter bytes of its layers in forward order. It walks the layers backwards, adding each layer's bytes to the current bucket, and closes the bucket as soon as its bytes reach the cap (the first bucket's cap for the first bucket).
 2. Write `scaled_lr(step, base_lr, base_batch, batch, rule, warmup_steps)`: the learning rate at optimizer step `step` (0-based) when the batch grows from `base_batch` to `batch`, for `rule` in `"none"`, `"linear"`, `"sqrt"`, with a linear warmup to the peak rate over the first `warmup_steps` steps (rate × `(step + 1) / warmup_steps`, as in section 6; no warmup when `warmup_steps` is 0).
+3. Section 4's prediction, for any layers. Write `exposed_wait(backward_ms, allreduce_ms)`: how long a DDP step waits after backward with overlap, given each layer's backward time and its bucket's all-reduce time, both in the order backward runs the layers (last layer first). A bucket's all-reduce starts when its layer's backward is done **and** the previous all-reduce has finished (one link, one message at a time).
 """
 
 # %% slideshow={"slide_type": "-"}
-from course_lib.exercises.compile_overlap_batch import check_ddp_optimizer_graphs, check_scaled_lr
+from course_lib.exercises.compile_overlap_batch import (check_ddp_optimizer_graphs, check_exposed_wait,
+                                                        check_scaled_lr)
 
 
 def ddp_optimizer_graphs(layer_bytes, bucket_cap_bytes, first_bucket_cap_bytes=2**20):
@@ -687,6 +689,14 @@ def scaled_lr(step, base_lr, base_batch, batch, rule, warmup_steps):
 
 
 print(check_scaled_lr(scaled_lr))
+
+
+# %% slideshow={"slide_type": "-"}
+def exposed_wait(backward_ms, allreduce_ms):
+    raise NotImplementedError  # your code here
+
+
+print(check_exposed_wait(exposed_wait))
 
 # %% [markdown] slideshow={"slide_type": "slide"}
 """

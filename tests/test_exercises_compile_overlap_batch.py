@@ -7,8 +7,10 @@ import pytest
 from checks import assert_check
 from course_lib.exercises.compile_overlap_batch import (
     check_ddp_optimizer_graphs,
+    check_exposed_wait,
     check_scaled_lr,
     ddp_optimizer_graphs,
+    exposed_wait,
     scaled_lr,
 )
 
@@ -83,5 +85,34 @@ def test_scaled_lr() -> None:
             (lambda s, lr, b0, b, rule, w: _lr(s, lr, b0, b, rule, 0), "still growing"),
             (lambda s, lr, b0, b, rule, w: _lr(s, lr, b0, b, rule, 0) * (min(1.0, s / w) if w else 1.0), "step 0"),
             (lambda s, lr, b0, b, rule, w: lr * 2, "expected"),
+        ],
+    )
+
+
+def _wait(backward: list[float], comm: list[float]) -> float:
+    t, link = 0.0, 0.0
+    for b, c in zip(backward, comm):
+        t += b
+        link = max(t, link) + c
+    return max(0.0, link - t)
+
+
+def test_exposed_wait() -> None:
+    assert exposed_wait([30, 30, 30, 30], [6, 6, 6, 6]) == 6
+    assert exposed_wait([5, 5], [20, 20]) == 35
+    assert exposed_wait([], []) == 0
+    with pytest.raises(ValueError):
+        exposed_wait([1, 2], [1])
+    with pytest.raises(TypeError):
+        exposed_wait("30", [6])  # type: ignore[arg-type]
+    assert_check(
+        check_exposed_wait,
+        right=[_wait, exposed_wait],
+        not_done=[_blank, ...],
+        wrong=[
+            (lambda b, c: sum(c), "without overlap"),
+            (lambda b, c: c[-1], "waits for the one before it"),
+            (lambda b, c: max(0.0, max(sum(b[: i + 1]) + x for i, x in enumerate(c)) - sum(b)), "one link"),
+            (lambda b, c: 1.0, "expected"),
         ],
     )

@@ -9,7 +9,15 @@ from typing import Any
 from ..validation import check_int, check_number
 from .core import Wrong, as_number, call_learner, exercise
 
-__all__ = ["RULES", "check_ddp_optimizer_graphs", "check_scaled_lr", "ddp_optimizer_graphs", "scaled_lr"]
+__all__ = [
+    "RULES",
+    "check_ddp_optimizer_graphs",
+    "check_exposed_wait",
+    "check_scaled_lr",
+    "ddp_optimizer_graphs",
+    "exposed_wait",
+    "scaled_lr",
+]
 
 RULES = ("none", "linear", "sqrt")
 
@@ -53,6 +61,26 @@ def scaled_lr(step: int, base_lr: float, base_batch: int, batch: int, rule: str,
     k = batch / base_batch
     peak = base_lr * {"none": 1.0, "linear": k, "sqrt": math.sqrt(k)}[rule]
     return peak * min(1.0, (step + 1) / warmup_steps) if warmup_steps else peak
+
+
+def exposed_wait(backward_ms: Sequence[float], allreduce_ms: Sequence[float]) -> float:
+    """How long a DDP step waits after backward, with overlap: layer ``i``'s backward (in the order backward
+    runs them, last layer first) takes ``backward_ms[i]``, then its bucket's all-reduce, ``allreduce_ms[i]``,
+    starts as soon as both the bucket is ready and the previous all-reduce is done (one link, one at a time).
+
+    >>> exposed_wait([30, 30, 30, 30], [6, 6, 6, 6]), exposed_wait([5, 5], [20, 20])
+    (6.0, 35.0)
+    """
+    for name, seq in (("backward_ms", backward_ms), ("allreduce_ms", allreduce_ms)):
+        if isinstance(seq, (str, bytes)) or not isinstance(seq, Sequence):
+            raise TypeError(f"{name} must be a sequence of milliseconds")
+    if len(backward_ms) != len(allreduce_ms):
+        raise ValueError(f"one all-reduce per layer: got {len(backward_ms)} layers and {len(allreduce_ms)} all-reduces")
+    ready = link_free = 0.0
+    for b, c in zip(backward_ms, allreduce_ms):
+        ready += float(check_number("each backward time", b, finite=True))
+        link_free = max(ready, link_free) + float(check_number("each all-reduce time", c, finite=True))
+    return max(0.0, link_free - ready) if backward_ms else 0.0
 
 
 MB = 1_050_624  # one Linear(512, 512): the layer of the notebook's DDP model
@@ -120,3 +148,29 @@ def check_scaled_lr(fn: Any) -> str:
             raise Wrong(f"{call} = {got:g}: step 0 is the first step, its rate is peak * 1 / warmup_steps")
         raise Wrong(f"{call} = {got:g}, expected {want:g}")
     return "peak = base_lr x (1, k or sqrt(k)); warmup multiplies it by (step + 1) / warmup_steps"
+
+
+@exercise("the wait after backward, with overlap", todo="write exposed_wait(backward_ms, allreduce_ms)")
+def check_exposed_wait(fn: Any) -> str:
+    cases: list[tuple[list[float], list[float]]] = [
+        ([30, 30, 30, 30], [6, 6, 6, 6]),
+        ([5, 5], [20, 20]),
+        ([10, 1, 1, 10], [4, 15, 2, 3]),
+        ([30, 30, 30], [1, 1, 50]),
+        ([8], [3]),
+    ]
+    for backward, comm in cases:
+        call = f"exposed_wait({backward}, {comm})"
+        got = as_number(call_learner(fn, list(backward), list(comm)), call)
+        want = exposed_wait(backward, comm)
+        if math.isclose(got, want, abs_tol=1e-9):
+            continue
+        if math.isclose(got, sum(comm)):
+            raise Wrong(f"{call} = {got:g} is the wait without overlap: each all-reduce starts when its layer is done")
+        if math.isclose(got, comm[-1]):
+            raise Wrong(f"{call} = {got:g}: an all-reduce waits for the one before it (one link), which may end late")
+        ends = [sum(backward[: i + 1]) + c for i, c in enumerate(comm)]
+        if math.isclose(got, max(0.0, max(ends) - sum(backward))):
+            raise Wrong(f"{call} = {got:g}: the all-reduces share one link, so they run one after the other")
+        raise Wrong(f"{call} = {got:g}, expected {want:g}")
+    return "each all-reduce starts when its bucket is ready and the link is free; the step waits for the last"
