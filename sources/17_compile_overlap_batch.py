@@ -648,7 +648,7 @@ plt.show()
 
 # %% [markdown] slideshow={"slide_type": "fragment"}
 """
-The smallest batch needs over 4 times the steps of the largest, but the largest uses over 4 times the examples of the smallest: the steps fall almost as `1/B` at first, then flatten out, around the fitted `B_noise` (the grey line). On this tiny task the critical batch is of the order of a hundred examples; for large language models McCandlish et al. and later work measure millions of tokens, and growing, as the loss falls. In practice: scale the rate when adding ranks, warm up, and check whether the global batch is already past the critical size, where more data-parallel ranks shorten the run only a little.
+The smallest batch needs over 4 times the steps of the largest, but the largest uses over 4 times the examples of the smallest: the steps fall almost as `1/B` at first, then flatten out, around the fitted `B_noise` (the grey line). On this tiny task the critical batch is of the order of a hundred examples; for large language models it is measured in millions of tokens, and it grows as the loss falls (Kaplan et al. 2020 fit it as a function of the loss). In practice: scale the rate when adding ranks, warm up, and check whether the global batch is already past the critical size, where more data-parallel ranks shorten the run only a little.
 """
 
 # %% [markdown] slideshow={"slide_type": "slide"}
@@ -707,4 +707,5 @@ print(check_exposed_wait(exposed_wait))
 - P. Goyal et al., *Accurate, Large Minibatch SGD: Training ImageNet in 1 Hour*, 2017, [arXiv:1706.02677](https://arxiv.org/abs/1706.02677) (linear scaling, warmup).
 - S. Malladi et al., *On the SDEs and Scaling Rules for Adaptive Gradient Algorithms*, NeurIPS 2022, [arXiv:2205.10287](https://arxiv.org/abs/2205.10287) (square-root scaling for Adam).
 - S. McCandlish, J. Kaplan, D. Amodei et al., *An Empirical Model of Large-Batch Training*, 2018, [arXiv:1812.06162](https://arxiv.org/abs/1812.06162) (the critical batch size).
+- J. Kaplan et al., *Scaling Laws for Neural Language Models*, 2020, [arXiv:2001.08361](https://arxiv.org/abs/2001.08361) (the critical batch size against the loss).
 """
