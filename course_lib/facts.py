@@ -1,6 +1,6 @@
 """The course's comparison facts and corrections, stated once: each fact about a training technique lives here.
 
-Notebook 10's "DataParallel vs DDP", notebook 12's map of parallelism and notebook 17's decision guide all restate
+Notebook 10's "DataParallel vs DDP", notebook 12's map of parallelism and notebook 18's decision guide all restate
 facts taught earlier. Written out by hand three times, they drifted apart (08 said "ring all-reduce" where 07 shows
 the backend chooses; 10 said data parallelism needs the whole model state on one device, which sharding answers).
 Here a fact is written once, under the technique it belongs to, with the notebook section that shows it.

@@ -6,5 +6,6 @@ Import a check from its notebook's module (``from course_lib.exercises.graphs im
 * ``start`` (00), ``tensors`` (01), ``graphs`` (02), ``custom_autograd`` (03), ``checkpointing`` (04, 05),
   ``mixed_precision`` (06, 07), ``accumulation`` (08), ``all_reduce`` (09), ``ddp`` (10),
   ``ddp_knobs`` (11), ``model_parallel`` (12), ``sharding`` (13), ``transformer`` (14),
-  ``transformer_parallelism`` (15), ``capstone`` (17)
+  ``transformer_parallelism`` (15), ``fsdp_in_practice`` (16),
+  ``compile_overlap_batch`` (17), ``capstone`` (18)
 """

@@ -1,4 +1,4 @@
-"""Checks for notebook 17 (capstone)."""
+"""Checks for notebook 18 (capstone)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 # %% [markdown] slideshow={"slide_type": "slide"}
 """
-# 17 · Capstone: one training script, every technique, measured
+# 18 · Capstone: one training script, every technique, measured
 
 The course's techniques, side by side in one real training script: bf16 mixed precision (notebooks 06–07), activation checkpointing (04–05), gradient accumulation (08) and DistributedDataParallel (09–11). Each is a flag; the notebook launches the script (one plain process, then `torchrun` with two processes), collects what each combination costs and saves, and turns the numbers into a decision guide. It closes with a cheat sheet: the source posts' APIs next to today's, each replacement run.
 
