@@ -100,7 +100,9 @@ class Cluster:
             raise ValueError(f"efficiency must be <= 1 (a fraction of the peak), got {self.efficiency}")
         for name in ("intra", "inter"):
             if not isinstance(getattr(self, name), AlphaBeta):
-                raise TypeError(f"{name} must be a course_lib.comm_model.AlphaBeta, got {type(getattr(self, name)).__name__}")
+                raise TypeError(
+                    f"{name} must be a course_lib.comm_model.AlphaBeta, got {type(getattr(self, name)).__name__}"
+                )
 
     @property
     def devices(self) -> int:
@@ -147,10 +149,14 @@ class Layout:
         return STAGES[self.zero]
 
     def describe(self) -> str:
-        degrees = [f"{k} {v}" for k, v in (("DP", self.data), ("TP", self.tensor), ("PP", self.pipeline), ("CP", self.context)) if v > 1 or k == "DP"]
+        degrees = [
+            f"{k} {v}"
+            for k, v in (("DP", self.data), ("TP", self.tensor), ("PP", self.pipeline), ("CP", self.context))
+            if v > 1 or k == "DP"
+        ]
         return (
-            f"{' x '.join(degrees)}, ZeRO-{self.zero}, micro-batch {self.micro_batch} x {self.accumulation} accumulation,"
-            f" checkpointing {self.checkpointing}"
+            f"{' x '.join(degrees)}, ZeRO-{self.zero}, micro-batch {self.micro_batch} x {self.accumulation}"
+            f" accumulation, checkpointing {self.checkpointing}"
         )
 
 
@@ -206,15 +212,24 @@ def check_layout(config: TransformerConfig, layout: Layout, seq_len: int, global
     if not isinstance(layout, Layout):
         raise TypeError(f"layout must be a Layout, got {type(layout).__name__}")
     t = layout.tensor
-    for what, value in (("n_heads", c.n_heads), ("kv heads", c.kv_heads), ("d_ff", c.d_ff), ("vocab_size", c.vocab_size)):
+    for what, value in (
+        ("n_heads", c.n_heads),
+        ("kv heads", c.kv_heads),
+        ("d_ff", c.d_ff),
+        ("vocab_size", c.vocab_size),
+    ):
         if value % t:
             raise ValueError(f"tensor degree {t} must divide {what} ({value})")
     if t > 1 and c.tie_embeddings:
-        raise ValueError("tensor parallelism here needs an untied head (tie_embeddings=False), as course_lib.tensor_parallel does")
+        raise ValueError(
+            "tensor parallelism here needs an untied head (tie_embeddings=False), as course_lib.tensor_parallel does"
+        )
     if c.n_layers % layout.pipeline:
         raise ValueError(f"pipeline degree {layout.pipeline} must divide n_layers ({c.n_layers})")
     if seq_len % (2 * layout.context if layout.context > 1 else 1):
-        raise ValueError(f"context degree {layout.context} must divide seq_len ({seq_len}) into 2 x {layout.context} chunks (zigzag)")
+        raise ValueError(
+            f"context degree {layout.context} must divide seq_len ({seq_len}) into 2 x {layout.context} chunks (zigzag)"
+        )
     per_step = layout.data * layout.micro_batch * layout.accumulation
     if per_step != global_batch:
         raise ValueError(
@@ -222,7 +237,10 @@ def check_layout(config: TransformerConfig, layout: Layout, seq_len: int, global
             f" not the global batch {global_batch}"
         )
     if layout.pipeline > 1 and layout.accumulation < layout.pipeline:
-        raise ValueError(f"a pipeline of {layout.pipeline} stages needs at least {layout.pipeline} micro-batches per step, got {layout.accumulation}")
+        raise ValueError(
+            f"a pipeline of {layout.pipeline} stages needs at least {layout.pipeline} micro-batches per step,"
+            f" got {layout.accumulation}"
+        )
 
 
 def shard_params(config: TransformerConfig, tensor: int = 1, pipeline: int = 1) -> int:
@@ -276,7 +294,8 @@ def predict(
     >>> from course_lib.transformer import PRESETS
     >>> from course_lib.comm_model import AlphaBeta
     >>> cpu = Cluster(4, 2**30, 1e10, AlphaBeta(1e-4, 1e9), AlphaBeta(1e-4, 1e9))
-    >>> p = predict(PRESETS["tiny"], cpu, Layout(data=4, micro_batch=2), seq_len=64, global_batch=8, precision="fp32_adam")
+    >>> lay = Layout(data=4, micro_batch=2)
+    >>> p = predict(PRESETS["tiny"], cpu, lay, seq_len=64, global_batch=8, precision="fp32_adam")
     >>> p.memory["parameters"], p.memory["optimizer state"]
     (462080, 924160)
     """
@@ -299,7 +318,11 @@ def predict(
     # memory: activations of one micro-batch on the first stage, times the micro-batches in flight (1F1B)
     local_seq = seq_len // C
     ckpt_config = dataclasses.replace(c, checkpointing=layout.checkpointing)
-    block = sum(tp_saved_bytes(ckpt_config, local_seq, T, batch=layout.micro_batch, dtype=dtype, sequence_parallel=sequence_parallel).values())
+    block = sum(
+        tp_saved_bytes(
+            ckpt_config, local_seq, T, batch=layout.micro_batch, dtype=dtype, sequence_parallel=sequence_parallel
+        ).values()
+    )
     outside = model_saved_terms(c, local_seq, batch=layout.micro_batch, dtype=dtype, checkpointing=layout.checkpointing)
     outside.pop("blocks")
     outside["loss: log-probabilities"] //= T  # vocabulary-parallel head: each rank its columns
@@ -308,7 +331,11 @@ def predict(
     recompute = 0
     if layout.checkpointing == "full":  # backward recomputes one block at a time: its activations, once
         full = dataclasses.replace(c, checkpointing="none")
-        recompute = sum(tp_saved_bytes(full, local_seq, T, batch=layout.micro_batch, dtype=dtype, sequence_parallel=sequence_parallel).values())
+        recompute = sum(
+            tp_saved_bytes(
+                full, local_seq, T, batch=layout.micro_batch, dtype=dtype, sequence_parallel=sequence_parallel
+            ).values()
+        )
     memory = {
         "parameters": state.parameters,
         "gradients": state.gradients,
@@ -340,7 +367,9 @@ def predict(
         tp_time = layout.accumulation * (steps * tp_link.alpha + sum(parts.values()) / P / tp_link.beta)
     cp_time = 0.0
     if C > 1:
-        per_layer = ring_attention_bytes(layout.micro_batch, c.kv_heads, seq_len, c.head_dim, C, bytes_per_element=p_bytes)
+        per_layer = ring_attention_bytes(
+            layout.micro_batch, c.kv_heads, seq_len, c.head_dim, C, bytes_per_element=p_bytes
+        )
         cp_time = layout.accumulation * (c.n_layers // P) * (4 * C * cp_link.alpha + per_layer / cp_link.beta)
     pp_time = 0.0
     if P > 1:  # each micro-batch: one activation forward and one gradient backward per stage boundary
@@ -416,13 +445,16 @@ def plan(
     cluster; tensor parallelism stays inside a node (``max_tensor`` defaults to ``devices_per_node``).
     Raises :class:`PlanError` when none fits, with the smallest need.
 
+    >>> import textwrap
     >>> from course_lib.transformer import PRESETS
     >>> from course_lib.comm_model import AlphaBeta
     >>> small = Cluster(8, 16 * 2**30, 1e14, AlphaBeta(1e-5, 1e11), AlphaBeta(1e-5, 1e10))
-    >>> plan(PRESETS["llama3-8b"], small, global_batch=8, seq_len=8192)
-    Traceback (most recent call last):
-        ...
-    course_lib.planner.PlanError: no layout of 8 devices fits: the smallest needs 17.95 GiB per rank (DP 1 x TP 8, ZeRO-0, micro-batch 1 x 8 accumulation, checkpointing full), the device has 14.40 GiB usable (90% of 16.00 GiB)
+    >>> try:
+    ...     plan(PRESETS["llama3-8b"], small, global_batch=8, seq_len=8192)
+    ... except PlanError as e:
+    ...     print(textwrap.fill(str(e), 100))
+    no layout of 8 devices fits: the smallest needs 17.95 GiB per rank (DP 1 x TP 8, ZeRO-0, micro-batch
+    1 x 8 accumulation, checkpointing full), the device has 14.40 GiB usable (90% of 16.00 GiB)
     """
     c = _check_config(config)
     if not isinstance(cluster, Cluster):
@@ -438,7 +470,9 @@ def plan(
             f"no layout splits global batch {global_batch} x seq_len {seq_len} of this model over {n} devices"
             " (the degrees must divide the batch, heads, layers and sequence)"
         )
-    preds = [predict(c, cluster, lay, seq_len=seq_len, global_batch=global_batch, precision=precision) for lay in layouts]
+    preds = [
+        predict(c, cluster, lay, seq_len=seq_len, global_batch=global_batch, precision=precision) for lay in layouts
+    ]
     usable = headroom * cluster.memory_bytes
     fits = [p for p in preds if p.memory_total <= usable]
     if not fits:
@@ -461,4 +495,3 @@ def format_plan(preds: list[Prediction], top: int = 5) -> str:
             f" {p.tokens_per_second:>10.4g} {p.mfu:>5.1%}"
         )
     return "\n".join(lines)
-

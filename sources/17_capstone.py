@@ -310,7 +310,9 @@ LAYOUTS = {  # name: (processes of the launch, layout)
 }
 predicted = {name: predict(TINY, CPU, lay, seq_len=SEQ, global_batch=BATCH, precision=SHARDED_ADAM if lay.zero else FP32_ADAM)
              for name, (_, lay) in LAYOUTS.items()}
-print(f"{TINY.describe()}\n{param_count(TINY):,} parameters; global batch {BATCH} x {SEQ} tokens\n")
+print(f"{TINY.describe()}\n{param_count(TINY):,} parameters; global batch {BATCH} x {SEQ} tokens")
+print(f"this machine, assumed: {CPU.peak_flops / 1e9:g} GFLOP/s per process, links of {CPU.intra.alpha * 1e6:g} µs per message"
+      f" and {CPU.intra.beta / 1e9:g} GB/s\n")
 print(f"{'layout':<17}" + "".join(f"{k:>17}" for k in predicted["DDP"].memory) + f"{'step ms':>9}")
 for name, p in predicted.items():
     print(f"{name:<17}" + "".join(f"{v:>17,}" for v in p.memory.values()) + f"{1e3 * p.step_time:>9.1f}")
@@ -414,6 +416,7 @@ def measure(rank, world, config, layouts, seq_len, global_batch, steps=3):
         groups[T] = {"tp": tps[rank // T], "dp": dps[rank % T]}
     return [run_layout(rank, world, config, lay, groups, seq_len, global_batch, steps) for lay in layouts]
 
+
 # %% slideshow={"slide_type": "-"}
 def spec(name, lay):
     return {"name": name, "data": lay.data, "tensor": lay.tensor, "zero": lay.zero, "micro_batch": lay.micro_batch,
@@ -456,6 +459,11 @@ for world in (4, 8):
         tied = sum(predicted[n].step_time < predicted[name].step_time - 1e-12 for n in names) + 1
         print(f"{'':<13}{name:<17} {1e3 * predicted[name].step_time:>12.1f} {tied:>5}   "
               f"~{1e3 * measured[name]['step_s']:.1f}, ~{by_meas.index(name) + 1}")
+    base = names[0]
+    for name in names[1:]:
+        ratio = predicted[name].step_time / predicted[base].step_time
+        print(f"{'':<13}{name} / {base}: predicted x{ratio:.2f} ({'slower' if ratio > 1 + 1e-9 else 'the same'}), "
+              f"measured x~{measured[name]['step_s'] / measured[base]['step_s']:.2f}")
 assert predicted["DDP + full ckpt"].step_time > predicted["DDP"].step_time  # one more forward: +1/3 of the FLOPs
 assert predicted["TP 2 x DP 4"].step_time > predicted["DDP on 8"].step_time  # its collectives are on the critical path
 
@@ -465,7 +473,7 @@ Where the orders differ, and why. The planner counts FLOPs and bytes; on two sha
 
 - **accumulation** and **ZeRO-1** tie with DDP in the prediction (the same FLOPs; the extra communication is assumed hidden). Measured, accumulation pays each micro-batch's fixed cost (Python, kernel calls, one more forward and backward) twice, and ZeRO-1's parameter all-gather and copies run on the same CPU cores as the compute: on a CPU nothing overlaps for free.
 - **Selective checkpointing** is predicted a few percent slower (attention proper recomputed); measured, its extra Python per block costs more than its arithmetic, as notebook 04 showed for small layers.
-- **Tensor parallelism** is predicted a little slower than DDP on 8 (13 collectives per micro-batch at 100 µs each); measured, it is the slowest by far: 8 processes on 2 cores wait for each other at every one of those collectives, and each waits for the slowest.
+- **Tensor parallelism** is predicted a little slower than DDP on 8 (a ring all-reduce of 2 steps for each of its 13 collectives per micro-batch, at 100 µs per message); measured, it is the slowest by far: 8 processes on 2 cores wait for each other at every one of those collectives, and each waits for the slowest.
 
 On a GPU cluster the compute term dominates and the prediction is closer; the memory is what the planner gets exactly, and memory decides what fits. That is why only the memory is asserted here.
 """
@@ -494,6 +502,9 @@ MODELS = {
     "Llama 3 70B": TransformerConfig(d_model=8192, n_layers=80, n_heads=64, d_ff=28672, **LLAMA3),
     "Llama 3 405B (128 layers)": TransformerConfig(d_model=16384, n_layers=128, n_heads=128, d_ff=53248, **LLAMA3),
 }
+full_405b = dataclasses.replace(MODELS["Llama 3 405B (128 layers)"], n_layers=126)
+print(f"the 128-layer twin of the 405B model: {param_count(MODELS['Llama 3 405B (128 layers)']) / param_count(full_405b) - 1:.1%}"
+      f" more parameters than the 126 layers ({param_count(full_405b) / 1e9:.1f}B)\n")
 CASES = [("Llama 3 8B", 1, 64), ("Llama 3 8B", 8, 512), ("Llama 3 70B", 64, 1024), ("Llama 3 405B (128 layers)", 1024, 2048)]
 plans = {}
 for model, nodes, batch in CASES:
@@ -747,6 +758,7 @@ The rest of the table ran in section 2: `torchrun` instead of `torch.distributed
 
 1. Write `effective_batch(micro, accum, world)`: how many samples go into one optimizer step with micro-batches of `micro`, `accum` accumulation steps and `world` DDP ranks. Combine two rules you have met: one optimizer step adds up the gradients of `accum` micro-batches (notebook 08), and DDP averages the gradients of every rank's batch (notebooks 09–10).
 2. Fill in `choice`: for each bottleneck, the first technique to try, one of `TECHNIQUES`.
+3. Write `tp_rank_params(config, n)`: how many parameters one of `n` tensor-parallel ranks holds for a `TransformerConfig` with an untied head, as `course_lib.tensor_parallel` splits it (section 4's "TP 2 x DP 4" row). `course_lib.transformer.param_counts(config)` gives the parts; decide which of them divide by `n`.
 """
 
 # %% slideshow={"slide_type": "-"}
@@ -763,6 +775,16 @@ print(check_effective_batch(effective_batch))
 print("techniques:", TECHNIQUES)
 choice = {bottleneck: ... for bottleneck in BOTTLENECKS}  # replace each ... with a technique
 print(check_technique_choice(choice))
+
+# %% slideshow={"slide_type": "-"}
+from course_lib.exercises.capstone import check_tp_rank_params
+
+
+def tp_rank_params(config, n):
+    raise NotImplementedError  # your code here: course_lib.transformer.param_counts(config) has the parts
+
+
+print(check_tp_rank_params(tp_rank_params))
 
 # %% [markdown] slideshow={"slide_type": "slide"}
 """

@@ -84,7 +84,10 @@ def test_more_devices_than_the_cluster_and_tied_tensor_parallelism_are_refused()
 
 def test_a_model_that_fits_nowhere_says_how_much_it_needs() -> None:
     small = Cluster(8, 2**16, 1e12, **SLOW_LINKS)  # type: ignore[arg-type]
-    with pytest.raises(PlanError, match=r"no layout of 8 devices fits: the smallest needs .* GiB per rank .*the device has 0.00 GiB usable"):
+    with pytest.raises(
+        PlanError,
+        match=r"no layout of 8 devices fits: the smallest needs .* GiB per rank .*the device has 0.00 GiB usable",
+    ):
         plan(TINY, small, 8, 64, precision="fp32_adam")
     with pytest.raises(PlanError, match="no layout splits global batch 7"):
         plan(PRESETS["nano"], CPU, 7, 63, devices=8)
@@ -111,7 +114,9 @@ def test_one_rank_memory_is_rank_memory(checkpointing: bool) -> None:
     layout = Layout(data=8, zero=3, micro_batch=1, accumulation=1, checkpointing="full" if checkpointing else "none")
     cluster = Cluster(8, 80 * 10**9, 1e15, **SLOW_LINKS)  # type: ignore[arg-type]
     p = predict(config, cluster, layout, seq_len=2048, global_batch=8)
-    r = rank_memory(param_count(config), 8, "zero3", micro_batch=1, model=config, seq_len=2048, checkpointing=checkpointing)
+    r = rank_memory(
+        param_count(config), 8, "zero3", micro_batch=1, model=config, seq_len=2048, checkpointing=checkpointing
+    )
     assert p.memory_total == r["total"]
     assert p.memory["activations"] + p.memory["recompute buffer"] == transformer_activation_bytes(
         config, 2048, 1, checkpointing=checkpointing
@@ -159,7 +164,10 @@ def test_bubble_and_collectives() -> None:
     assert p.time["pipeline bubble"] == pytest.approx(p.time["compute"] * b / (1 - b))
     assert p.time["pipeline sends"] > 0
     tp = _predict(Layout(data=4, tensor=2, micro_batch=4))
-    assert tp.time["tensor-parallel collectives"] > 0 and _predict(Layout(data=8, micro_batch=2)).time["tensor-parallel collectives"] == 0
+    assert (
+        tp.time["tensor-parallel collectives"] > 0
+        and _predict(Layout(data=8, micro_batch=2)).time["tensor-parallel collectives"] == 0
+    )
     cp = _predict(Layout(data=4, context=2, micro_batch=4))
     assert cp.time["context-parallel ring"] > 0
 
@@ -170,7 +178,11 @@ def test_data_parallel_traffic_is_hidden_behind_backward_until_it_is_longer() ->
     exposed = {z: _predict(Layout(data=4, zero=z, micro_batch=2, accumulation=2), cluster=slow).time for z in range(4)}
     assert exposed[0]["data-parallel (not hidden)"] == pytest.approx(ar - exposed[0]["compute"] * 2 / 3)
     assert exposed[0]["data-parallel (not hidden)"] == pytest.approx(exposed[1]["data-parallel (not hidden)"])
-    assert exposed[1]["data-parallel (not hidden)"] < exposed[2]["data-parallel (not hidden)"] < exposed[3]["data-parallel (not hidden)"]
+    assert (
+        exposed[1]["data-parallel (not hidden)"]
+        < exposed[2]["data-parallel (not hidden)"]
+        < exposed[3]["data-parallel (not hidden)"]
+    )
     assert _predict(Layout(data=4, micro_batch=4)).time["data-parallel (not hidden)"] == 0.0  # hidden on CPU's numbers
 
 
