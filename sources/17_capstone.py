@@ -444,7 +444,7 @@ print(f"every part of every layout within 5%: largest error {worst_error:.2%}")
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-Every data-parallel row matches to the byte: the model state is `model_state_bytes` of the rank's parameters (ZeRO-1's optimizer state is `ceil(Ψ / 4)` elements of the padded flat shard: m, v and the shard's own copy), and the activations are notebook 14's count. Under tensor parallelism the parameters, gradients and optimizer state match exactly too (the blocks, the embedding and the head split in two, the norms whole); its activations are a few KiB over the prediction: the vocabulary-parallel embedding and loss keep masks and local targets that the planner leaves out. Full checkpointing's row is what a rank holds after its forward (each block's input); in backward one recomputed block comes on top, the planner's "recompute buffer".
+Every data-parallel row matches to the byte: the model state is `model_state_bytes` of the rank's parameters (ZeRO-1's optimizer state is `ceil(Ψ / 4)` elements of the padded flat shard: m, v and the shard's own copy), and the activations are notebook 14's count. Under tensor parallelism the parameters, gradients and optimizer state match exactly too (the blocks, the embedding and the head split in two, the norms whole); its activations are 0.06% over the prediction: the vocabulary-parallel embedding and loss keep masks and local targets that the planner leaves out. Full checkpointing's row is what a rank holds after its forward (each block's input); in backward one recomputed block comes on top, the planner's "recompute buffer".
 
 Now the step times. The prediction is FLOPs over a nominal peak plus the unhidden communication; the measurement is this loaded machine's. Each launch's layouts are ranked by both (1 = fastest):
 """
@@ -473,7 +473,7 @@ Where the orders differ, and why. The planner counts FLOPs and bytes; on two sha
 
 - **accumulation** and **ZeRO-1** tie with DDP in the prediction (the same FLOPs; the extra communication is assumed hidden). Measured, accumulation pays each micro-batch's fixed cost (Python, kernel calls, one more forward and backward) twice, and ZeRO-1's parameter all-gather and copies run on the same CPU cores as the compute: on a CPU nothing overlaps for free.
 - **Selective checkpointing** is predicted a few percent slower (attention proper recomputed); measured, its extra Python per block costs more than its arithmetic, as notebook 04 showed for small layers.
-- **Tensor parallelism** is predicted a little slower than DDP on 8 (a ring all-reduce of 2 steps for each of its 13 collectives per micro-batch, at 100 µs per message); measured, it is the slowest by far: 8 processes on 2 cores wait for each other at every one of those collectives, and each waits for the slowest.
+- **Tensor parallelism** is predicted a little slower than DDP on 8 (a ring all-reduce of 2 steps for each of its 13 collectives per micro-batch, at 100 µs per message); measured, it is several times slower on this machine (the ratio above): 8 processes on 2 cores wait for each other at every one of those collectives, and each waits for the slowest.
 
 On a GPU cluster the compute term dominates and the prediction is closer; the memory is what the planner gets exactly, and memory decides what fits. That is why only the memory is asserted here.
 """
@@ -520,6 +520,7 @@ degrees = lambda lay: (lay.data, lay.tensor, lay.pipeline, lay.context)  # noqa:
 same = [(i, p) for i, p in enumerate(ours, 1) if degrees(p.layout) == (64, 8, 16, 1)]  # Table 4's degrees
 position, theirs = same[0]
 print(f"published degrees (Table 4): DP 64 x TP 8 x PP 16 x CP 1; {len(same)} of the planner's {len(ours)} feasible layouts have them")
+print(f"  their checkpointing: {sorted({p.layout.checkpointing for _, p in same})}; ZeRO stages {sorted(p.layout.zero for _, p in same)}")
 print(f"  the best of them: {theirs.layout.describe()}, rank {position}")
 print(f"  predicted {theirs.memory_total / 2**30:.1f} GiB per rank, step {theirs.step_time:.2f} s, MFU at most {theirs.mfu:.0%}")
 print("  time by part:", ", ".join(f"{k} {v:.2f} s" for k, v in theirs.time.items() if v))
