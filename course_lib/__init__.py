@@ -29,6 +29,7 @@ this package itself exports nothing. One module per job:
 * :mod:`course_lib.sharding` — ZeRO's memory model: state bytes per rank for DDP and ZeRO-1/2/3
 * :mod:`course_lib.tensor_parallel` — tensor and sequence parallelism of the transformer, collectives counted
 * :mod:`course_lib.context_parallel` — ring attention (forward and backward), contiguous and zig-zag layouts, its bytes
+* :mod:`course_lib.planner` — memory per rank and step time of DP/TP/PP/CP layouts, the feasible ones ranked
 * :mod:`course_lib.moe` — a top-k mixture-of-experts layer (router, capacity, auxiliary loss) and its expert parallelism
 * :mod:`course_lib.manifest` — the course's notebooks in order, from ``course.toml`` (reading only)
 * :mod:`course_lib.facts` — each comparison fact stated once, and the statements the course corrected

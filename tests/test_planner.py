@@ -1,0 +1,210 @@
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from course_lib.comm_model import AlphaBeta, predict_all_reduce
+from course_lib.pipeline import bubble_fraction
+from course_lib.planner import (
+    Cluster,
+    Layout,
+    PlanError,
+    candidate_layouts,
+    check_layout,
+    format_plan,
+    plan,
+    predict,
+    shard_params,
+)
+from course_lib.saved_tensors import SavedTensorMeter
+from course_lib.sharding import Precision, model_state_bytes, rank_memory, transformer_activation_bytes
+from course_lib.tensor_parallel import shard_of
+from course_lib.transformer import PRESETS, Transformer, param_count, training_flops_per_token
+
+TINY = dataclasses.replace(PRESETS["tiny"], tie_embeddings=False, attention="naive")
+SLOW_LINKS = dict(intra=AlphaBeta(1e-4, 1e9), inter=AlphaBeta(1e-4, 1e9))
+CPU = Cluster(devices_per_node=8, memory_bytes=2**30, peak_flops=5e9, **SLOW_LINKS)  # type: ignore[arg-type]
+FP32 = Precision(4, 4, 8)
+
+
+def _predict(layout: Layout, *, config=TINY, seq_len: int = 64, global_batch: int = 16, precision=FP32, cluster=CPU):
+    return predict(config, cluster, layout, seq_len=seq_len, global_batch=global_batch, precision=precision)
+
+
+# --- inputs ------------------------------------------------------------------------------------------
+
+
+def test_cluster_and_layout_validate_their_fields() -> None:
+    with pytest.raises(TypeError, match="devices_per_node must be an int"):
+        Cluster(8.0, 2**30, 1e12, **SLOW_LINKS)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="peak_flops must be > 0"):
+        Cluster(8, 2**30, 0.0, **SLOW_LINKS)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="efficiency must be <= 1"):
+        Cluster(8, 2**30, 1e12, efficiency=1.5, **SLOW_LINKS)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="intra must be a course_lib.comm_model.AlphaBeta"):
+        Cluster(8, 2**30, 1e12, intra=(1e-5, 1e9), inter=AlphaBeta(1e-5, 1e9))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="data must be >= 1"):
+        Layout(data=0)
+    with pytest.raises(ValueError, match="zero must be in \\[0, 3\\]"):
+        Layout(zero=4)
+    with pytest.raises(ValueError, match="checkpointing must be one of none, full, selective"):
+        Layout(checkpointing="some")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="config must be a course_lib.transformer.TransformerConfig"):
+        predict("tiny", CPU, Layout(), seq_len=64, global_batch=1)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="cluster must be a Cluster"):
+        predict(TINY, "cpu", Layout(), seq_len=64, global_batch=1)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="precision must be one of"):
+        _predict(Layout(data=4, micro_batch=4), precision="fp8")
+
+
+@pytest.mark.parametrize(
+    "layout, global_batch, message",
+    [
+        (Layout(tensor=3, micro_batch=16), 16, "tensor degree 3 must divide n_heads \\(4\\)"),
+        (Layout(tensor=8, micro_batch=16), 16, "tensor degree 8 must divide n_heads"),
+        (Layout(pipeline=3, micro_batch=1, accumulation=16), 16, "pipeline degree 3 must divide n_layers \\(2\\)"),
+        (Layout(context=3, micro_batch=16), 16, "context degree 3 must divide seq_len \\(64\\)"),
+        (Layout(data=3, micro_batch=5), 16, "data 3 x micro-batch 5 x accumulation 1 = 15, not the global batch 16"),
+        (Layout(pipeline=2, micro_batch=16), 16, "a pipeline of 2 stages needs at least 2 micro-batches"),
+    ],
+)
+def test_impossible_layouts_are_refused_with_the_reason(layout: Layout, global_batch: int, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        _predict(layout, global_batch=global_batch)
+
+
+def test_more_devices_than_the_cluster_and_tied_tensor_parallelism_are_refused() -> None:
+    with pytest.raises(ValueError, match="the layout needs 16 devices, the cluster has 8"):
+        _predict(Layout(data=16, micro_batch=1))
+    with pytest.raises(ValueError, match="needs an untied head"):
+        check_layout(PRESETS["tiny"], Layout(tensor=2, micro_batch=16), 64, 16)
+
+
+def test_a_model_that_fits_nowhere_says_how_much_it_needs() -> None:
+    small = Cluster(8, 2**16, 1e12, **SLOW_LINKS)  # type: ignore[arg-type]
+    with pytest.raises(
+        PlanError,
+        match=r"no layout of 8 devices fits: the smallest needs .* GiB per rank .*the device has 0.00 GiB usable",
+    ):
+        plan(TINY, small, 8, 64, precision="fp32_adam")
+    with pytest.raises(PlanError, match="no layout splits global batch 7"):
+        plan(PRESETS["nano"], CPU, 7, 63, devices=8)
+    assert issubclass(PlanError, ValueError)
+
+
+# --- each formula against the library's other copy and against a measurement -----------------------
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_model_state_is_the_sharding_modules(stage: int) -> None:
+    p = _predict(Layout(data=4, zero=stage, micro_batch=4), precision="mixed_adam")
+    state = model_state_bytes(param_count(TINY), 4, ("ddp", "zero1", "zero2", "zero3")[stage], "mixed_adam")
+    assert (p.memory["parameters"], p.memory["gradients"], p.memory["optimizer state"]) == (
+        state.parameters,
+        state.gradients,
+        state.optimizer_state,
+    )
+
+
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_one_rank_memory_is_rank_memory(checkpointing: bool) -> None:
+    config = PRESETS["llama2-7b"]
+    layout = Layout(data=8, zero=3, micro_batch=1, accumulation=1, checkpointing="full" if checkpointing else "none")
+    cluster = Cluster(8, 80 * 10**9, 1e15, **SLOW_LINKS)  # type: ignore[arg-type]
+    p = predict(config, cluster, layout, seq_len=2048, global_batch=8)
+    r = rank_memory(
+        param_count(config), 8, "zero3", micro_batch=1, model=config, seq_len=2048, checkpointing=checkpointing
+    )
+    assert p.memory_total == r["total"]
+    assert p.memory["activations"] + p.memory["recompute buffer"] == transformer_activation_bytes(
+        config, 2048, 1, checkpointing=checkpointing
+    )
+
+
+def test_tensor_parallel_parameters_are_what_parallelize_keeps() -> None:
+    model = Transformer(TINY, seed=0)
+    for n in (1, 2, 4):
+        kept = sum(shard_of(name, p.detach(), 0, n).numel() for name, p in model.named_parameters())
+        assert shard_params(TINY, n) == kept
+    assert shard_params(TINY) == param_count(TINY)
+    one_stage = shard_params(TINY, 1, 2)  # a stage: one block and the larger end (embedding or head + norm)
+    assert one_stage < param_count(TINY) and one_stage > param_count(TINY) // 2 - TINY.vocab_size * TINY.d_model
+
+
+@pytest.mark.parametrize("checkpointing", ["none", "full", "selective"])
+def test_activations_match_the_saved_tensor_meter(checkpointing: str) -> None:
+    config = dataclasses.replace(TINY, checkpointing=checkpointing)
+    model = Transformer(config, seed=0)
+    ids = torch.randint(0, config.vocab_size, (4, 64), generator=torch.Generator().manual_seed(0))
+    with SavedTensorMeter(exclude=[*model.parameters(), *model.buffers()]) as meter:
+        model.loss(ids, ids.roll(-1, 1))
+    p = _predict(Layout(data=4, micro_batch=4, checkpointing=checkpointing))  # type: ignore[arg-type]
+    assert p.memory["activations"] == meter.bytes
+
+
+# --- time ----------------------------------------------------------------------------------------------
+
+
+def test_compute_is_flops_over_peak_and_checkpointing_adds_a_forward() -> None:
+    none = _predict(Layout(data=4, micro_batch=4))
+    full = _predict(Layout(data=4, micro_batch=4, checkpointing="full"))
+    selective = _predict(Layout(data=4, micro_batch=4, checkpointing="selective"))
+    flops = training_flops_per_token(TINY, 64, causal=True) * 16 * 64 / 4
+    assert none.time["compute"] == pytest.approx(flops / 5e9)
+    assert full.time["compute"] == pytest.approx(none.time["compute"] * 4 / 3)
+    assert none.time["compute"] < selective.time["compute"] < full.time["compute"]
+    assert none.mfu == pytest.approx(none.time["compute"] / none.step_time)
+
+
+def test_bubble_and_collectives() -> None:
+    p = _predict(Layout(data=2, pipeline=2, micro_batch=2, accumulation=4))
+    b = bubble_fraction(2, 4)
+    assert p.time["pipeline bubble"] == pytest.approx(p.time["compute"] * b / (1 - b))
+    assert p.time["pipeline sends"] > 0
+    tp = _predict(Layout(data=4, tensor=2, micro_batch=4))
+    assert (
+        tp.time["tensor-parallel collectives"] > 0
+        and _predict(Layout(data=8, micro_batch=2)).time["tensor-parallel collectives"] == 0
+    )
+    cp = _predict(Layout(data=4, context=2, micro_batch=4))
+    assert cp.time["context-parallel ring"] > 0
+
+
+def test_data_parallel_traffic_is_hidden_behind_backward_until_it_is_longer() -> None:
+    slow = Cluster(8, 2**30, 1e15, intra=AlphaBeta(1e-3, 1e6), inter=AlphaBeta(1e-3, 1e6))  # compute ~0, links slow
+    ar = predict_all_reduce(slow.intra, param_count(TINY) * 4, 4)
+    exposed = {z: _predict(Layout(data=4, zero=z, micro_batch=2, accumulation=2), cluster=slow).time for z in range(4)}
+    assert exposed[0]["data-parallel (not hidden)"] == pytest.approx(ar - exposed[0]["compute"] * 2 / 3)
+    assert exposed[0]["data-parallel (not hidden)"] == pytest.approx(exposed[1]["data-parallel (not hidden)"])
+    assert (
+        exposed[1]["data-parallel (not hidden)"]
+        < exposed[2]["data-parallel (not hidden)"]
+        < exposed[3]["data-parallel (not hidden)"]
+    )
+    assert _predict(Layout(data=4, micro_batch=4)).time["data-parallel (not hidden)"] == 0.0  # hidden on CPU's numbers
+
+
+# --- the search ---------------------------------------------------------------------------------------
+
+
+def test_plan_ranks_feasible_layouts_fastest_first() -> None:
+    preds = plan(TINY, CPU, 16, 64, precision="fp32_adam")
+    times = [p.step_time for p in preds]
+    assert times == sorted(times)
+    assert all(p.memory_total <= 0.9 * CPU.memory_bytes and p.layout.devices == 8 for p in preds)
+    table = format_plan(preds, top=3).splitlines()
+    assert len(table) == 4 and table[1].startswith(" 1 ")
+    with pytest.raises(ValueError, match="headroom must be in"):
+        plan(TINY, CPU, 16, 64, headroom=0)
+
+
+def test_candidates_are_all_valid_and_cover_the_devices() -> None:
+    layouts = candidate_layouts(TINY, 4, 16, 64)
+    assert layouts and len(set(layouts)) == len(layouts)
+    for lay in layouts:
+        check_layout(TINY, lay, 64, 16)
+        assert lay.devices == 4
+    assert Layout(data=2, tensor=2, micro_batch=8) in layouts
+    assert not [lay for lay in layouts if lay.tensor > 2] or all(lay.tensor in (1, 2, 4) for lay in layouts)
