@@ -697,7 +697,7 @@ assert 0.3 < implied < 0.6
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-About 45 % MFU. For comparison, Meta reports 38–43 % for Llama 3 405B on 16,000 H100s ([Llama Team, 2024](https://arxiv.org/abs/2407.21783), table 4). The last two lines are why long-context training is an attention problem: at 4,096 tokens attention is 14 % of the FLOPs, at 32,768 it is over half. Notebook 17's planner runs exactly this arithmetic for every layout it considers.
+About 45 % MFU. For comparison, Meta reports 38–43 % for Llama 3 405B on 16,000 H100s ([Llama Team, 2024](https://arxiv.org/abs/2407.21783), table 4). The last two lines are why long-context training is an attention problem: at 4,096 tokens attention is 14 % of the FLOPs, at 32,768 it is over half. Notebook 18's planner runs exactly this arithmetic for every layout it considers.
 """
 
 # %% [markdown] slideshow={"slide_type": "slide"}
