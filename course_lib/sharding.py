@@ -88,11 +88,6 @@ class StateBytes:
     def total(self) -> int:
         return self.parameters + self.gradients + self.optimizer_state
 
-    @property
-    def optimizer(self) -> int:
-        """The same as :attr:`optimizer_state` (an older name; notebook 13 and its tests read ``optimizer_state``)."""
-        return self.optimizer_state
-
 
 def _check_stage(stage: object) -> str:
     if not isinstance(stage, str):
