@@ -9,7 +9,8 @@ By the end you will be able to:
 - say what each unit's all-gather holds, and count the collectives of an accumulated step with `set_requires_gradient_sync`;
 - combine `MixedPrecisionPolicy` and activation checkpointing with `fully_shard`, and say which dtype each tensor has;
 - clip gradients that are DTensors and check the norm against one process;
-- save a sharded run with `torch.distributed.checkpoint` and resume it exactly.
+- save a sharded run with `torch.distributed.checkpoint` and resume it exactly;
+- run HSDP on a 2-D `replicate × shard` mesh and say which collective runs on which dimension, and say what `CPUOffloadPolicy` moves between host and device.
 
 This notebook assumes: notebook 05 (activation checkpointing), 07 (autocast and bf16), 08 (gradient accumulation), 10 (a DDP training script and `torchrun`), 13 (`fully_shard`, DTensor, `torch.distributed.checkpoint`) and 14 (the transformer and its blocks). No GPU: every run here is CPU processes over gloo, launched with `course_lib.launch`; the script has a `--device cuda` path for a machine with GPUs.
 """
@@ -23,13 +24,14 @@ import time
 import torch
 
 from course_lib.exercises.fsdp_in_practice import block_gather_bytes, collectives_per_step
+from course_lib.device import requires_gpu
 from course_lib.launch import run_script, run_torchrun
 from course_lib.seeding import seed_everything
 from course_lib.transformer import PRESETS
 
 seed_everything(0)
 os.makedirs("_runs", exist_ok=True)  # scratch folder for the scripts this notebook writes (git ignores it)
-for old in ("fsdp", "fsdp_ref", "fsdp_bf16", "fsdp_resumed"):  # a previous run's outputs and checkpoints
+for old in ("fsdp", "fsdp_ref", "fsdp_bf16", "fsdp_resumed", "fsdp_hsdp"):  # a previous run's outputs and checkpoints
     shutil.rmtree(f"_runs/{old}", ignore_errors=True)
 notebook_start = time.perf_counter()
 print(f"torch {torch.__version__.split('+')[0]}; the model: {PRESETS['tiny'].describe()}")
@@ -44,6 +46,7 @@ print(f"torch {torch.__version__.split('+')[0]}; the model: {PRESETS['tiny'].des
 - **an explicit mesh** (`init_device_mesh`) of the device chosen: without one, `fully_shard` builds a mesh on the accelerator it finds, and a CPU job on a GPU machine would move its parameters to the GPU; `--replicate R` makes it 2-D (HSDP: `R` replicas × `N/R` shards);
 - **meta-device construction**: `with torch.device("meta")` gives parameters with shapes and no memory; `fully_shard` then turns them into sharded DTensors, still on meta; `to_empty` allocates only this rank's shards and `init_weights` fills them;
 - **one unit per block**, then the root (embedding, final norm, tied head): each unit is gathered, used and freed on its own. An explicit prefetch order (`set_modules_to_forward_prefetch`/`_backward_prefetch`) gathers the next block while this one computes;
+- **`--cpu-offload`** passes `CPUOffloadPolicy` to every unit: shards, gradients and AdamW's state stay on the CPU (section 6);
 - **accumulation**: `set_requires_gradient_sync(False)` for every micro-batch but the last, FSDP2's `no_sync`;
 - **`clip_grad_norm_` on DTensor gradients**, which computes the norm of the whole gradient across ranks;
 - **`torch.distributed.checkpoint`** (`--save-at`, `--resume`): each rank writes and reads its own shards of the model and of AdamW's state;
@@ -58,13 +61,14 @@ Every rank draws the same global batch for a step and takes its own rows of each
 
     torchrun --nproc_per_node=N fsdp_train.py --out DIR [--device cpu|cuda] [--replicate R] [--steps 4]
              [--batch 16] [--micro-batches 2] [--seq-len 64] [--lr 3e-3] [--clip 1.0]
-             [--bf16] [--checkpointing] [--no-prefetch] [--save-at K] [--resume DIR --from-step K]
+             [--bf16] [--checkpointing] [--cpu-offload] [--no-prefetch] [--save-at K] [--resume DIR --from-step K]
     python fsdp_train.py --out DIR       # one process, nothing sharded: the reference
 
 1. process group and mesh: gloo between CPU processes (an explicit CPU mesh), or NCCL with one GPU
    per process (--device cuda); a 1-D mesh (FSDP) or, with --replicate R, R replicas x N/R shards (HSDP);
 2. the model built on the meta device (shapes, no memory), sharded block by block and then at the
-   root, materialized with to_empty and initialized;
+   root, materialized with to_empty and initialized (with --cpu-offload the shards, their gradients and
+   AdamW's state live on the CPU, and each unit's shard is copied to the device for its all-gather);
 3. each step accumulates --micro-batches micro-batches without reduce-scattering all but the last,
    clips the global gradient norm and steps AdamW;
 4. a sharded checkpoint (model and optimizer, torch.distributed.checkpoint) after step --save-at, which
@@ -72,6 +76,8 @@ Every rank draws the same global batch for a step and takes its own rows of each
 5. the full parameters gathered to rank 0 and saved, with the losses and gradient norms.
 """
 import argparse
+import contextlib
+import hashlib
 import json
 import os
 import sys
@@ -85,8 +91,9 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_state_dict,
                                                      set_state_dict)
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor.debug import CommDebugMode
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from course_lib.data import text_batch, text_corpus
 from course_lib.transformer import PRESETS, Transformer
@@ -125,6 +132,8 @@ def build_model(mesh, device, args):
         kwargs = {"mesh": mesh}
         if args.bf16:  # compute in bf16 on fp32 shards; reduce-scatter gradients in fp32
             kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        if args.cpu_offload:  # shards, gradients and optimizer state on the CPU; pinned memory for fast copies
+            kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=device.type == "cuda")
         for i, block in enumerate(model.layers):  # one unit per transformer block
             if args.checkpointing:  # checkpointing first, then fully_shard the checkpointed block
                 block = model.layers[i] = checkpoint_wrapper(block)
@@ -137,7 +146,7 @@ def build_model(mesh, device, args):
                 if i > 0:
                     block.set_modules_to_backward_prefetch([model.layers[i - 1]])
         log("sharded, still on meta:", *describe(model))
-    model.to_empty(device=device)  # allocate this rank's shards, uninitialized
+    model.to_empty(device="cpu" if args.cpu_offload else device)  # this rank's shards, uninitialized
     model.init_weights(args.seed)  # the same values as a model built whole; each rank writes its shard
     log("materialized:", *describe(model))
     return model
@@ -165,6 +174,44 @@ def make_mesh(device, replicate):
 UNIT_SIZES = {}  # parameters (elements) per fully_shard unit: what one all-gather brings together
 
 
+class CollectivesByGroup(TorchDispatchMode):
+    """Count FSDP2's collectives by the mesh dimension whose process group runs them, with the bytes each
+    rank sends in (an all-gather's input: the shard copied to the device under CPU offload) and gets back
+    (a reduce-scatter's output: the gradient shard copied back to the CPU)."""
+
+    def __init__(self, mesh):
+        super().__init__()
+        self.dims = {tuple(dist.get_process_group_ranks(mesh.get_group(d))): d for d in mesh.mesh_dim_names}
+        self.counts, self.bytes = {}, {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.namespace == "c10d":
+            groups = [dist.ProcessGroup.unbox(a) for a in args
+                      if isinstance(a, torch.ScriptObject) and "ProcessGroup" in a._type().qualified_name()]
+            dim = self.dims.get(tuple(dist.get_process_group_ranks(groups[0])), "other") if groups else "other"
+            name = func.__name__.split(".")[0]
+            key = f"{name} on {dim}"
+            self.counts[key] = self.counts.get(key, 0) + 1
+            moved = args[1] if name == "_allgather_base_" else args[0] if name == "_reduce_scatter_base_" else None
+            if moved is not None:
+                self.bytes[name] = self.bytes.get(name, 0) + moved.numel() * moved.element_size()
+        return func(*args, **(kwargs or {}))
+
+
+def holdings(model, opt, mesh, grad_device):
+    """What this rank holds of the embedding, and where its shard, gradient and AdamW state live."""
+    p = model.embed.weight
+    local = p.to_local()
+    coordinate = mesh.get_coordinate()
+    return {"rank": dist.get_rank(), "coordinate": dict(zip(mesh.mesh_dim_names, coordinate)),
+            "placements": str(tuple(p.placements)), "local shape": tuple(local.shape),
+            "rows from": coordinate[-1] * local.shape[0], "digest": hashlib.sha1(local.detach().cpu().numpy().tobytes()).hexdigest(),
+            "parameter": str(local.device), "gradient": grad_device,
+            "AdamW state": str(opt.state[p]["exp_avg"].device),
+            "bytes kept (shards + gradients + AdamW)": 4 * sum(q.to_local().numel() * q.element_size()
+                                                               for q in model.parameters())}
+
+
 def watch_dtypes(model):
     """Record the dtype a block's first linear layer computes with (a forward pre-hook)."""
     seen = {}
@@ -185,7 +232,7 @@ def train(args, device):
         dcp.load(state, checkpoint_id=args.resume)
         set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
         log(f"resumed from {args.resume} at step {args.from_step}")
-    seen, counts = watch_dtypes(model), []
+    seen, counts, by_group = watch_dtypes(model), [], []
     losses, norms = [], []
     for step in range(args.from_step, args.steps):
         total = torch.zeros((), device=device)
@@ -194,12 +241,17 @@ def train(args, device):
             if mesh is not None:  # reduce-scatter only after the last micro-batch (FSDP2's no_sync)
                 model.set_requires_gradient_sync(m == len(batches) - 1)
             with CommDebugMode() as comm:  # records every collective issued in this micro-batch
-                loss = model.loss(x.to(device), y.to(device)) / len(batches)
-                loss.backward()
+                groups = CollectivesByGroup(mesh) if mesh is not None else contextlib.nullcontext()
+                with groups:  # and, in a second record, the mesh dimension each one ran on
+                    loss = model.loss(x.to(device), y.to(device)) / len(batches)
+                    loss.backward()
             counts.append({str(k).split(".")[-1]: v for k, v in comm.get_comm_counts().items()})
+            if mesh is not None:
+                by_group.append({"counts": groups.counts, "bytes": groups.bytes})
             total += loss.detach()
         norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)  # DTensor gradients: the global norm
         grad_dtype = str(next(p for n, p in model.named_parameters() if n.endswith("q_proj.weight")).grad.dtype)
+        grad_device = str(model.embed.weight.grad.device)  # where the (sharded) gradient lives before the step
         opt.step()
         opt.zero_grad()
         if mesh is not None:
@@ -217,6 +269,10 @@ def train(args, device):
     dtypes = {"stored": str(p.dtype), "forward weight": seen["weight"], "forward input": seen["input"],
               "gradient": grad_dtype, "optimizer state": str(
                   opt.state[p]["exp_avg"].dtype)}
+    held = [None] * world  # each rank's holdings, brought to rank 0 to be printed
+    if mesh is not None:
+        dist.all_gather_object(held, holdings(model, opt, mesh, grad_device))
+    peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else 0  # device memory, GPU runs
     # Gather the full parameters to rank 0 (on its CPU), save them there.
     full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     if rank == 0:
@@ -224,7 +280,7 @@ def train(args, device):
         torch.save(full, f"{args.out}/final.pt")
         with open(f"{args.out}/log.json", "w") as f:
             json.dump({"losses": losses, "norms": norms, "world": world, "dtypes": dtypes, "units": UNIT_SIZES,
-                       "counts": counts}, f)
+                       "counts": counts, "by_group": by_group, "holdings": held, "peak_device_bytes": peak}, f)
     return model
 
 
@@ -243,6 +299,7 @@ def parse(argv=None):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--bf16", action="store_true")
     p.add_argument("--checkpointing", action="store_true")
+    p.add_argument("--cpu-offload", action="store_true", help="CPUOffloadPolicy: shards and AdamW on the CPU")
     p.add_argument("--no-prefetch", action="store_true")
     p.add_argument("--save-at", type=int, default=0, help="write a sharded checkpoint after this many steps")
     p.add_argument("--resume", default="", help="a checkpoint folder written by --save-at")
@@ -402,6 +459,82 @@ Bit for bit, because everything a step depends on came back: the parameters, Ada
 
 # %% [markdown] slideshow={"slide_type": "slide"}
 """
+## 6. HSDP on a 2-D mesh, with CPU offload
+
+Plain FSDP shards over every rank, so every all-gather crosses the whole job; across many nodes that means the slow inter-node links. **HSDP** (hybrid sharding) lays the ranks out on a 2-D mesh, `replicate × shard`: each group of `N/R` ranks (in practice, one node) shards the model as in section 2, and the `R` groups hold identical copies. The all-gathers and reduce-scatters stay inside a shard group; one all-reduce per unit and step averages the gradient shards across the replicas. The script does it with `--replicate R`, which only changes the mesh: `fully_shard` reads the rest from the mesh's placements `(Replicate(), Shard(0))`.
+
+`--cpu-offload` adds `CPUOffloadPolicy` to every unit: the shards, their gradients and AdamW's state live on the CPU (the optimizer steps there), each unit's shard is copied to the device for its all-gather, and each gradient shard is copied back after its reduce-scatter. It trades device memory for host-device copies every step. One run of 4 processes shows both: `--replicate 2 --cpu-offload`, the mesh `[[0, 1], [2, 3]]`. A second record in the script (a `TorchDispatchMode`, like `CommDebugMode`) notes on which mesh dimension's process group each collective ran, and the bytes each rank sent into it.
+"""
+
+# %% slideshow={"slide_type": "-"}
+hsdp = run_torchrun("_runs/fsdp_train.py", nproc_per_node=4, args=["--out", "_runs/fsdp_hsdp", "--replicate", "2", "--cpu-offload"],
+                    timeout=300, echo="none")
+hsdp_log = json.load(open("_runs/fsdp_hsdp/log.json"))
+held = hsdp_log["holdings"]
+print("what each rank holds of embed.weight (256 x 64):")
+for h in held:
+    twin = [o["rank"] for o in held if o["rank"] != h["rank"] and o["digest"] == h["digest"]]
+    print(f"  rank {h['rank']} {h['coordinate']}: {h['placements']}, local {tuple(h['local shape'])} = rows "
+          f"{h['rows from']}-{h['rows from'] + h['local shape'][0] - 1}; the same bytes, bit for bit, as rank {twin[0]}")
+assert all([o["rank"] for o in held if o["digest"] == h["digest"]] == [h["rank"] % 2, h["rank"] % 2 + 2] for h in held)
+
+# %% slideshow={"slide_type": "subslide"}
+hsdp_micro = len(hsdp_log["by_group"]) // len(hsdp_log["losses"])
+step_counts = {}
+for m, record in enumerate(hsdp_log["by_group"][:hsdp_micro]):
+    print(f"micro-batch {m} (sync {'on' if m == hsdp_micro - 1 else 'off'}):", record["counts"])
+    for key, n in record["counts"].items():
+        step_counts[key] = step_counts.get(key, 0) + n
+print("one step:", step_counts)
+expected = collectives_per_step(n_blocks, hsdp_micro)
+assert step_counts == {"_allgather_base_ on shard": expected["all_gather"],
+                       "_reduce_scatter_base_ on shard": expected["reduce_scatter"],
+                       "allreduce_ on replicate": expected["reduce_scatter"]}
+hsdp_loss = max(abs(a - b) for a, b in zip(ref_log["losses"], hsdp_log["losses"]))
+hsdp_norm = max(abs(a - b) for a, b in zip(ref_log["norms"], hsdp_log["norms"]))
+hsdp_final = torch.load("_runs/fsdp_hsdp/final.pt", weights_only=True)
+hsdp_param = max((ref_final[k] - hsdp_final[k]).abs().max().item() for k in ref_final)
+print(f"HSDP 2 x 2 with CPU offload against 1 process: losses within 1e-5: {hsdp_loss < 1e-5}; gradient norms within "
+      f"1e-5: {hsdp_norm < 1e-5}; final parameters within 1e-4: {hsdp_param < 1e-4}")
+assert hsdp_loss < 1e-5 and hsdp_norm < 1e-5 and hsdp_param < 1e-4
+
+# %% [markdown] slideshow={"slide_type": "fragment"}
+"""
+Each rank holds half the rows, as with 2-way FSDP, and its replica partner (rank `r ± 2`) holds the same half, bit for bit after four steps. Every all-gather and reduce-scatter ran inside a shard group (`[0, 1]` or `[2, 3]`), every all-reduce across the replicate dimension (`[0, 2]` or `[1, 3]`): one per unit, after its reduce-scatter, on the last micro-batch only. The per-step numbers are section 3's plus one all-reduce per unit. A replicate all-reduce moves a shard's gradient (half the model here) rather than the whole model's as DDP would, and on a real cluster the shard groups are the fast links inside a node.
+"""
+
+# %% slideshow={"slide_type": "subslide"}
+first = held[0]
+print(f"under CPUOffloadPolicy, rank 0's shard lives on {first['parameter']}, its gradient on {first['gradient']}, "
+      f"AdamW's state on {first['AdamW state']}")
+moved = hsdp_log["by_group"][:hsdp_micro]
+to_device = sum(r["bytes"].get("_allgather_base_", 0) for r in moved)
+to_host = sum(r["bytes"].get("_reduce_scatter_base_", 0) for r in moved)
+kept = first["bytes kept (shards + gradients + AdamW)"]
+print(f"copied per rank and step: {to_device:,} bytes host -> device (the shard of each all-gather: "
+      f"{to_device / (kept / 4):.2f} x the rank's parameter shard), {to_host:,} bytes device -> host (gradient shards)")
+print(f"kept off the device per rank: {kept:,} bytes (fp32 shards, gradients and AdamW's two moments)")
+assert to_host == kept // 4 and to_device == sum(4 * n // 2 * (2 if k != "root" else 1) * hsdp_micro
+                                                 for k, n in units.items())
+
+# %% [markdown] slideshow={"slide_type": "fragment"}
+"""
+What a CPU-only job can and cannot show. On a CPU mesh the "device" *is* the CPU, so the offload copies are same-device no-ops and the memory they save is memory of the same RAM: what the run shows is the placement (every shard, gradient and moment on the CPU, the training unchanged within section 2's tolerances) and the traffic the policy creates, counted from the collectives' own tensors: each all-gather's input is the shard that a GPU job copies host to device (blocks twice per micro-batch, the root once), each reduce-scatter's output the gradient shard copied back, once per step under accumulation. On a GPU the persistent device memory saved is 4 × the shard per rank (parameters, gradients, two AdamW moments), paid for with those copies over PCIe and with AdamW stepping on the CPU. The prefetch order of section 1 issues the next unit's copy and all-gather before this unit computes; notebook 17 §5 measures how much of that FSDP2 prefetch hides behind compute. The cell below runs the GPU path where there is a GPU.
+"""
+
+# %% slideshow={"slide_type": "-"}
+if requires_gpu("CPU offload's saving of GPU memory (one-process FSDP2 on the GPU)"):
+    for flags in ([], ["--cpu-offload"]):
+        out = "_runs/fsdp_gpu_offload" if flags else "_runs/fsdp_gpu"
+        run_torchrun("_runs/fsdp_train.py", nproc_per_node=1, args=["--out", out, "--device", "cuda", *flags],
+                     timeout=300, echo="none", device="cuda")
+        gpu_log = json.load(open(f"{out}/log.json"))
+        h = gpu_log["holdings"][0]
+        print(f"{' '.join(flags) or 'no offload':<13}: shard on {h['parameter']}, gradient on {h['gradient']}, "
+              f"AdamW on {h['AdamW state']}; peak GPU memory {gpu_log['peak_device_bytes'] / 2**20:.2f} MiB")
+
+# %% [markdown] slideshow={"slide_type": "slide"}
+"""
 ## Summary
 
 - Build on `meta`, `fully_shard` each block and then the root on an explicit mesh of the device you chose, `to_empty`, initialize: no rank ever holds the whole model, and the sharded run trained like one process (losses and gradient norms within 1e-5, final parameters within 1e-4).
@@ -409,6 +542,8 @@ Bit for bit, because everything a step depends on came back: the parameters, Ada
 - `MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)` computes in bf16 on fp32 shards, gradients and optimizer state; checkpoint each block first, then shard it.
 - `clip_grad_norm_` on DTensor gradients returns the global norm.
 - `torch.distributed.checkpoint` writes and reads each rank's shards of the model and the optimizer; with a deterministic data order the resumed run is bit for bit the uninterrupted one.
+- HSDP (`--replicate 2` on 4 ranks): replicas hold the same shards bit for bit; all-gathers and reduce-scatters run inside a shard group, one all-reduce per unit and step across replicas; it trained like one process within the same tolerances.
+- `CPUOffloadPolicy` keeps shards, gradients and AdamW's state on the CPU (4 × the shard per rank off the device) and copies each gathered shard to the device and each gradient shard back, counted per step from the collectives.
 """
 
 # %% [markdown] slideshow={"slide_type": "slide"}
