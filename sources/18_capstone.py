@@ -301,7 +301,7 @@ if __name__ == "__main__":
 """
 ## 2. Every flag, against one process
 
-The reference is the script itself as one plain process (no `torchrun`: no group, nothing sharded), run here in the notebook's kernel. One `torchrun` launch of 4 processes then runs four combinations that together use every flag but `--resume` (section 3 resumes). Each combination's loss at every step is compared with the reference's: float32 combinations must agree to within `FP32_TOL`, bf16 ones within `BF16_TOL` (bf16 keeps 8 bits of mantissa, so its products round at about 0.4%; over 4 steps the loss moves by far less).
+The reference is the script itself as one plain process (no `torchrun`: no group, nothing sharded), run here in the notebook's kernel. One `torchrun` launch of 4 processes then runs four combinations that together use every flag but `--resume` (section 3 resumes). Each combination's loss at every step is compared with the reference's: float32 combinations must agree to within `FP32_TOL`, bf16 ones within `BF16_TOL` (bf16 keeps 8 bits of mantissa, so its products round at about 0.4%, notebook 06; over 4 steps the loss moves by far less).
 """
 
 # %% slideshow={"slide_type": "-"}
@@ -342,7 +342,7 @@ print("every combination's loss at every step agrees with one process within its
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-The differences are printed after `~`: they are rounding, and rounding depends on the machine's kernels and on the order in which the ranks' contributions are added; the tolerances are what is asserted. What each row exercised: the DDP rows average gradients with an all-reduce, the FSDP2 rows reduce-scatter them into shards; the tensor-parallel rows split every matrix of a block across the 2 ranks of a mesh row, and `fsdp2+tp2` shards those halves again over the mesh's columns (2-D: each rank holds a quarter of each block matrix). Checkpointing and accumulation change what is kept and when, not what is computed.
+The differences are printed after `~`: they are rounding, and rounding depends on the machine's kernels and on the order in which the ranks' contributions are added; the tolerances are what is asserted. What each row exercised: the DDP rows average gradients with an all-reduce, the FSDP2 rows reduce-scatter them into shards; the tensor-parallel rows split every matrix of a block across the 2 ranks of a mesh row, and `fsdp2+tp2` shards those pieces again over the mesh's columns (2-D: each rank holds a quarter of each block matrix). Checkpointing and accumulation change what is kept and when, not what is computed.
 """
 
 # %% [markdown] slideshow={"slide_type": "slide"}
@@ -764,10 +764,10 @@ The short version, by bottleneck (find it first: notebook 04's memory measuremen
 <!-- BEGIN generated: facts-remedies -->
 | bottleneck | first remedy | what it costs | shown |
 |---|---|---|---|
-| activations do not fit (deep or wide model, long sequences) | activation checkpointing (selective: recompute the cheap ops) | up to one extra forward per step (about +30% compute at scale; more for small layers, notebook 04) | peak down, step slower (above; notebook 04) |
-| the wanted batch does not fit on your one device | gradient accumulation | more, smaller steps; BatchNorm and batch-coupled losses see micro-batches | peak down in proportion (above; notebook 08) |
-| memory and speed on a device with bf16/fp16 matrix units | mixed precision: bf16 autocast (fp16 + `GradScaler` where bf16 is missing) | rounding; loss scaling for fp16 | activations halved (above; notebook 07) |
-| the model fits, training takes too long, you have several devices | DDP (`torchrun`) | one all-reduce of the gradients per step, mostly overlapped | per-rank batch halved (above); notebooks 10, 11 |
+| activations do not fit (deep or wide model, long sequences) | activation checkpointing (selective: recompute the cheap ops) | up to one extra forward per step (about +30% compute at scale; more for small layers, notebook 04) | peak down, step slower (notebooks 04, 05); section 2 above |
+| the wanted batch does not fit on your one device | gradient accumulation | more, smaller steps; BatchNorm and batch-coupled losses see micro-batches | peak down in proportion (notebook 08); section 2 above |
+| memory and speed on a device with bf16/fp16 matrix units | mixed precision: bf16 autocast (fp16 + `GradScaler` where bf16 is missing) | rounding; loss scaling for fp16 | activations halved (notebook 07); section 2 above |
+| the model fits, training takes too long, you have several devices | DDP (`torchrun`) | one all-reduce of the gradients per step, mostly overlapped | per-rank batch halved; notebooks 10, 11; section 2 above |
 | the parameters + gradients + optimizer state do not fit one device | sharded data parallel: ZeRO-1/2 (optimizer state, gradients), then FSDP (`fully_shard`, ZeRO-3) | more communication (ZeRO-3: 1.5x DDP's bytes); a sharded checkpoint format | notebook 13 |
 | sharding is not enough: one layer's parameters or activations do not fit, or links between nodes are slow | pipeline (between layers, across nodes) and tensor parallel (inside layers, within a node) | the bubble; communication inside every layer | notebook 12 |
 <!-- END generated -->
@@ -820,10 +820,11 @@ else:
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-**Recorded, not run by this notebook.** A transcript of the job above on the course's two-node cluster (`scripts/slurm_cluster.py`: Debian's `slurm-wlm` 22.05.8, `slurmctld` and two `slurmd -N n1|n2` daemons on this 2-core machine), recorded on 2026-12-02 at 05:38 UTC with the notebook's own job script and training script, 2 nodes × 1 process, `--dp ddp`: the job, `squeue`, `sacct` (this cluster has no accounting database, so the finished job is read from the job-completion file), the batch log and the two per-rank logs; then `scancel` of a long run; then a node failure (the `slurmd` of `n2` and its processes killed). Long stack traces are cut to their first line. The c10d rendezvous numbered the nodes in the order they joined: rank 0 ran on `n2`.
+**Recorded, not run by this notebook.** A transcript of the job above on the course's two-node cluster (`scripts/slurm_cluster.py`: Debian's `slurm-wlm` 22.05.8, `slurmctld` and two `slurmd -N n1|n2` daemons on this 2-core machine), recorded on 2026-12-02 at 05:38 UTC with the notebook's own job script and training script, 2 nodes × 1 process, `--dp ddp`: the job, `squeue`, `sacct` (this cluster has no accounting database, so the finished job is read from the job-completion file), the batch log and the two per-rank logs; then `scancel` of a long run; then a node failure (the `slurmd` of `n2` and its processes killed). Long stack traces are cut to their first line. The c10d rendezvous numbered the nodes in the order they joined: rank 0 ran on `n2`. The cell prints it from a constant.
+"""
 
-```
-$ date -u
+# %% slideshow={"slide_type": "-"}
+RECORDED = r"""$ date -u
 Wed Dec  2 05:38:43 UTC 2026
 $ sinfo
 PARTITION AVAIL  TIMELIMIT  NODES  STATE NODELIST
@@ -834,7 +835,7 @@ $ squeue
              JOBID PARTITION     NAME     USER ST       TIME  NODES NODELIST(REASON)
                  1     debug capstone     root  R       0:00      2 n[1-2]
 (submitted to COMPLETED in ~18.1 s)
-$ scontrol show job 1 | grep -o 'JobState=[^ ]* .*ExitCode=[^ ]*\|NodeList=[^ ]*'
+$ scontrol show job 1    # five of its fields
 JobState=COMPLETED ExitCode=0:0 RunTime=00:00:16 NodeList=n[1-2] NumNodes=2
 $ sacct -j 1
 Slurm accounting storage is disabled
@@ -875,8 +876,11 @@ $ grep -m1 Error rank-3-node0.out
 [rank0]: RuntimeError: [.../gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:PORT: Connection reset by peer. ...
 $ grep -m1 Error rank-3-node1.out
 (none)
-```
+"""  # recorded 2026-12-02 05:38 UTC on the course's Slurm fixture (see above), not run here
+print(RECORDED)
 
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
 What the learner sees when a node fails: the job ends `NODE_FAIL` (reason `NodeDown`) after Slurm's timeouts (here `SlurmdTimeout=5`, so about 11 s), the node is `down*` in `sinfo` until it returns, and the surviving rank's log ends in gloo's "Connection reset by peer". Nothing restarts it: with `--no-requeue` the job is over; without it Slurm would requeue the job, and `--resume` (section 3) would carry on from the last DCP checkpoint.
 """
 
