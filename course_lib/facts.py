@@ -65,7 +65,7 @@ FACTS: dict[str, dict[str, str]] = {
         "bottleneck": "the model fits, training takes too long, you have several devices",
         "remedy": "DDP (`torchrun`)",
         "cost": "one all-reduce of the gradients per step, mostly overlapped",
-        "shown": "per-rank batch halved (above); notebooks 10, 11",
+        "shown": "per-rank batch halved; notebooks 10, 11; section 2 above",
     },
     "sharded": {
         "name": "sharded data parallel (ZeRO, FSDP)",
@@ -138,19 +138,19 @@ FACTS: dict[str, dict[str, str]] = {
         "bottleneck": "activations do not fit (deep or wide model, long sequences)",
         "remedy": "activation checkpointing (selective: recompute the cheap ops)",
         "cost": "up to one extra forward per step (about +30% compute at scale; more for small layers, notebook 04)",
-        "shown": "peak down, step slower (above; notebook 04)",
+        "shown": "peak down, step slower (notebooks 04, 05); section 2 above",
     },
     "accumulation": {
         "bottleneck": "the wanted batch does not fit on your one device",
         "remedy": "gradient accumulation",
         "cost": "more, smaller steps; BatchNorm and batch-coupled losses see micro-batches",
-        "shown": "peak down in proportion (above; notebook 08)",
+        "shown": "peak down in proportion (notebook 08); section 2 above",
     },
     "mixed precision": {
         "bottleneck": "memory and speed on a device with bf16/fp16 matrix units",
         "remedy": "mixed precision: bf16 autocast (fp16 + `GradScaler` where bf16 is missing)",
         "cost": "rounding; loss scaling for fp16",
-        "shown": "activations halved (above; notebook 07)",
+        "shown": "activations halved (notebook 07); section 2 above",
     },
 }
 

@@ -377,3 +377,73 @@ def test_a_node_that_dies_fails_the_job_and_is_marked_down(cluster: SlurmCluster
     cluster.start_node("n2")  # the node comes back (ReturnToService=2) and takes jobs again
     wait_until(lambda: cluster.node_states()["n2"] == "IDLE", 60, "n2 to be idle again")
     print(f"node failure: job NODE_FAIL and n2 {n2['State']} ~{failed:.1f} s after the kill")
+
+
+# --------------------------------------------------------------------------- notebook 18's capstone job
+
+
+def _notebook_job_files() -> tuple[str, str, float]:
+    """Notebook 18's own job script (its CAPSTONE_SBATCH cell), training script (%%writefile) and FP32_TOL."""
+    import ast
+
+    import jupytext
+
+    from course_lib.manifest import written_file
+
+    nb = jupytext.read(ROOT / "sources" / "18_capstone.py", fmt="py:percent")
+    values: dict[str, object] = {}
+    for cell in nb.cells:
+        if cell.cell_type != "code" or not ("CAPSTONE_SBATCH =" in cell.source or "FP32_TOL," in cell.source):
+            continue
+        for node in ast.parse(cell.source).body:  # the cell's top-level assignments of constants
+            if not isinstance(node, ast.Assign):
+                continue
+            target, value = node.targets[0], node.value
+            pairs = (
+                zip(target.elts, value.elts)
+                if isinstance(target, ast.Tuple) and isinstance(value, ast.Tuple)
+                else [(target, value)]
+            )
+            for name, v in pairs:
+                if isinstance(name, ast.Name) and name.id in ("CAPSTONE_SBATCH", "FP32_TOL"):
+                    values[name.id] = ast.literal_eval(v)
+    job, tol = values["CAPSTONE_SBATCH"], values["FP32_TOL"]
+    assert isinstance(job, str) and isinstance(tol, float)
+    return job, written_file("18_capstone", "_runs/capstone_train.py"), tol
+
+
+def test_the_capstone_job_trains_on_two_slurm_nodes_like_one_process(cluster: SlurmCluster, tmp_path: Path) -> None:
+    import json
+
+    job_script, train_script, tol = _notebook_job_files()
+    assert "#SBATCH --nodes=2" in job_script and "--rdzv-backend=c10d" in job_script
+    (tmp_path / "capstone.sbatch").write_text(job_script)
+    (tmp_path / "capstone_train.py").write_text(train_script)
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}
+    env.pop("WORLD_SIZE", None)
+    subprocess.run(
+        [sys.executable, "capstone_train.py", "--out", "single"],
+        cwd=tmp_path,
+        env=env,
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )  # the one-process reference
+    start = time.monotonic()
+    job = cluster.sbatch(tmp_path / "capstone.sbatch", "--dp", "ddp", env={"RDZV_PORT": str(free_port())})
+    record = cluster.wait_job(job, timeout=300)
+    wall = time.monotonic() - start
+    batch_log = (tmp_path / f"slurm-{job}.out").read_text()
+    rank_logs = {p.name: p.read_text() for p in sorted(tmp_path.glob(f"rank-{job}-node*.out"))}
+    assert record["JobState"] == "COMPLETED" and record["ExitCode"] == "0:0", (record, batch_log, rank_logs)
+    assert record["NodeList"] == "n[1-2]" and record["NumNodes"] == "2"
+    single = json.loads((tmp_path / "single" / "result.json").read_text())
+    slurm = json.loads((tmp_path / f"capstone-{job}" / "result.json").read_text())
+    assert slurm["world"] == 2
+    diff = max(abs(slurm["losses"][s] - single["losses"][s]) for s in single["losses"])
+    assert diff < tol, (diff, tol)
+    assert cluster.job_processes(job) == []
+    print(
+        f"capstone job {job} on n[1-2]: submitted to COMPLETED in ~{wall:.1f} s; loss difference {diff:.1e} < {tol:g}"
+    )
+    print(batch_log, *rank_logs.items(), sep="\n")
