@@ -263,6 +263,7 @@ def names_lost_with_launches(
 
     The dry run leaves launch cells out (nbval has run them; the GPU cells do not need their processes), so such a
     name would be undefined there: the launch cell must keep only the launch, with its definitions in a cell before.
+    A name the later cell assigns itself does not count (a cell that reads a name and then rebinds it is missed).
     """
     imported = frozenset(
         name
@@ -279,9 +280,10 @@ def names_lost_with_launches(
         read: set[str] = set()
         for j in sorted(k for k in keep if k > i):
             later = names_of(sources[j], imported)
-            read |= (
-                (uses or {}).get(j, later[1] if later else set()) if j in targets else (later[1] if later else set())
-            )
+            if later is None:
+                continue
+            reads = (uses or {}).get(j, later[1]) if j in targets else later[1]
+            read |= reads - later[0]  # a name the later cell assigns itself (h = ...; print(h)) is its own
         if names[0] & read:
             lost[i] = names[0] & read
     return lost
