@@ -230,19 +230,24 @@ def names_of(source: str, modules: frozenset[str] = frozenset()) -> tuple[set[st
     return defined, used
 
 
-def needed_cells(sources: list[str], targets: set[int], uses: dict[int, set[str]] | None = None) -> set[int]:
-    """The cells the ``targets`` depend on, by name, backwards to the first cell (the targets included).
-
-    ``uses`` overrides what a target reads (a GPU cell that cannot run reads only its guard). A cell that cannot
-    be read (``names_of`` is ``None``) is always included.
-    """
-    imported = frozenset(
+def _imported_names(sources: list[str]) -> frozenset[str]:
+    """The top-level names any cell binds by an import (modules, for :func:`names_of`)."""
+    return frozenset(
         name
         for src in sources
         for node in ast.walk(_parse_or_empty(src))
         if isinstance(node, (ast.Import, ast.ImportFrom))
         for name in ((a.asname or a.name).split(".")[0] for a in node.names)
     )
+
+
+def needed_cells(sources: list[str], targets: set[int], uses: dict[int, set[str]] | None = None) -> set[int]:
+    """The cells the ``targets`` depend on, by name, backwards to the first cell (the targets included).
+
+    ``uses`` overrides what a target reads (a GPU cell that cannot run reads only its guard). A cell that cannot
+    be read (``names_of`` is ``None``) is always included.
+    """
+    imported = _imported_names(sources)
     needed = set(targets)
     wanted: set[str] = set()
     for j in range(max(targets, default=-1), -1, -1):
@@ -265,13 +270,7 @@ def names_lost_with_launches(
     name would be undefined there: the launch cell must keep only the launch, with its definitions in a cell before.
     A name the later cell assigns itself does not count (a cell that reads a name and then rebinds it is missed).
     """
-    imported = frozenset(
-        name
-        for src in sources
-        for node in ast.walk(_parse_or_empty(src))
-        if isinstance(node, (ast.Import, ast.ImportFrom))
-        for name in ((a.asname or a.name).split(".")[0] for a in node.names)
-    )
+    imported = _imported_names(sources)
     lost: dict[int, set[str]] = {}
     for i in sorted(keep - targets):
         names = names_of(sources[i], imported)
