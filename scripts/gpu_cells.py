@@ -186,19 +186,34 @@ def names_of(source: str, modules: frozenset[str] = frozenset()) -> tuple[set[st
     """``(defined, used)`` names of a code cell, or ``None`` when it cannot be read (magics, syntax): run it always.
 
     Defined: what it binds (assignments, ``def``, ``class``, imports) and what it changes in place (``x.a = ...``,
-    ``x[i] = ...``, ``x.method(...)`` on a variable, not on an imported module). Used: every name it reads.
-    A ``%%writefile _runs/NAME.py`` cell defines the module ``NAME``; ``import NAME`` uses it.
+    ``x[i] = ...``, ``x += ...``, ``x.method(...)`` on a variable, not on an imported module). Used: every name it
+    reads. A ``%%writefile _runs/NAME.py`` cell defines the module ``NAME``; ``import NAME`` uses it.
     """
+    split = _names(source, modules)
+    return None if split is None else (split[0] | split[1], split[2])
+
+
+def free_names(source: str, modules: frozenset[str] = frozenset()) -> set[str] | None:
+    """The names a cell needs from the cells before it: what it reads, less what it only binds itself (a loop
+    variable, ``x = ...``); a name it changes in place (``x[i] = ...``, ``x.append(...)``) stays needed.
+    ``None`` when the cell cannot be read. A cell that reads a name and then rebinds it (``x = f(x)``) is missed."""
+    split = _names(source, modules)
+    return None if split is None else (split[2] | split[1]) - (split[0] - split[1])
+
+
+def _names(source: str, modules: frozenset[str]) -> tuple[set[str], set[str], set[str]] | None:
+    """``(bound, changed, used)``: names bound outright, changed in place, and read; ``None`` if unreadable."""
     written = _WRITEFILE.match(source)
     if written:
-        return {written.group(1)}, set()
+        return {written.group(1)}, set(), set()
     if any(line.lstrip().startswith(("%", "!")) for line in source.splitlines()):
         return None
     try:
         tree = ast.parse(source)
     except SyntaxError:
         return None
-    defined: set[str] = set()
+    bound: set[str] = set()
+    changed: set[str] = set()
     used: set[str] = set()
 
     def base(node: ast.AST) -> str | None:
@@ -209,12 +224,14 @@ def names_of(source: str, modules: frozenset[str] = frozenset()) -> tuple[set[st
     for node in ast.walk(tree):
         if isinstance(node, ast.Constant) and isinstance(node.value, str):
             used |= set(_SCRIPT_PATH.findall(node.value))  # run_script(["python", "_runs/x.py"]) needs x's cell
+        elif isinstance(node, ast.AugAssign) and isinstance(node.target, ast.Name):
+            changed.add(node.target.id)  # x += 1 reads x
         elif isinstance(node, ast.Name):
-            (used if isinstance(node.ctx, ast.Load) else defined).add(node.id)
+            (used if isinstance(node.ctx, ast.Load) else bound).add(node.id)
         elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            defined.add(node.name)
+            bound.add(node.name)
         elif isinstance(node, (ast.Import, ast.ImportFrom)):
-            defined |= {(a.asname or a.name).split(".")[0] for a in node.names}
+            bound |= {(a.asname or a.name).split(".")[0] for a in node.names}
             if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
                 used.add(node.module.split(".")[0])
             elif isinstance(node, ast.Import):
@@ -222,12 +239,12 @@ def names_of(source: str, modules: frozenset[str] = frozenset()) -> tuple[set[st
         elif isinstance(node, (ast.Attribute, ast.Subscript)) and not isinstance(node.ctx, ast.Load):
             name = base(node)
             if name:
-                defined.add(name)
+                changed.add(name)
         elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
             name = base(node.func.value)
             if name and name not in modules:
-                defined.add(name)
-    return defined, used
+                changed.add(name)
+    return bound, changed, used
 
 
 def _imported_names(sources: list[str]) -> frozenset[str]:
@@ -251,13 +268,13 @@ def needed_cells(sources: list[str], targets: set[int], uses: dict[int, set[str]
     needed = set(targets)
     wanted: set[str] = set()
     for j in range(max(targets, default=-1), -1, -1):
-        names = names_of(sources[j], imported)
+        names, free = names_of(sources[j], imported), free_names(sources[j], imported)
         if j in targets:
-            wanted |= (uses or {}).get(j, names[1] if names else set())
+            wanted |= (uses or {}).get(j, free or set())
             continue
         if names is None or names[0] & wanted:
             needed.add(j)
-            wanted |= names[1] if names else set()
+            wanted |= free or set()
     return needed
 
 

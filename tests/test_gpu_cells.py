@@ -146,3 +146,9 @@ def test_the_dry_run_keeps_only_the_cells_gpu_cells_depend_on() -> None:
     assert gpu_cells.names_lost_with_launches(own, {0, 1, 2}, {2}) == {}  # the GPU cell's own h (16 §6's case)
     assert gpu_cells.names_of("torch.manual_seed(0)", frozenset({"torch"})) == (set(), {"torch"})
     assert gpu_cells.names_of("!ls") is None
+    # What a cell needs from before it: not its own loop variables, but what it changes in place.
+    assert gpu_cells.free_names("for k in ks:\n    print(k)") == {"ks", "print"}
+    assert gpu_cells.free_names("a[k] = 1\nn += 1\nlog.append(2)") == {"a", "k", "n", "log"}
+    assert gpu_cells.free_names("%time x") is None
+    loops = ["k = 0\nslow = 1", "ks = [1, 2]", 'if requires_gpu("k"):\n    for k in ks:\n        print(k)']
+    assert gpu_cells.needed_cells(loops, {2}) == {1, 2}  # cell 0's k is not the loop's k

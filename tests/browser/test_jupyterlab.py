@@ -3,10 +3,11 @@
 For each notebook: open it in the session's JupyterLab and check what the learner sees: no error
 output, every plot drawn as an image that decodes. nbval has already run every cell of every
 notebook in a kernel, so running them all again here would only repeat that work; what a browser
-adds is live widgets. So the notebooks with an explorer (a slider, a dropdown, ...) are cleared and
-run all cells here, and so is one notebook with progress bars (every bar is the same tqdm widget):
-every widget must be drawn live (not as its text fallback) and moving a control must change the
-output it drives.
+adds is live widgets. So for each notebook with an explorer (a slider, a dropdown, ...), and for one
+notebook with progress bars (every bar is the same tqdm widget), a copy that holds only the widget
+cells and the cells they need (by name, ``course_tools.gpu_cells.needed_cells``) is cleared and run
+here: every widget must be drawn live (not as its text fallback) and moving a control must change
+the output it drives.
 The page may not reach other machines.
 """
 
@@ -20,7 +21,9 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from facts import NOTEBOOKS, NotebookFacts, notebook_facts
+from facts import NOTEBOOKS, WIDGET_VIEW, NotebookFacts, notebook_facts
+
+from course_tools.gpu_cells import needed_cells
 
 pytestmark = pytest.mark.slow  # drives a browser: `make test-browser`, never `make check`
 
@@ -223,22 +226,44 @@ def runs_in_lab(facts: NotebookFacts) -> bool:
     return facts.controls > 0 or (facts.progress_bars > 0 and facts.name.startswith(BARS_RUN_LIVE_IN))
 
 
+def widget_copy(path: Path) -> Path:
+    """Beside ``path``, a copy holding only its widget cells and the code cells they need, in order, with their
+    committed outputs (so :func:`notebook_facts` of the copy says what running it must show) and the notebook's
+    metadata (its saved widget state). Markdown is left out: nothing runs there."""
+    nb = nbformat.read(path, as_version=4)
+    code = [c for c in nb.cells if c.cell_type == "code" and c.source.strip()]
+    targets = {i for i, c in enumerate(code) if any(WIDGET_VIEW in o.get("data", {}) for o in c.get("outputs", []))}
+    keep = needed_cells([c.source for c in code], targets)
+    nb.cells = [c for i, c in enumerate(code) if i in keep]
+    copy = path.with_name(f"{path.stem}.widgets.ipynb")
+    nbformat.write(nb, copy)
+    return copy
+
+
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
 def test_notebook_in_jupyterlab(lab, offline_page, path: Path) -> None:
     facts = notebook_facts(lab.root / path.name)  # the copy the server runs
     page = offline_page.page
     open_notebook(page, lab, path.name, workspace=path.stem.replace("_", "-"))
+    check_saved_outputs(offline_page, facts)
     if not runs_in_lab(facts):
-        check_saved_outputs(offline_page, facts)
         print(f"{path.name}: opened; its committed outputs render (nbval runs its cells)")
         return
-    seconds = run_all(page, facts)
-    print(f"{path.name}: ran all {facts.code_cells} code cells in JupyterLab in ~{seconds:.1f} s")
-    check_outputs(offline_page, facts)
-    if facts.controls:
+    lab.shutdown_kernels()  # the whole notebook's kernel is not used: its widgets run in the copy
+    copy = widget_copy(lab.root / path.name)
+    live = notebook_facts(copy)
+    assert live.widget_views == facts.widget_views, f"{path.name}: the copy lost a widget cell"
+    open_notebook(page, lab, copy.name, workspace=f"{path.stem.replace('_', '-')}-widgets")
+    seconds = run_all(page, live)
+    print(
+        f"{path.name}: ran the {live.code_cells} of {facts.code_cells} code cells its widgets need in JupyterLab"
+        f" in ~{seconds:.1f} s"
+    )
+    check_outputs(offline_page, live)
+    if live.controls:
         moved = move_one_control(page, path.name)
         print(f"{path.name}: {moved} changed the output")
-        check_outputs(offline_page, facts)
+        check_outputs(offline_page, live)
 
 
 # A tiny notebook with an interactive plot: proves the control-moving check works (and can fail)
