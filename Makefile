@@ -36,7 +36,7 @@ help:
 	@echo "make test-portable - nbval over every notebook under simulated CPUs (portable kernels, AVX2)"
 	@echo "make test-gpu-visible - nbval over every notebook with a CPU-only torch made to report 2 CUDA GPUs"
 	@echo "make test-load  - nbval over every notebook while a CPU hog keeps every core busy"
-	@echo "make test-extra - CI's two extra nbval passes: portable CPU + 2 simulated GPUs; AVX2 CPU + every core busy"
+	@echo "make test-extra - CI's extra nbval pass: portable CPU + 2 simulated GPUs + every core busy (TEST_CPU=avx2: make test on AVX2)"
 	@echo "make test-browser - the real-browser tests (JupyterLab, decks, site) with $(CHROMIUM)"
 	@echo "make test-slurm - the real-Slurm tests: a two-node cluster on this machine (needs slurm-wlm, munge)"
 	@echo "make test-learner-install - the learner's install alone in a fresh venv: imports, no dev tools"
@@ -76,9 +76,17 @@ $(DEV_STAMP): $(STAMP) requirements-dev.lock
 lab: $(STAMP)
 	$(BIN)/jupyter lab notebooks/
 
+# TEST_CPU=avx2 or TEST_CPU=portable runs make test's pytest (unit tests and nbval) under that simulated CPU (see
+# test-portable below); empty: this machine's own CPU. .ci/run's main pass is the AVX2 laptop and its extra pass
+# (test-extra) the portable CPU, so CI covers both simulated CPUs in two executions of every notebook, not three.
+TEST_CPU ?=
+TEST_CPU_ENV = $(if $(filter avx2,$(TEST_CPU)),$(CPU_AVX2),$(if $(filter portable,$(TEST_CPU)),$(CPU_PORTABLE)))
+
 test: $(DEV_STAMP)
+	$(if $(filter-out avx2 portable,$(TEST_CPU)),$(error TEST_CPU='$(TEST_CPU)': use avx2, portable, or leave it empty))
 	@$(MAKE) --no-print-directory lint
-	$(BIN)/python -m pytest -p no:cacheprovider $(PYTEST_NBVAL) tests notebooks
+	$(if $(TEST_CPU),env $(TEST_CPU_ENV) $(BIN)/python scripts/cpu_capability.py)
+	$(if $(TEST_CPU),env $(TEST_CPU_ENV)) $(BIN)/python -m pytest -p no:cacheprovider $(PYTEST_NBVAL) tests notebooks
 	@if [ -x "$(CHROMIUM)" ]; then $(MAKE) --no-print-directory test-browser; \
 	elif [ "$$COURSE_REQUIRE_BROWSER_TESTS" = 1 ]; then \
 	  echo "ERROR: the browser tests are required but there is no chromium at $(CHROMIUM)"; exit 1; \
@@ -139,25 +147,24 @@ test-portable: $(DEV_STAMP)
 SIMULATED_GPUS ?= 2
 GPU_VISIBLE_ENV := PYTHONPATH=$(CURDIR)/tests/gpu_visible$(if $(PYTHONPATH),:$(PYTHONPATH)) COURSE_SIMULATED_GPUS=$(SIMULATED_GPUS)
 
+# UNDER_LOAD=1 runs it while scripts/cpu_hog.py keeps every core busy (test-load's condition; test-extra uses it).
 test-gpu-visible: $(DEV_STAMP)
-	@echo "== nbval with $(SIMULATED_GPUS) simulated CUDA GPUs visible"
+	@echo "== nbval with $(SIMULATED_GPUS) simulated CUDA GPUs visible$(if $(UNDER_LOAD), on a loaded machine)"
 	env $(GPU_VISIBLE_ENV) $(BIN)/python -c "import torch; assert torch.cuda.device_count() == $(SIMULATED_GPUS)"
-	env $(GPU_VISIBLE_ENV) $(BIN)/python -m pytest -p no:cacheprovider $(PYTEST_NBVAL) $(NB)
+	env $(GPU_VISIBLE_ENV) $(if $(UNDER_LOAD),$(BIN)/python scripts/cpu_hog.py --) \
+	  $(BIN)/python -m pytest -p no:cacheprovider $(PYTEST_NBVAL) $(NB)
 
 # No output may depend on how busy the machine is: nbval while scripts/cpu_hog.py keeps every core busy.
 test-load: $(DEV_STAMP)
 	@echo "== nbval on a loaded machine"
 	$(BIN)/python scripts/cpu_hog.py -- $(BIN)/python -m pytest -p no:cacheprovider $(PYTEST_NBVAL) $(NB)
 
-# CI's extra passes over every notebook, two conditions per nbval run so that four cost two: the portable CPU
-# (one thread) with $(SIMULATED_GPUS) simulated GPUs visible, then the AVX2 CPU with every core kept busy. Each
-# condition alone is the target above (test-portable, test-gpu-visible, test-load); this runs the last two under the
-# first one's two CPUs.
+# CI's extra pass over every notebook, three conditions in one nbval run: the portable CPU (one thread), with
+# $(SIMULATED_GPUS) simulated GPUs visible, while every core is kept busy. Each condition alone is a target above
+# (test-portable, test-gpu-visible, test-load). The other simulated CPU, AVX2, is .ci/run's `make test TEST_CPU=avx2`.
 test-extra: $(DEV_STAMP)
 	env $(CPU_PORTABLE) $(BIN)/python scripts/cpu_capability.py
-	env $(CPU_PORTABLE) $(MAKE) --no-print-directory test-gpu-visible
-	env $(CPU_AVX2) $(BIN)/python scripts/cpu_capability.py
-	env $(CPU_AVX2) $(MAKE) --no-print-directory test-load
+	env $(CPU_PORTABLE) $(MAKE) --no-print-directory test-gpu-visible UNDER_LOAD=1
 
 # The real-browser tests (tests/browser): JupyterLab runs every notebook, the decks and the site
 # are stepped through offline. Playwright drives $(CHROMIUM); it never downloads a browser.

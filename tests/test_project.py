@@ -105,7 +105,7 @@ def test_ci_runs_the_readme_test_command() -> None:
     readme = (ROOT / "README.md").read_text()
     ci = (ROOT / ".ci" / "run").read_text()
     assert "make test" in readme and "make lab" in readme
-    assert re.search(r"^make test$", ci, re.M)
+    assert re.search(r"^make test( TEST_CPU=avx2)?$", ci, re.M)  # the README's command (on a simulated CPU)
 
 
 @pytest.mark.slow  # two fresh interpreters importing torch: half a minute on a loaded machine
@@ -125,18 +125,32 @@ def test_cpu_capability_script_checks_the_simulated_cpu() -> None:
 
 def test_ci_runs_the_extra_passes_after_the_readme_command() -> None:
     ci = (ROOT / ".ci" / "run").read_text()
-    assert "make test\n" in ci and "make test-extra" in ci and "make test-slurm" in ci
-    assert ci.index("make test\n") < ci.index("make test-extra")
-    # test-extra covers every condition of test-portable, test-gpu-visible and test-load, two per nbval pass
+    assert "make test TEST_CPU=avx2\n" in ci and "make test-extra" in ci and "make test-slurm" in ci
+    assert ci.index("make test TEST_CPU=avx2\n") < ci.index("make test-extra")
+    # Between them, CI's two nbval runs cover every condition of test-portable, test-gpu-visible and test-load:
+    # the main pass on the AVX2 CPU, the extra pass on the portable CPU with GPUs visible and every core busy.
     make = (ROOT / "Makefile").read_text()
     extra = make[make.index("\ntest-extra:") :].split("\n\n")[0]
-    assert "env $(CPU_PORTABLE) $(MAKE) --no-print-directory test-gpu-visible" in extra
-    assert "env $(CPU_AVX2) $(MAKE) --no-print-directory test-load" in extra
-    assert extra.count("$(MAKE)") == 2  # two nbval passes
+    assert "env $(CPU_PORTABLE) $(MAKE) --no-print-directory test-gpu-visible UNDER_LOAD=1" in extra
+    assert extra.count("$(MAKE)") == 1  # one nbval pass
+    visible = make[make.index("\ntest-gpu-visible:") :].split("\n\n")[0]
+    assert "$(GPU_VISIBLE_ENV) $(if $(UNDER_LOAD),$(BIN)/python scripts/cpu_hog.py --)" in visible
     for target, condition in (("test-gpu-visible", "$(GPU_VISIBLE_ENV)"), ("test-load", "cpu_hog.py")):
         body = make[make.index(f"\n{target}:") :].split("\n\n")[0]
         assert body.count("$(PYTEST_NBVAL)") == 1 and condition in body, target
+    test = make[make.index("\ntest:") :].split("\n\n")[0]
+    assert "$(if $(TEST_CPU),env $(TEST_CPU_ENV)) $(BIN)/python -m pytest" in test
+    assert "TEST_CPU_ENV = $(if $(filter avx2,$(TEST_CPU)),$(CPU_AVX2)," in make
     assert '"$(CPU_PORTABLE)" "$(CPU_AVX2)"' in make  # test-portable's CPUs are the same two
+
+
+def test_make_test_refuses_an_unknown_simulated_cpu() -> None:
+    import subprocess
+
+    done = subprocess.run(["make", "-n", "test", "TEST_CPU=arm"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0 and "TEST_CPU='arm': use avx2, portable, or leave it empty" in done.stderr
+    dry = subprocess.run(["make", "-n", "test", "TEST_CPU=avx2"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert "env ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2" in dry.stdout and "tests notebooks" in dry.stdout
 
 
 def test_every_course_lib_package_and_the_tooling_are_installed() -> None:
