@@ -80,33 +80,18 @@ lab: $(STAMP)
 # test-portable below); empty: this machine's own CPU. .ci/run's main pass is the AVX2 laptop and its extra pass
 # (test-extra) the portable CPU, so CI covers both simulated CPUs in two executions of every notebook, not three.
 TEST_CPU ?=
-# make test runs the browser tests beside pytest: they use ~0.65 of a core (the rest is waiting on JupyterLab and
-# the page), so together they take ~11 min instead of ~15 on 2 cores. Their output goes here and is shown after
-# pytest's; either one failing fails make test.
-BROWSER_LOG := build/browser-tests.log
-BROWSER_PYTEST = COURSE_BROWSER_TESTS=1 CHROMIUM=$(CHROMIUM) $(BIN)/python -m pytest -p no:cacheprovider --durations=5 \
-  tests/browser
 TEST_CPU_ENV = $(if $(filter avx2,$(TEST_CPU)),$(CPU_AVX2),$(if $(filter portable,$(TEST_CPU)),$(CPU_PORTABLE)))
 
 test: $(DEV_STAMP)
 	$(if $(filter-out avx2 portable,$(TEST_CPU)),$(error TEST_CPU='$(TEST_CPU)': use avx2, portable, or leave it empty))
 	@$(MAKE) --no-print-directory lint
 	$(if $(TEST_CPU),env $(TEST_CPU_ENV) $(BIN)/python scripts/cpu_capability.py)
-	@if [ ! -x "$(CHROMIUM)" ] && [ "$$COURSE_REQUIRE_BROWSER_TESTS" = 1 ]; then \
-	  echo "ERROR: the browser tests are required but there is no chromium at $(CHROMIUM)"; exit 1; fi
-	@if [ -x "$(CHROMIUM)" ] && command -v npm >/dev/null; then $(MAKE) --no-print-directory $(NPM_STAMP); fi
-	@browser=; if [ -x "$(CHROMIUM)" ]; then mkdir -p build; \
-	  echo "== the browser tests run beside pytest (they leave a core half idle); their report follows pytest's"; \
-	  $(BROWSER_PYTEST) > $(BROWSER_LOG) 2>&1 & browser=$$!; fi; \
-	echo "$(if $(TEST_CPU),env $(TEST_CPU_ENV)) $(BIN)/python -m pytest -p no:cacheprovider $(PYTEST_NBVAL) tests notebooks"; \
-	status=0; $(if $(TEST_CPU),env $(TEST_CPU_ENV)) $(BIN)/python -m pytest -p no:cacheprovider $(PYTEST_NBVAL) \
-	  tests notebooks || status=$$?; \
-	if [ -n "$$browser" ]; then b=0; wait $$browser || b=$$?; \
-	  echo; echo "== the browser tests (ran beside pytest; exit $$b; log: $(BROWSER_LOG))"; cat $(BROWSER_LOG); \
-	  [ $$b = 0 ] || status=$$b; \
+	$(if $(TEST_CPU),env $(TEST_CPU_ENV)) $(BIN)/python -m pytest -p no:cacheprovider $(PYTEST_NBVAL) tests notebooks
+	@if [ -x "$(CHROMIUM)" ]; then $(MAKE) --no-print-directory test-browser; \
+	elif [ "$$COURSE_REQUIRE_BROWSER_TESTS" = 1 ]; then \
+	  echo "ERROR: the browser tests are required but there is no chromium at $(CHROMIUM)"; exit 1; \
 	else echo; echo "*** SKIPPED the browser tests: no chromium at $(CHROMIUM)."; \
-	  echo "*** Install it (Debian/Ubuntu: apt-get install chromium) and npm, then run 'make test-browser'."; fi; \
-	exit $$status
+	  echo "*** Install it (Debian/Ubuntu: apt-get install chromium) and npm, then run 'make test-browser'."; fi
 
 test-lib: $(DEV_STAMP)
 	$(BIN)/python -m pytest -p no:cacheprovider tests
@@ -185,7 +170,7 @@ test-extra: $(DEV_STAMP)
 # are stepped through offline. Playwright drives $(CHROMIUM); it never downloads a browser.
 test-browser: $(DEV_STAMP)
 	@if command -v npm >/dev/null; then $(MAKE) --no-print-directory $(NPM_STAMP); fi
-	$(BROWSER_PYTEST)
+	COURSE_BROWSER_TESTS=1 CHROMIUM=$(CHROMIUM) $(BIN)/python -m pytest -p no:cacheprovider --durations=5 tests/browser
 
 # The real-Slurm tests (tests/test_slurm.py): scripts/slurm_cluster.py starts a two-node cluster on this
 # machine (munged, slurmctld, two slurmd, no root), runs torchrun jobs, scancel and a node failure.
