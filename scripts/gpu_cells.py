@@ -193,12 +193,22 @@ def names_of(source: str, modules: frozenset[str] = frozenset()) -> tuple[set[st
     return None if split is None else (split[0] | split[1], split[2])
 
 
+def _defined_and_free(source: str, modules: frozenset[str]) -> tuple[set[str], set[str]] | None:
+    """:func:`names_of`'s defined names and :func:`free_names`, from one parse of the cell."""
+    split = _names(source, modules)
+    return None if split is None else (split[0] | split[1], _free(*split))
+
+
 def free_names(source: str, modules: frozenset[str] = frozenset()) -> set[str] | None:
     """The names a cell needs from the cells before it: what it reads, less what it only binds itself (a loop
     variable, ``x = ...``); a name it changes in place (``x[i] = ...``, ``x.append(...)``) stays needed.
     ``None`` when the cell cannot be read. A cell that reads a name and then rebinds it (``x = f(x)``) is missed."""
     split = _names(source, modules)
-    return None if split is None else (split[2] | split[1]) - (split[0] - split[1])
+    return None if split is None else _free(*split)
+
+
+def _free(bound: set[str], changed: set[str], used: set[str]) -> set[str]:
+    return (used | changed) - (bound - changed)
 
 
 def _names(source: str, modules: frozenset[str]) -> tuple[set[str], set[str], set[str]] | None:
@@ -268,13 +278,14 @@ def needed_cells(sources: list[str], targets: set[int], uses: dict[int, set[str]
     needed = set(targets)
     wanted: set[str] = set()
     for j in range(max(targets, default=-1), -1, -1):
-        names, free = names_of(sources[j], imported), free_names(sources[j], imported)
+        names = _defined_and_free(sources[j], imported)
+        free = names[1] if names else set()
         if j in targets:
-            wanted |= (uses or {}).get(j, free or set())
+            wanted |= (uses or {}).get(j, free)
             continue
         if names is None or names[0] & wanted:
             needed.add(j)
-            wanted |= free or set()
+            wanted |= free
     return needed
 
 
