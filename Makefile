@@ -166,8 +166,8 @@ test-extra: $(DEV_STAMP)
 	env $(CPU_PORTABLE) $(BIN)/python scripts/cpu_capability.py
 	env $(CPU_PORTABLE) $(MAKE) --no-print-directory test-gpu-visible UNDER_LOAD=1
 
-# The real-browser tests (tests/browser): JupyterLab runs every notebook, the decks and the site
-# are stepped through offline. Playwright drives $(CHROMIUM); it never downloads a browser.
+# The real-browser tests (tests/browser): JupyterLab opens every notebook and runs each explorer's cells live, the
+# decks and the site are stepped through offline. Playwright drives $(CHROMIUM); it never downloads a browser.
 test-browser: $(DEV_STAMP)
 	@if command -v npm >/dev/null; then $(MAKE) --no-print-directory $(NPM_STAMP); fi
 	COURSE_BROWSER_TESTS=1 CHROMIUM=$(CHROMIUM) $(BIN)/python -m pytest -p no:cacheprovider --durations=5 tests/browser

@@ -228,8 +228,8 @@ LAB_SETTINGS = {
 def lab(tmp_path_factory) -> Iterator[Lab]:
     tmp = tmp_path_factory.mktemp("lab")
     root = tmp / "notebooks"
-    # The notebooks alone: `make test` runs nbval beside these tests, and its kernels write (and delete) files in
-    # notebooks/_runs while this copy is made.
+    # The notebooks alone: the server needs nothing else, and notebooks/_runs holds what nbval's kernels wrote
+    # (scripts, checkpoints, logs), possibly still being written.
     root.mkdir()
     for notebook in sorted((ROOT / "notebooks").glob("*.ipynb")):
         shutil.copy2(notebook, root / notebook.name)
