@@ -15,8 +15,10 @@ The public API, one module per job (each function's docstring has the details):
 * :func:`run_torchrun` and :func:`run_script` (``jobs``): a script under ``torchrun`` (one node, or
   ``nnodes`` agents on this machine: multi-node for real), or plain commands;
 * :func:`run_ranks` (``ranks``, with the child's entry point in ``worker``): ``fn(rank, world_size, *args)``
-  in fresh processes with the process group ready, returning each rank's value (not
-  ``torch.multiprocessing.spawn``, which leaves the group to ``fn`` and returns nothing);
+  in new processes with the process group ready, returning each rank's value (not
+  ``torch.multiprocessing.spawn``, which leaves the group to ``fn`` and returns nothing). On Linux a CPU job's
+  ranks are forks of the fork server (``forkserver``), which has imported torch once: ~3 s of CPU less per rank;
+  :func:`~course_lib.launch.forkserver.stop_forkserver` stops it, ``COURSE_LIB_FORKSERVER=0`` turns it off;
 * :func:`torchrun_command` (``commands``): the exact command line, for printing and for ``run_script``;
 * :func:`free_port`, :func:`port_in_use` (``ports``); :func:`child_stderr` (``stderr``);
 * :func:`launched_processes` (``engine``, which also runs every job); :class:`LaunchResult` and
@@ -27,7 +29,7 @@ module's ``__all__``, documented) that this package does not export: the argumen
 :func:`~course_lib.launch.ports.check_port` and :func:`~course_lib.launch.ports.rendezvous_port` (``ports``),
 :func:`~course_lib.launch.commands.is_launcher` and :func:`~course_lib.launch.commands.rank_offset`
 (``commands``), :func:`~course_lib.launch.engine.run_processes` (``engine``), the failure diagnosis
-(``diagnosis``) and :func:`~course_lib.launch.worker.worker_main` (``worker``).
+(``diagnosis``), :func:`~course_lib.launch.worker.worker_main` (``worker``) and the fork server (``forkserver``).
 
 Processes are Linux/macOS processes; the ``/proc`` sweep is Linux-only (elsewhere process groups alone
 do the cleanup).

@@ -19,6 +19,7 @@ from typing import Any
 
 from .checks import check_device, check_echo, check_env, check_timeout
 from .diagnosis import PORT_BUSY, failing_rank, rank_number
+from .forkserver import get_forkserver
 from .results import LaunchError, LaunchResult
 
 __all__ = ["launched_processes", "run_processes"]
@@ -38,6 +39,17 @@ _TEE_PREFIX = re.compile(r"^\[(?P<role>[A-Za-z_]\w*?)(?P<local>\d+)\]:(?P<text>.
 
 _RANK_PREFIX = re.compile(r"^\[rank(?P<rank>\d+)\]:\s?(?P<text>.*)$")
 
+# The ranks this process had forked by its fork server (pid -> launch id). A forked rank's /proc environ is
+# the server's, without the launch's marker, so the sweep below finds it, and every process of its session,
+# by this record instead.
+_FORKED: dict[int, str] = {}
+
+
+def _session(stat: str) -> int | None:
+    """The session id in a /proc/PID/stat line (the comm field may hold spaces and parentheses)."""
+    fields = stat[stat.rfind(")") + 2 :].split()
+    return int(fields[3]) if len(fields) > 3 and fields[3].lstrip("-").isdigit() else None
+
 
 def launched_processes(launch_id: str | None = None, *, owner: int | None = None) -> list[int]:
     """PIDs of live processes started by this module, from ``/proc``: by one launch (``launch_id``), by
@@ -54,8 +66,11 @@ def launched_processes(launch_id: str | None = None, *, owner: int | None = None
         return []
     needle = f"{_MARKER}={launch_id}".encode() if launch_id else f"{_MARKER}=".encode()
     mine = f"{_OWNER}={owner}\0".encode() if owner is not None else b""
-    found = []
     me = os.getpid()
+    # forked ranks are this process's own: they count for owner=None and owner=os.getpid()
+    sessions = {pid for pid, lid in _FORKED.items() if launch_id in (None, lid)} if owner in (None, me) else set()
+    found = []
+    live_sessions = set()
     for entry in proc.iterdir():
         if not entry.name.isdigit() or int(entry.name) == me:
             continue
@@ -64,8 +79,15 @@ def launched_processes(launch_id: str | None = None, *, owner: int | None = None
             stat = (entry / "stat").read_text()
         except OSError:
             continue
-        if needle in environ and mine in environ + b"\0" and ") Z " not in stat:  # zombies are already dead
+        if ") Z " in stat:  # zombies are already dead
+            continue
+        sid = _session(stat) if sessions else None
+        if sid in sessions:
+            live_sessions.add(sid)
+        if (needle in environ and mine in environ + b"\0") or sid in sessions:
             found.append(int(entry.name))
+    for pid in sessions - live_sessions:  # nothing of that rank's session is left
+        _FORKED.pop(pid, None)
     return found
 
 
@@ -154,7 +176,7 @@ def _label(line: str, default: str, offset: int) -> tuple[str, str]:
     return default, line
 
 
-def _kill(procs: Sequence[subprocess.Popen[bytes]], launch_id: str) -> None:
+def _kill(procs: Sequence[Any], launch_id: str) -> None:
     """SIGTERM each process group, wait briefly, then SIGKILL groups and any marked straggler."""
     for p in procs:
         if p.poll() is None:
@@ -190,12 +212,15 @@ def run_processes(
     echo: str,
     device: str = "cpu",
     error_dir: Path | None = None,
+    fork_argv: list[list[str]] | None = None,
 ) -> LaunchResult:
     """Run ``commands`` at once and return their :class:`LaunchResult`; raise :class:`LaunchError` on failure.
 
     Internal: every launcher (``run_torchrun``, ``run_script``, ``run_ranks``) ends here. ``labels`` name each
     command's lines; ``rank_offsets`` number the ranks of a launcher's tee-prefixed lines; ``error_dir`` is where
-    ``run_ranks`` children write their tracebacks. The other arguments are those of the public launchers.
+    ``run_ranks`` children write their tracebacks; ``fork_argv`` (``run_ranks``) is each command's ``sys.argv``
+    for a rank forked by the fork server (:mod:`.forkserver`), used for a CPU job without its own ``env``.
+    The other arguments are those of the public launchers.
     """
     timeout = check_timeout(timeout)
     echo_mode = check_echo(echo)
@@ -211,13 +236,25 @@ def run_processes(
     child_env[_MARKER] = launch_id
     child_env.setdefault(_OWNER, str(os.getpid()))  # a launch inside a launched process keeps the first owner
     q: queue.Queue[tuple[int, str | None]] = queue.Queue()
-    procs: list[subprocess.Popen[bytes]] = []
+    procs: list[Any] = []  # subprocess.Popen, or forkserver.ForkedProcess (the same interface, as used here)
+    server = None
+    if fork_argv is not None and device == "cpu" and not env:
+        server = get_forkserver({k: v for k, v in child_env.items() if k != _MARKER})
     lines: list[tuple[str, str]] = []
     printer = _Echo(echo_mode)
     start = time.monotonic()
     reason = ""
     try:
         for i, cmd in enumerate(commands):
+            if server is not None and fork_argv is not None:
+                try:
+                    forked = server.spawn(fork_argv[i], child_env, str(cwd) if cwd is not None else os.getcwd())
+                    _FORKED[forked.pid] = launch_id
+                    procs.append(forked)
+                    threading.Thread(target=_reader, args=(i, forked.stdout, q), daemon=True).start()
+                    continue
+                except Exception:  # noqa: BLE001 - the server is broken: fresh interpreters from here on
+                    server = None
             p = subprocess.Popen(
                 cmd,
                 stdout=subprocess.PIPE,

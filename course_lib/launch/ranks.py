@@ -1,8 +1,10 @@
-"""Run a function in fresh processes with a process group ready, and return what each rank returns.
+"""Run a function in new processes with a process group ready, and return what each rank returns.
 
 Named ``run_ranks`` (not ``spawn``) on purpose: ``torch.multiprocessing.spawn`` calls ``fn(i, *args)``
-in processes it starts and leaves the process group to ``fn``; this one starts fresh interpreters,
-initialises the group for ``fn`` and returns every rank's value.
+in processes it starts and leaves the process group to ``fn``; this one starts its own processes,
+initialises the group for ``fn`` and returns every rank's value. On Linux, a CPU job without its own ``env``
+runs its ranks as forks of the fork server (:mod:`course_lib.launch.forkserver`), which has imported torch once;
+every other launch, and every launch with ``COURSE_LIB_FORKSERVER=0``, starts fresh interpreters.
 """
 
 from __future__ import annotations
@@ -69,6 +71,9 @@ def run_ranks(
 ) -> list[Any]:
     """Run ``fn(rank, world_size, *args)`` in ``nprocs`` new processes; return their results in rank order.
 
+    The processes are fresh interpreters, or on Linux forks of the fork server for a CPU job without ``env``
+    (the module docstring says when); either way each one sees the launch's environment and working directory.
+
     Each process initialises the default process group before calling ``fn``
     (``init_method="env"``: ``env://`` with ``MASTER_ADDR``/``MASTER_PORT``/``RANK``/
     ``WORLD_SIZE`` set; ``"tcp"``: ``tcp://127.0.0.1:<port>``; ``"none"``: no group, ``fn``
@@ -126,6 +131,9 @@ def run_ranks(
         spec_file.write_bytes(pickle.dumps(spec))
         boot = "from course_lib.launch.worker import worker_main; worker_main()"
         commands = [[sys.executable, "-c", boot, str(spec_file), str(rank)] for rank in range(nprocs)]
+        # On Linux a CPU job's ranks are forks of the fork server, which has imported torch already
+        # (forkserver.py); their sys.argv is what the fresh interpreter's would be.
+        fork_argv = [["-c", str(spec_file), str(rank)] for rank in range(nprocs)]
         result = run_processes(
             commands,
             [f"rank {r}" for r in range(nprocs)],
@@ -136,6 +144,7 @@ def run_ranks(
             echo=echo,
             device=device,
             error_dir=Path(tmp),
+            fork_argv=fork_argv,
         )
         results = []
         for rank in range(nprocs):
