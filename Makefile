@@ -1,6 +1,7 @@
 # The course's entry points. Two commands on a fresh machine:
 #   make lab    set up the learner's environment and open the course in JupyterLab
-#   make test   set up the developer's environment too and run every test (what CI runs)
+#   make test   set up the developer's environment too and run every test: pytest and nbval (CI runs it, then
+#               its extra passes: .ci/run)
 # The edit-test loop of a contributor: make check (under 2 minutes: lint, types, doctests, fast unit tests).
 PYTHON ?= python3
 VENV   := .venv
@@ -25,6 +26,7 @@ NPM_STAMP := node_modules/.package-lock.json
 help:
 	@echo "make lab        - create $(VENV), install the pinned learner environment, open JupyterLab in notebooks/"
 	@echo "make test       - create/update $(VENV) with the developer extras, lint, pytest, nbval over every notebook"
+	@echo "                  (.ci/run adds the extra passes: test-extra, test-browser, test-slurm, test-learner-install)"
 	@echo "make check      - the edit-test loop (< 2 min): lint, types, doctests, the unit tests not marked slow"
 	@echo "make static     - ruff (lint and format), mypy course_lib, ruff's notebook rules over sources/ (seconds)"
 	@echo "make lint       - make static, then course_lib's doctests"
@@ -87,11 +89,8 @@ test: $(DEV_STAMP)
 	@$(MAKE) --no-print-directory lint
 	$(if $(TEST_CPU),env $(TEST_CPU_ENV) $(BIN)/python scripts/cpu_capability.py)
 	$(if $(TEST_CPU),env $(TEST_CPU_ENV)) $(BIN)/python -m pytest -p no:cacheprovider $(PYTEST_NBVAL) tests notebooks
-	@if [ -x "$(CHROMIUM)" ]; then $(MAKE) --no-print-directory test-browser; \
-	elif [ "$$COURSE_REQUIRE_BROWSER_TESTS" = 1 ]; then \
-	  echo "ERROR: the browser tests are required but there is no chromium at $(CHROMIUM)"; exit 1; \
-	else echo; echo "*** SKIPPED the browser tests: no chromium at $(CHROMIUM)."; \
-	  echo "*** Install it (Debian/Ubuntu: apt-get install chromium) and npm, then run 'make test-browser'."; fi
+	@echo; echo "make test: done. The real-browser and real-Slurm tests are separate passes (.ci/run runs them):"
+	@echo "  make test-browser (needs chromium and npm), make test-slurm (needs slurm-wlm and munge)."
 
 test-lib: $(DEV_STAMP)
 	$(BIN)/python -m pytest -p no:cacheprovider tests

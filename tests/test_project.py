@@ -127,6 +127,11 @@ def test_ci_runs_the_extra_passes_after_the_readme_command() -> None:
     ci = (ROOT / ".ci" / "run").read_text()
     assert "make test TEST_CPU=avx2\n" in ci and "make test-extra" in ci and "make test-slurm" in ci
     assert ci.index("make test TEST_CPU=avx2\n") < ci.index("make test-extra")
+    # The browser tests and the learner's install run beside the extra pass, each in its own process group, and a
+    # failure of either fails the run.
+    for side in ("test-browser", "test-learner-install"):
+        assert f"setsid make {side} >" in ci and 'side_job "$' in ci and f" {side} build/" in ci, side
+    assert ci.index("setsid make test-browser") < ci.index("make test-extra ||")
     # Between them, CI's two nbval runs cover every condition of test-portable, test-gpu-visible and test-load:
     # the main pass on the AVX2 CPU, the extra pass on the portable CPU with GPUs visible and every core busy.
     make = (ROOT / "Makefile").read_text()
@@ -140,6 +145,7 @@ def test_ci_runs_the_extra_passes_after_the_readme_command() -> None:
         assert body.count("$(PYTEST_NBVAL)") == 1 and condition in body, target
     test = make[make.index("\ntest:") :].split("\n\n")[0]
     assert "$(if $(TEST_CPU),env $(TEST_CPU_ENV)) $(BIN)/python -m pytest" in test
+    assert "$(MAKE)" not in test.replace("$(MAKE) --no-print-directory lint", "")  # no browser pass inside make test
     assert "TEST_CPU_ENV = $(if $(filter avx2,$(TEST_CPU)),$(CPU_AVX2)," in make
     assert '"$(CPU_PORTABLE)" "$(CPU_AVX2)"' in make  # test-portable's CPUs are the same two
 

@@ -115,7 +115,7 @@ def menu_command(page, menu: str, command: str) -> None:
 def run_all(page, facts: NotebookFacts) -> float:
     """Clear every output, run all cells, wait until they are done; returns the seconds it took."""
     menu_command(page, "Edit", "editmenu:clear-all")
-    page.wait_for_function(f"() => !document.querySelector(`{OUTPUT}`)", timeout=10_000)
+    page.wait_for_function(f"() => !document.querySelector(`{OUTPUT}`)", timeout=30_000)
     start = time.monotonic()
     menu_command(page, "Run", "runmenu:run-all")
     page.wait_for_function(DONE_JS, arg=[facts.code_cells, OUTPUT], timeout=RUN_TIMEOUT_S * 1000, polling=250)
