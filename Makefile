@@ -18,6 +18,11 @@ NB     ?= $(shell $(BIN)/python -m course_tools.manifest)
 NBVAL_WORKERS ?= 2
 XDIST := $(if $(filter-out 0 1,$(NBVAL_WORKERS)),-n $(NBVAL_WORKERS) --dist loadfile)
 PYTEST_NBVAL := --nbval --nbval-current-env --nbval-sanitize-with tests/sanitize.cfg $(XDIST)
+# nbval's order: the notebooks last in the course first. They are the long ones (launches: 18, 16, 10, 11 take
+# 80-125 s each), and a long notebook started last leaves one worker idle while the other finishes it; make test
+# runs the unit tests after them, whose many small files even out the end. (Longest first: the usual rule for
+# scheduling on few workers; the notebooks are named NN_*, so it is their reverse sort. pytest 9 collects a folder in its own order, so only the order of notebooks is ours.)
+NB_LONGEST_FIRST = $(shell printf '%s\n' $(NB) | sort -r)
 CHROMIUM ?= /usr/bin/chromium
 NPM_STAMP := node_modules/.package-lock.json
 
@@ -88,7 +93,7 @@ test: $(DEV_STAMP)
 	$(if $(filter-out avx2 portable,$(TEST_CPU)),$(error TEST_CPU='$(TEST_CPU)': use avx2, portable, or leave it empty))
 	@$(MAKE) --no-print-directory lint
 	$(if $(TEST_CPU),env $(TEST_CPU_ENV) $(BIN)/python scripts/cpu_capability.py)
-	$(if $(TEST_CPU),env $(TEST_CPU_ENV)) $(BIN)/python -m pytest -p no:cacheprovider $(PYTEST_NBVAL) tests notebooks
+	$(if $(TEST_CPU),env $(TEST_CPU_ENV)) $(BIN)/python -m pytest -p no:cacheprovider $(PYTEST_NBVAL) $(NB_LONGEST_FIRST) tests
 	@echo; echo "make test: done. The real-browser and real-Slurm tests are separate passes (.ci/run runs them):"
 	@echo "  make test-browser (needs chromium and npm), make test-slurm (needs slurm-wlm and munge)."
 
@@ -122,7 +127,7 @@ lint-sources: $(DEV_STAMP)
 	$(BIN)/ruff check --config ruff-sources.toml sources
 
 test-notebooks: $(DEV_STAMP)
-	$(BIN)/python -m pytest -p no:cacheprovider $(PYTEST_NBVAL) $(NB)
+	$(BIN)/python -m pytest -p no:cacheprovider $(PYTEST_NBVAL) $(NB_LONGEST_FIRST)
 
 # The committed outputs must hold on any CPU, not only on the one that recorded them: nbval again
 # under simulated CPUs. Each entry is one CPU, as environment variables: PyTorch's portable kernels
@@ -136,7 +141,7 @@ test-portable: $(DEV_STAMP)
 	@for cpu in $(PORTABLE_CPUS); do \
 	  echo "== nbval under a simulated CPU: $$cpu"; \
 	  env $$cpu $(BIN)/python scripts/cpu_capability.py || exit 1; \
-	  env $$cpu $(BIN)/python -m pytest -p no:cacheprovider $(PYTEST_NBVAL) $(NB) || exit 1; \
+	  env $$cpu $(BIN)/python -m pytest -p no:cacheprovider $(PYTEST_NBVAL) $(NB_LONGEST_FIRST) || exit 1; \
 	done
 
 # A machine with GPUs must print what the committed notebooks show: CPU jobs stay on the CPU, and
@@ -151,12 +156,12 @@ test-gpu-visible: $(DEV_STAMP)
 	@echo "== nbval with $(SIMULATED_GPUS) simulated CUDA GPUs visible$(if $(UNDER_LOAD), on a loaded machine)"
 	env $(GPU_VISIBLE_ENV) $(BIN)/python -c "import torch; assert torch.cuda.device_count() == $(SIMULATED_GPUS)"
 	env $(GPU_VISIBLE_ENV) $(if $(UNDER_LOAD),$(BIN)/python scripts/cpu_hog.py --) \
-	  $(BIN)/python -m pytest -p no:cacheprovider $(PYTEST_NBVAL) $(NB)
+	  $(BIN)/python -m pytest -p no:cacheprovider $(PYTEST_NBVAL) $(NB_LONGEST_FIRST)
 
 # No output may depend on how busy the machine is: nbval while scripts/cpu_hog.py keeps every core busy.
 test-load: $(DEV_STAMP)
 	@echo "== nbval on a loaded machine"
-	$(BIN)/python scripts/cpu_hog.py -- $(BIN)/python -m pytest -p no:cacheprovider $(PYTEST_NBVAL) $(NB)
+	$(BIN)/python scripts/cpu_hog.py -- $(BIN)/python -m pytest -p no:cacheprovider $(PYTEST_NBVAL) $(NB_LONGEST_FIRST)
 
 # CI's extra pass over every notebook, three conditions in one nbval run: the portable CPU (one thread), with
 # $(SIMULATED_GPUS) simulated GPUs visible, while every core is kept busy. Each condition alone is a target above

@@ -10,6 +10,8 @@ import pytest
 import yaml
 from packaging.requirements import Requirement
 
+from course_lib.manifest import notebook_paths
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -156,7 +158,12 @@ def test_make_test_refuses_an_unknown_simulated_cpu() -> None:
     done = subprocess.run(["make", "-n", "test", "TEST_CPU=arm"], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert done.returncode != 0 and "TEST_CPU='arm': use avx2, portable, or leave it empty" in done.stderr
     dry = subprocess.run(["make", "-n", "test", "TEST_CPU=avx2"], cwd=ROOT, capture_output=True, text=True, timeout=60)
-    assert "env ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2" in dry.stdout and "tests notebooks" in dry.stdout
+    assert "env ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2" in dry.stdout
+    # every notebook, the last in the course first (the long ones), then the unit tests
+    line = next(x for x in dry.stdout.splitlines() if "--nbval" in x)
+    stems = [n.stem for n in notebook_paths()]
+    order = [line.index(f"notebooks/{stem}.ipynb") for stem in stems]
+    assert order == sorted(order, reverse=True) and line.endswith(f"notebooks/{stems[0]}.ipynb tests")
 
 
 def test_every_course_lib_package_and_the_tooling_are_installed() -> None:
