@@ -12,10 +12,12 @@ DEV_STAMP := $(VENV)/.installed-dev
 # after the venv exists.
 NB     ?= $(shell $(BIN)/python -m course_tools.manifest)
 # nbval runs NBVAL_WORKERS notebooks at once (pytest-xdist; each notebook's cells stay in order in one kernel, on one
-# worker: --dist loadfile). A notebook keeps about one core busy on average (it waits on its ranks, sleeps, timeouts),
-# so two at a time on 2 cores take ~0.6 of the time of one at a time, and every notebook must print the same
-# under that load anyway (make test-load). NBVAL_WORKERS=1 runs them one after another, in one process.
-NBVAL_WORKERS ?= 2
+# worker: --dist loadfile). A notebook keeps less than a core busy on average (it waits on its ranks, sleeps,
+# timeouts): two at a time on 2 cores took ~0.6 of the time of one at a time, and with the fork server's quick ranks
+# three at a time beat two (make test's pytest 7 min 32 s against 8 min 30 s, same machine, one after the other; the
+# cores were busy 1.64 of 2 on average against 1.42). Every notebook must print the same under that load anyway
+# (make test-load). NBVAL_WORKERS=1 runs them one after another, in one process.
+NBVAL_WORKERS ?= 3
 XDIST := $(if $(filter-out 0 1,$(NBVAL_WORKERS)),-n $(NBVAL_WORKERS) --dist loadfile)
 PYTEST_NBVAL := --nbval --nbval-current-env --nbval-sanitize-with tests/sanitize.cfg $(XDIST)
 # nbval's order: the notebooks last in the course first. They are the long ones (launches: 18, 16, 10, 11 take

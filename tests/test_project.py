@@ -68,7 +68,7 @@ def test_each_lock_pins_its_set_exactly_and_torch_without_local_suffix() -> None
     learner, dev = _pins("requirements.lock"), _pins("requirements-dev.lock")
     assert learner["torch"] == "2.13.0"
     assert "pytest" not in learner and "ruff" not in learner and "playwright" not in learner
-    assert "pytest-xdist" in dev and "pytest-xdist" not in learner  # nbval's two workers (NBVAL_WORKERS)
+    assert "pytest-xdist" in dev and "pytest-xdist" not in learner  # nbval's workers (NBVAL_WORKERS)
     assert "--dist loadfile" in (ROOT / "Makefile").read_text(), "a notebook's cells must stay on one xdist worker"
     for pins, wanted in ((learner, _pyproject_deps()), (dev, {**_pyproject_deps(), **_pyproject_deps("dev")})):
         for name, spec in wanted.items():
