@@ -290,7 +290,7 @@ class ForkServer:
                 os.close(read_fd)
                 raise RuntimeError(f"the fork server answered {kind!r} instead of 'spawned'")
             self.alive.add(pid)
-        return ForkedProcess(self, pid, os.fdopen(read_fd, "rb", buffering=0))
+        return ForkedProcess(self, pid, os.fdopen(read_fd, "rb"))  # buffered, as Popen's stdout
 
     def returncode(self, pid: int) -> int | None:
         """``pid``'s exit code if the server has reported it (reading what it has sent), else None."""
