@@ -379,18 +379,30 @@ same = all(torch.equal(crashed[k], plain[k]) for k in plain)
 print(f"\ncrash: restarted from step 2; final parameters equal to the uninterrupted run's, bit for bit: {same}; "
       f"last loss {result('crashed')['losses']['3']:.4f} and {result('plain')['losses']['3']:.4f}")
 assert same and result("crashed")["losses"]["3"] == result("plain")["losses"]["3"]
-gap = max((from4[k] - saved4[k]).abs().max().item() for k in saved4)
 loss_gap = max(abs(result("from4")["losses"][s] - result("fsdp2+full+accum2+save")["losses"][s]) for s in ("2", "3"))
+gaps = torch.cat([(from4[k] - saved4[k]).abs().flatten() for k in saved4])
+lr = result("from4")["args"]["lr"]  # Adam's step size: about the most one step moves an element
+close = (gaps <= 1e-6).double().mean().item()  # the share of elements within 1e-6
 print(f"reshard: saved on {result('fsdp2+full+accum2+save')['world']} processes, resumed on {result('from4')['world']} at step 2; "
       f"losses of steps 2-3 within {FP32_TOL:g} of the 4-process run: {loss_gap < FP32_TOL}; "
-      f"final parameters within 1e-5: {gap < 1e-5}")
-assert loss_gap < FP32_TOL and gap < 1e-5
+      f"final parameters: at least 99.9% of the {gaps.numel():,} within 1e-6: {close >= 0.999}, every one within lr/10 = {lr / 10:g}: "
+      f"{gaps.max().item() < lr / 10} (largest gap ~{gaps.max().item():.0e}, {(gaps > 1e-6).sum().item()} beyond 1e-6)")
+assert loss_gap < FP32_TOL and close >= 0.999 and gaps.max().item() < lr / 10
 print(f"wall time ~{launch2.wall_time:.0f} s")
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-The restart is bit-exact because nothing in the resumed attempt differs from the uninterrupted one: the same layout, the same data per step (drawn from the step number, not from a stream the crash interrupted), the same saved optimizer state and random-number state. The resharded run is equal up to rounding only: 2 ranks add the gradients of a step in another order than 4 do (a reduce-scatter over 2 instead of 4), so the last bits of the sums differ.
+The restart is bit-exact because nothing in the resumed attempt differs from the uninterrupted one: the same layout, the same data per step (drawn from the step number, not from a stream the crash interrupted), the same saved optimizer state and random-number state. The resharded run is equal up to rounding only: 2 ranks add the gradients of a step in another order than 4 do (a reduce-scatter over 2 instead of 4), so the last bits of the sums differ. Almost every parameter then agrees to within 1e-6, but not always every one, and how many stray depends on the machine's kernels (the cell prints the largest gap and the count after `~`; a fixed bound of 1e-5 held on one of our test machines and failed, by one element, on another). The reason is Adam: it divides each gradient by its own running size, so its step does not shrink with the gradient (below). Where a gradient is a sum that nearly cancels, rounding is a large part of it, and Adam turns that into a visible part of a step. So the check asserts what holds on every machine: almost every element within 1e-6, and every one within a tenth of a step. A wrong reshard, a shard loaded into another rank's rows, moves elements by whole steps and the losses by far more than `FP32_TOL`.
 """
+
+# %% slideshow={"slide_type": "-"}
+for g in (1e-2, 1e-6):  # one Adam step on a parameter whose gradient is g
+    w = torch.zeros(1, requires_grad=True)
+    step = torch.optim.Adam([w], lr=lr)
+    w.grad = torch.full((1,), g)
+    step.step()
+    print(f"gradient {g:g}: the parameter moves by {w.item():+.3e} (lr = {lr:g})")
+print("a gradient 10,000 times smaller moves it by", f"{w.item() / -lr:.0%} of a step: Adam's step does not shrink with the gradient")
 
 # %% [markdown] slideshow={"slide_type": "slide"}
 """
