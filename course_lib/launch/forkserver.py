@@ -228,7 +228,6 @@ class ForkServer:
         self.sock = ours
         self.lock = threading.Lock()
         self.exits: dict[int, int] = {}
-        self.alive: set[int] = set()
         try:
             self.proc = subprocess.Popen(
                 [sys.executable, "-c", _BOOT, str(theirs.fileno())],
@@ -266,7 +265,6 @@ class ForkServer:
             message = pickle.loads(msg)
             if message[0] == "exit":
                 self.exits[message[1]] = message[2]
-                self.alive.discard(message[1])
                 continue
             return message
 
@@ -289,7 +287,6 @@ class ForkServer:
             if kind != "spawned":
                 os.close(read_fd)
                 raise RuntimeError(f"the fork server answered {kind!r} instead of 'spawned'")
-            self.alive.add(pid)
         return ForkedProcess(self, pid, os.fdopen(read_fd, "rb"))  # buffered, as Popen's stdout
 
     def returncode(self, pid: int) -> int | None:
