@@ -26,6 +26,10 @@ PYTEST_NBVAL := --nbval --nbval-current-env --nbval-sanitize-with tests/sanitize
 # scheduling on few workers; the notebooks are named NN_*, so it is their reverse sort. pytest 9 collects a folder in its own order, so only the order of notebooks is ours.)
 NB_LONGEST_FIRST = $(shell printf '%s\n' $(NB) | sort -r)
 CHROMIUM ?= /usr/bin/chromium
+# Every test, execution and benchmark the Makefile runs treats a process group that outlives its job as an error
+# (course_lib.teardown.end_process_group raises instead of warning, in every rank of every launch): the crash at exit
+# that such a group can cause is a race, so the check is what catches it every time. The learner's `make lab` warns.
+export COURSE_LIB_STRICT_TEARDOWN := 1
 NPM_STAMP := node_modules/.package-lock.json
 
 .PHONY: help venv venv-learner lab test check static lint lint-sources test-lib test-notebooks test-portable test-gpu-visible test-load test-extra test-browser test-slurm test-learner-install execute sync generated footprint slides html lock benchmarks clean
@@ -83,7 +87,7 @@ $(DEV_STAMP): $(STAMP) requirements-dev.lock
 	touch $(DEV_STAMP)
 
 lab: $(STAMP)
-	$(BIN)/jupyter lab notebooks/
+	env -u COURSE_LIB_STRICT_TEARDOWN $(BIN)/jupyter lab notebooks/
 
 # TEST_CPU=avx2 or TEST_CPU=portable runs make test's pytest (unit tests and nbval) under that simulated CPU (see
 # test-portable below); empty: this machine's own CPU. .ci/run's main pass is the AVX2 laptop and its extra pass

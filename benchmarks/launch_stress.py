@@ -1,26 +1,34 @@
-"""Launch the DDP training script of notebook 10 many times and count the runs that crash at exit.
+"""Launch the course's distributed scripts many times and count the runs that crash at exit.
 
     python benchmarks/launch_stress.py [--launches 102] [--epochs 1] [--portable] [--script FILE]
+    python benchmarks/launch_stress.py --all-scripts [--launches 300] [--ci-conditions] [--only SUBSTRING]
+                                       [--replace NOTEBOOK_FILE=PATH]
 
 The bug this guards against: a gloo job that did all its work, printed its results, and then
 aborted in interpreter shutdown ("terminate called without an active exception", SIGABRT, exit
 code 1 through the launcher). It is a race (a gloo worker thread still dropping a finished
-collective while Python shuts down; see docs/crash_at_exit.md and notebook 10, section 10), so one
-launch proves nothing: this script
-starts the training script ``--launches`` times in total, round-robin under ``torchrun``, the legacy
-``python -m torch.distributed.launch`` and ``course_lib.launch.run_ranks`` (2 processes each), and
-counts a launch as a crash when it exits nonzero or any process printed "terminate called".
+collective while Python shuts down, because something kept the process group alive past
+``destroy_process_group()``; see docs/crash_at_exit.md and notebook 10, section 10.2), so one
+launch proves nothing.
 
-The training script is the one notebook 10 writes to ``_runs/ddp_train.py``, read from the
-notebook's text source (sources/10_ddp_in_practice.py); it is written to a temporary folder, and
-``run_ranks`` calls its ``train`` function. ``--script FILE`` launches another file instead (to measure
-an old teardown: its ``train`` is the run_ranks target). ``--portable`` gives the children the
-portable-kernel environment the crash was first seen with (ATEN_CPU_CAPABILITY=default
-ONEDNN_MAX_CPU_ISA=SSE41 MKL_ENABLE_INSTRUCTIONS=SSE4_2 OMP_NUM_THREADS=1). The race needs a gloo
-thread to lose the CPU at the wrong moment, so its rate depends on how busy the machine is: a
-clean run on an idle machine is weaker evidence than one under load.
+Default mode: notebook 10's ``_runs/ddp_train.py`` (read from the notebook's text source), ``--launches``
+times in total, round-robin under ``torchrun``, the legacy ``python -m torch.distributed.launch`` and
+``course_lib.launch.run_ranks`` (2 processes each). ``--script FILE`` launches another file instead.
 
-Prints a table (one row per launcher), then:
+``--all-scripts``: every script a notebook launches that runs a process group (:data:`CATALOG`: the
+``torchrun`` scripts of 10, 11, 16 and 18, ``mp.spawn``'s script of 10, and the ``run_ranks`` jobs of 09
+(HandDDP and the hook cells), 13 (ZeRO, FSDP by hand, FSDP2), 15 (TP, SP, ring attention, experts)), each
+with the launcher its notebook uses, round-robin until ``--launches``. Every ``%%writefile`` file of
+notebooks 09-18 is written to a temporary folder first, as the notebooks write them. ``--replace
+_runs/fsdp_train.py=OLD.py`` launches OLD.py in that file's place (to measure an old version).
+``--ci-conditions`` runs the whole benchmark as CI's extra pass runs the notebooks: the portable CPU (one
+thread), 2 simulated GPUs visible (tests/gpu_visible) and ``scripts/cpu_hog.py`` keeping every core busy.
+
+A launch counts as a crash when it exits nonzero or any process printed "terminate called". The race
+needs a gloo thread to lose the CPU at the wrong moment, so its rate depends on how busy the machine is:
+a clean run on an idle machine is weaker evidence than one under load.
+
+Prints a table (one row per script or launcher), then:
 RESULT launches=<n> crashes=<n> terminate=<launches with 'terminate called'> nonzero=<launches that exited nonzero> wall_s=<s>
 """
 
@@ -28,13 +36,19 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
+import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from course_lib.launch import LaunchError, run_ranks, run_torchrun
-from course_lib.manifest import written_file
+import jupytext
+
+from course_lib.launch import LaunchError, run_ranks, run_script, run_torchrun
+from course_lib.manifest import ROOT, written_file
 
 PORTABLE_ENV = {
     "ATEN_CPU_CAPABILITY": "default",
@@ -42,37 +56,107 @@ PORTABLE_ENV = {
     "MKL_ENABLE_INSTRUCTIONS": "SSE4_2",
     "OMP_NUM_THREADS": "1",
 }
+GPU_ENV = {"PYTHONPATH": str(ROOT / "tests" / "gpu_visible"), "COURSE_SIMULATED_GPUS": "2"}
 LAUNCHERS = ("torchrun", "launch", "run_ranks")
 
 # The script notebook 10 writes to _runs/ddp_train.py, read from its text source: one copy.
 TRAIN_SCRIPT = written_file("10_ddp_in_practice", "_runs/ddp_train.py")
 
 
-def one_launch(
-    launcher: str, script: Path, epochs: int, out: Path, env: dict[str, str], timeout: float
-) -> tuple[bool, bool, str]:
-    """Run the script once; return (exited nonzero, printed 'terminate called', first error line)."""
+@dataclass
+class Job:
+    """One kind of launch: a notebook's script (or run_ranks target), its launcher, its arguments."""
+
+    label: str
+    launcher: str  # torchrun, launch, run_ranks, run_script
+    target: str  # a script (torchrun, launch), 'file.py:function' (run_ranks), or the command (run_script)
+    nproc: int = 2
+    args: list[Any] = field(default_factory=list)
+    launcher_args: list[str] = field(default_factory=list)
+
+
+# What the notebooks launch, with the smallest arguments that run the whole script (OUT: a scratch folder).
+CATALOG = [
+    Job("10 ddp_train.py", "torchrun", "_runs/ddp_train.py", args=["--epochs", "1", "--out", "OUT"]),
+    Job("10 ddp_train.py", "launch", "_runs/ddp_train.py", args=["--epochs", "1", "--out", "OUT"]),
+    Job("10 ddp_train.py:train", "run_ranks", "_runs/ddp_train.py:train", args=[1, 32, 0.1, "OUT"]),
+    Job("10 spawn_train.py (mp.spawn)", "run_script", "python _runs/spawn_train.py OUT cpu 2"),
+    Job(
+        "11 elastic_train.py (a restart)",
+        "torchrun",
+        "_runs/elastic_train.py",
+        args=["--out", "OUT", "--crash-at", "9"],
+        launcher_args=["--max-restarts=1"],
+    ),
+    Job("11 device_generic.py", "run_script", "python _runs/device_generic.py"),
+    Job("16 fsdp_train.py", "torchrun", "_runs/fsdp_train.py", args=["--out", "OUT", "--save-at", "2"]),
+    Job(
+        "16 fsdp_train.py --bf16 --checkpointing",
+        "torchrun",
+        "_runs/fsdp_train.py",
+        args=["--out", "OUT", "--bf16", "--checkpointing"],
+    ),
+    Job(
+        "16 fsdp_train.py HSDP --cpu-offload",
+        "torchrun",
+        "_runs/fsdp_train.py",
+        nproc=4,
+        args=["--out", "OUT", "--replicate", "2", "--cpu-offload"],
+    ),
+    Job(
+        "18 capstone_train.py",
+        "torchrun",
+        "_runs/capstone_train.py",
+        args=["--out", "OUT", "--runs", "ddp:--dp ddp --accum 2 --steps 2;fsdp:--dp fsdp2 --tp 2 --bf16 --steps 2"],
+    ),
+    Job("09 hand_ddp.py:compare (HandDDP, hooks)", "run_ranks", "_runs/hand_ddp.py:compare", args=[0.002]),
+    Job("13 zero_job.py:report", "run_ranks", "_runs/zero_job.py:report", args=["cpu"]),
+    Job("13 fsdp_job.py:report", "run_ranks", "_runs/fsdp_job.py:report", args=["cpu"]),
+    Job("13 fsdp2_demo.py:report", "run_ranks", "_runs/fsdp2_demo.py:report", args=["cpu"]),
+    Job("15 tp_api.py:section1", "run_ranks", "_runs/n15/tp_api.py:section1"),
+    Job("15 sp.py:section2", "run_ranks", "_runs/n15/sp.py:section2"),
+    Job("15 ring.py:section3", "run_ranks", "_runs/n15/ring.py:section3", nproc=4),
+    Job("15 ep.py:section4", "run_ranks", "_runs/n15/ep.py:section4"),
+]
+
+
+def write_notebook_files(folder: Path, first: int = 9, last: int = 18) -> list[str]:
+    """Every file notebooks ``first``..``last`` write with %%writefile, at its path under ``folder``."""
+    written = []
+    for source in sorted((ROOT / "sources").glob("*.py")):
+        if not first <= int(source.name[:2]) <= last:
+            continue
+        notebook = jupytext.read(source, fmt="py:percent")
+        for cell in notebook.cells:
+            head, _, body = cell.source.partition("\n")
+            if cell.cell_type == "code" and head.startswith("%%writefile"):
+                path = folder / head.split()[1]
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(body + "\n")
+                written.append(head.split()[1])
+    return written
+
+
+def launch(job: Job, folder: Path, out: Path, env: dict[str, str] | None, timeout: float) -> tuple[bool, bool, str]:
+    """Run one job; return (exited nonzero, printed 'terminate called', first error line)."""
+    args = [str(out) if a == "OUT" else a for a in job.args]
     text, nonzero = "", False
     try:
-        if launcher == "run_ranks":
-            # run_ranks initialises the group, calls train(rank, world_size, epochs, batch_size, lr, out), tears down
-            run_ranks(
-                f"{script}:train",
-                2,
-                (epochs, 32, 0.1, str(out)),
-                timeout=timeout,
-                env=env,
-                cwd=script.parent,
-                echo="none",
-            )
+        if job.launcher == "run_ranks":
+            run_ranks(job.target, job.nproc, tuple(args), timeout=timeout, env=env, cwd=folder, echo="none")
+        elif job.launcher == "run_script":
+            command = [str(out) if a == "OUT" else a for a in job.target.split()]
+            text = run_script(command, timeout=timeout, env=env, cwd=folder, echo="none").output()
         else:
             result = run_torchrun(
-                script.name,
-                args=["--epochs", epochs, "--out", str(out)],
-                module=launcher,
+                job.target,
+                nproc_per_node=job.nproc,
+                args=args,
+                module=job.launcher,
+                launcher_args=job.launcher_args,
                 timeout=timeout,
                 env=env,
-                cwd=script.parent,
+                cwd=folder,
                 echo="none",
             )
             text = result.output()
@@ -81,67 +165,110 @@ def one_launch(
         text = (e.result.output() if e.result is not None else "") + "\n" + str(e)
     terminate = "terminate called" in text
     first = next((line for line in text.splitlines() if "terminate called" in line or "Error" in line), "")
-    return nonzero, terminate, first.strip()[:120]
+    return nonzero, terminate, first.strip()[:160]
+
+
+def ci_conditions_command(argv: list[str]) -> tuple[list[str], dict[str, str]]:
+    """This benchmark again, as CI's extra pass runs the notebooks: portable CPU, simulated GPUs, a CPU hog."""
+    env = dict(os.environ, **PORTABLE_ENV)
+    env["PYTHONPATH"] = GPU_ENV["PYTHONPATH"] + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env["COURSE_SIMULATED_GPUS"] = GPU_ENV["COURSE_SIMULATED_GPUS"]
+    rest = [a for a in argv if a != "--ci-conditions"]
+    hog = [sys.executable, str(ROOT / "scripts" / "cpu_hog.py"), "--"]
+    return [*hog, sys.executable, str(Path(__file__).resolve()), *rest], env
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--launches", type=int, default=102, help="launches in total, shared round-robin by the 3 launchers"
-    )
-    parser.add_argument("--epochs", type=int, default=1, help="epochs per launch (the bug is at exit: 1 is enough)")
+    parser.add_argument("--launches", type=int, default=None, help="launches in total (102; --all-scripts: 300)")
+    parser.add_argument("--epochs", type=int, default=1, help="epochs per launch of ddp_train.py (default mode)")
     parser.add_argument(
         "--portable", action="store_true", help="children use the portable (default-capability) kernels"
     )
     parser.add_argument(
         "--script", type=Path, default=None, help="launch this training script instead of notebook 10's"
     )
-    parser.add_argument(
-        "--launchers", default=",".join(LAUNCHERS), help="comma-separated subset of torchrun,launch,run_ranks"
-    )
-    parser.add_argument("--timeout", type=float, default=120.0, help="seconds per launch")
+    parser.add_argument("--launchers", default=",".join(LAUNCHERS), help="subset of torchrun,launch,run_ranks")
+    parser.add_argument("--all-scripts", action="store_true", help="every script the notebooks launch (CATALOG)")
+    parser.add_argument("--only", default="", help="--all-scripts: only the jobs whose label contains this")
+    parser.add_argument("--replace", action="append", default=[], help="--all-scripts: NOTEBOOK_FILE=PATH")
+    parser.add_argument("--ci-conditions", action="store_true", help="portable CPU + simulated GPUs + cpu_hog")
+    parser.add_argument("--timeout", type=float, default=300.0, help="seconds per launch")
     parser.add_argument("--verbose", action="store_true", help="print one line per crash as it happens")
     args = parser.parse_args(argv)
+    if args.ci_conditions:
+        command, env = ci_conditions_command(argv)
+        return subprocess.call(command, env=env)
     launchers = [name.strip() for name in args.launchers.split(",") if name.strip()]
-    if args.launches < 1 or args.epochs < 1 or not launchers or any(name not in LAUNCHERS for name in launchers):
+    launches = args.launches if args.launches is not None else (300 if args.all_scripts else 102)
+    if launches < 1 or args.epochs < 1 or not launchers or any(name not in LAUNCHERS for name in launchers):
         parser.error("--launches and --epochs must be >= 1, --launchers a subset of torchrun,launch,run_ranks")
-    env = dict(PORTABLE_ENV) if args.portable else {}
-    counts = {name: {"launches": 0, "nonzero": 0, "terminate": 0, "crashes": 0, "seconds": 0.0} for name in launchers}
+    env = dict(PORTABLE_ENV) if args.portable else None
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="launch_stress_") as tmp:
-        if args.script is None:
-            script = Path(tmp) / "ddp_train.py"
-            script.write_text(TRAIN_SCRIPT)
+        folder = Path(tmp)
+        if args.all_scripts:
+            write_notebook_files(folder)
+            for item in args.replace:
+                name, _, path = item.partition("=")
+                if not (folder / name).is_file() or not Path(path).is_file():
+                    parser.error(f"--replace {item}: need NOTEBOOK_FILE=PATH, both existing files")
+                shutil.copy(path, folder / name)
+            jobs = [job for job in CATALOG if args.only in job.label]
+            if not jobs:
+                parser.error(f"--only {args.only!r} matches no job")
+            # the jobs import their siblings (the notebooks put _runs on the kernel's path): every process gets it
+            path = os.environ.get("PYTHONPATH")
+            os.environ["PYTHONPATH"] = str(folder / "_runs") + (os.pathsep + path if path else "")
         else:
-            script = args.script.resolve()
-            if not script.is_file():
-                parser.error(f"--script: no such file {args.script}")
-        out = Path(tmp) / "out"
-        for i in range(args.launches):
-            launcher = launchers[i % len(launchers)]
+            script = folder / "_runs" / "ddp_train.py"
+            script.parent.mkdir()
+            script.write_text(TRAIN_SCRIPT if args.script is None else args.script.read_text())
+            jobs = [
+                Job(
+                    f"ddp_train.py ({name})",
+                    name,
+                    "_runs/ddp_train.py:train" if name == "run_ranks" else "_runs/ddp_train.py",
+                    args=[args.epochs, 32, 0.1, "OUT"]
+                    if name == "run_ranks"
+                    else ["--epochs", args.epochs, "--out", "OUT"],
+                )
+                for name in launchers
+            ]
+        rows: dict[str, dict[str, float]] = {}
+        for i in range(launches):
+            job = jobs[i % len(jobs)]
+            out = folder / "out"
+            shutil.rmtree(out, ignore_errors=True)
             t0 = time.perf_counter()
-            nonzero, terminate, first = one_launch(launcher, script, args.epochs, out, env, args.timeout)
-            row = counts[launcher]
+            nonzero, terminate, first = launch(job, folder, out, env, args.timeout)
+            key = f"{job.label} [{job.launcher}]"
+            row = rows.setdefault(key, {"launches": 0, "nonzero": 0, "terminate": 0, "crashes": 0, "seconds": 0.0})
             row["seconds"] += time.perf_counter() - t0
             row["launches"] += 1
             row["nonzero"] += nonzero
             row["terminate"] += terminate
             row["crashes"] += nonzero or terminate
             if args.verbose and (nonzero or terminate):
-                print(f"launch {i + 1} ({launcher}): crash: {first}", flush=True)
+                print(f"launch {i + 1} ({key}): crash: {first}", flush=True)
     wall = time.perf_counter() - start
-    total = {key: sum(row[key] for row in counts.values()) for key in ("launches", "nonzero", "terminate", "crashes")}
+    total = {
+        key: int(sum(row[key] for row in rows.values())) for key in ("launches", "nonzero", "terminate", "crashes")
+    }
     print(
-        f"script: {'notebook 10 _runs/ddp_train.py' if args.script is None else args.script}; --epochs {args.epochs}; "
-        f"portable kernels: {'yes' if args.portable else 'no'}; {os.cpu_count()} CPU cores"
+        f"{'every notebook script' if args.all_scripts else 'notebook 10 _runs/ddp_train.py' if args.script is None else args.script}; "
+        f"portable kernels: {'yes' if args.portable or os.environ.get('ATEN_CPU_CAPABILITY') == 'default' else 'no'}; "
+        f"simulated GPUs: {os.environ.get('COURSE_SIMULATED_GPUS', '0')}; {os.cpu_count()} CPU cores"
     )
+    width = max(len(k) for k in rows)
     print(
-        f"{'launcher':<10} {'launches':>9} {'crashes':>8} {'nonzero exit':>13} {'terminate called':>17} {'s/launch':>9}"
+        f"{'job [launcher]':<{width}} {'launches':>9} {'crashes':>8} {'nonzero':>8} {'terminate':>10} {'s/launch':>9}"
     )
-    for name, row in counts.items():
+    for key, row in rows.items():
         print(
-            f"{name:<10} {row['launches']:>9} {row['crashes']:>8} {row['nonzero']:>13} {row['terminate']:>17} "
-            f"{row['seconds'] / max(row['launches'], 1):>9.2f}"
+            f"{key:<{width}} {int(row['launches']):>9} {int(row['crashes']):>8} {int(row['nonzero']):>8} "
+            f"{int(row['terminate']):>10} {row['seconds'] / max(row['launches'], 1):>9.2f}"
         )
     print(
         f"RESULT launches={total['launches']} crashes={total['crashes']} terminate={total['terminate']} "

@@ -28,9 +28,9 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.checkpoint import checkpoint
 
+from .torch_private import TorchDispatchMode
 from .validation import check_bool, check_int, check_number
 
 __all__ = [

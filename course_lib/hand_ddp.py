@@ -49,6 +49,8 @@ tensor handed to the backend), and with a ``timeline`` (``course_lib.simulated_c
 
 from __future__ import annotations
 
+import functools
+import weakref
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -216,6 +218,13 @@ def _broadcast_coalesced(tensors: Sequence[torch.Tensor], log: CommLog, group: A
                 offset += t.numel()
 
 
+def _call_weak(method: weakref.WeakMethod[Any], param: torch.Tensor) -> None:
+    """Call a weakly held bound method, if its object is still alive (a gradient hook of :class:`HandDDP`)."""
+    bound = method()
+    if bound is not None:
+        bound(param)
+
+
 class _Bucket:
     """Parameters whose gradients are all-reduced together, and the state of this step's all-reduce."""
 
@@ -291,7 +300,11 @@ class HandDDP(nn.Module):
         self._backward_sync = True  # decided by the last forward, as DDP does
         self._sync_buffers_next = True
         self.last_bucket_bytes: list[int] = []
-        self._hooks = [p.register_post_accumulate_grad_hook(self._grad_ready) for p in self._trainable]
+        # The hooks reach this object through a weak reference: a bound method would make a cycle (parameter ->
+        # hook -> wrapper -> module -> parameter) that only the garbage collector frees, so a model dropped at the
+        # end of a job would keep the process group, and gloo's threads, alive until then (notebook 10, 10.2).
+        hook = functools.partial(_call_weak, weakref.WeakMethod(self._grad_ready))
+        self._hooks = [p.register_post_accumulate_grad_hook(hook) for p in self._trainable]
 
     # -- what a notebook inspects ----------------------------------------------------------------
     @property

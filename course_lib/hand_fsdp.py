@@ -53,10 +53,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.utils._pytree import tree_flatten, tree_map_only
 
 from .hand_ddp import CommLog
 from .simulated_compute import Timeline
+from .torch_private import tree_flatten, tree_map_only
 from .validation import check_bool, check_int
 
 __all__ = ["HandFSDP", "SHARD_NAME", "shard_layout"]

@@ -938,7 +938,7 @@ print(f"64 KiB on {n_many} ranks over NVLink-like links: tree {predict_all_reduc
 What every stage does first, as DDP does at construction: **broadcast rank 0's parameters and buffers**, so that ranks which initialised differently (here each rank seeds with its own rank) start equal. Then:
 
 1. **After backward, one all-reduce per parameter.** Divide each gradient by the world size once and `all_reduce` it (a sum): every rank holds the mean. Correct, but all communication waits for the end of backward.
-2. **A hook per parameter.** `p.register_post_accumulate_grad_hook(hook)` calls `hook(p)` as soon as `p.grad` holds `p`'s whole gradient, while backward goes on with earlier layers. The hook starts `dist.all_reduce(p.grad, async_op=True)`, which returns a *handle* at once; the step waits for every handle (`handle.wait()`) before `optimizer.step()`. Divide before the launch: once its collective has started, a tensor belongs to it until `wait()` returns.
+2. **A hook per parameter.** `p.register_post_accumulate_grad_hook(hook)` calls `hook(p)` as soon as `p.grad` holds `p`'s whole gradient, while backward goes on with earlier layers. The hook starts `dist.all_reduce(p.grad, async_op=True)`, which returns a *handle* at once; the step waits for every handle (`handle.wait()`) before `optimizer.step()`. Divide before the launch: once its collective has started, a tensor belongs to it until `wait()` returns. The hook reaches the wrapper through a weak reference (`weakref.WeakMethod`), not the bound method `self.ready`: the parameter holds its hooks, so a bound method would make a cycle (parameter → hook → wrapper → parameter) that reference counting never frees. The objects would wait for the garbage collector, and with them the process group and its threads, possibly into interpreter shutdown, where a gloo thread can abort the process (notebook 10 §10.2).
 3. **Buckets.** Each message pays the latency `α` (section 5), so DDP groups gradients into buckets. In reverse registration order (the order backward produces them), whole tensors, a bucket is closed as soon as it reaches the cap; a complete bucket is copied into one flat tensor and all-reduced, and `finish()` copies the averages back. Buckets are launched strictly in order, so that every rank issues the same collectives in the same order, even if one rank's hooks fire in another order.
 
 Here `bucket_cap_mb` is passed explicitly, so it caps every bucket; with the default (25 MiB) DDP caps the first bucket at 1 MiB, and its first step uses a single bucket before rebuilding them in the order the gradients arrived (notebook 11 §3.2). The collectives are counted on both sides: our classes note the bytes of each all-reduce, and on DDP a communication hook notes each bucket.
@@ -947,6 +947,8 @@ Here `bucket_cap_mb` is passed explicitly, so it caps every bucket; with the def
 # %% slideshow={"slide_type": "-"}
 # %%writefile _runs/hand_ddp.py
 """DDP by hand in three stages, each checked against DistributedDataParallel on the same model and data."""
+import weakref
+
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -997,8 +999,9 @@ class HookPerParameter:
     def __init__(self, model: nn.Module):
         broadcast_from_rank0(model)
         self.handles, self.sent = [], []
+        ready = weakref.WeakMethod(self.ready)   # not self.ready itself: a cycle (point 2 above)
         for p in trainable(model):
-            p.register_post_accumulate_grad_hook(self.ready)
+            p.register_post_accumulate_grad_hook(lambda p: ready()(p))
 
     def ready(self, p: torch.Tensor) -> None:   # autograd calls it once p.grad holds p's whole gradient
         p.grad.div_(dist.get_world_size())
@@ -1027,8 +1030,9 @@ class Buckets:
         self.buckets += [bucket] if bucket else []
         self.bucket_of = {p: i for i, b in enumerate(self.buckets) for p in b}
         self.count, self.next, self.pending, self.sent = [0] * len(self.buckets), 0, [], []
+        ready = weakref.WeakMethod(self.ready)
         for p in self.bucket_of:
-            p.register_post_accumulate_grad_hook(self.ready)
+            p.register_post_accumulate_grad_hook(lambda p: ready()(p))
 
     def ready(self, p: torch.Tensor) -> None:
         self.count[self.bucket_of[p]] += 1

@@ -63,10 +63,8 @@ What to look for, in order: **device and backend, chosen by an argument** (`--de
 # %%writefile _runs/ddp_train.py
 """Train a small MLP on the digits with DistributedDataParallel; launch with torchrun, the legacy launcher or mp.spawn."""
 import argparse
-import gc
 import os
 import sys
-import weakref
 
 import torch
 import torch.distributed as dist
@@ -82,6 +80,7 @@ from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 from course_lib.data import digits_datasets
 from course_lib.seeding import seed_everything
+from course_lib.teardown import end_process_group
 
 
 def log(*parts):
@@ -170,21 +169,16 @@ if __name__ == "__main__":  # started by torchrun or python -m torch.distributed
     backend = dist.get_backend()
     r, n = dist.get_rank(), dist.get_world_size()
     log(f"backend={backend} RANK={r} LOCAL_RANK={local_rank} WORLD_SIZE={n} GROUP_RANK={os.environ.get('GROUP_RANK')}")
-    # Teardown, in this order. (1) train() returns: the DDP model, its reducer, the optimizer and the
-    # results of the last collectives die with its frame (keep none of them in a global). (2) barrier:
-    # every rank is done communicating. (3) destroy_process_group() drops the last reference to the
-    # group, which joins gloo's worker threads now, while Python is fully alive; a gloo thread still
-    # holding a finished collective when the interpreter shuts down aborts the process with
-    # "terminate called without an active exception".
-    world = weakref.ref(dist.group.WORLD)
+    # Teardown (section 10.2): train() returns, so the DDP model, its reducer, the optimizer and the results of
+    # the last collectives die with its frame (keep none of them in a global); then end_process_group() waits
+    # for every rank (barrier), destroys the group and checks that it is really gone (its gloo threads joined
+    # now, while Python is fully alive), and says on stderr what still holds it if not.
+    finished = False
     try:
         train(r, n, epochs=args.epochs, out=args.out, device=device)
-        dist.barrier()
+        finished = True
     finally:
-        dist.destroy_process_group()
-    gc.collect()
-    if world() is not None:  # something still holds the group: its threads outlive the script
-        sys.stderr.write(f"warning: rank {r}: the process group outlived destroy_process_group()\n")
+        end_process_group(barrier=finished)  # no barrier after a failure: a peer may be gone
 
 # %% [markdown] slideshow={"slide_type": "slide"}
 """
@@ -286,6 +280,7 @@ import torch.distributed.nn  # noqa: F401  (WORKAROUND for torch 2.13: see the n
 import torch.multiprocessing as mp
 
 from course_lib.launch import free_port
+from course_lib.teardown import end_process_group
 from ddp_train import train  # importable: this file's folder is on sys.path
 
 
@@ -298,11 +293,12 @@ def worker(rank, world_size, port, out, device_type):
     else:
         device = torch.device("cpu")
         dist.init_process_group("gloo", init_method=url, rank=rank, world_size=world_size)
+    finished = False
     try:
         train(rank, world_size, epochs=2, out=out, device=device)  # the DDP model and the last collectives' tensors die with train()
-        dist.barrier()  # every rank done communicating
+        finished = True
     finally:
-        dist.destroy_process_group()  # the last reference: gloo's threads are joined here, not at interpreter exit
+        end_process_group(barrier=finished)  # barrier, destroy, and check that the group is really gone (section 10.2)
 
 
 if __name__ == "__main__":  # python spawn_train.py OUT [DEVICE [WORLD_SIZE]]
@@ -768,12 +764,19 @@ Fatal Python error: Aborted
 ... failed (exitcode: -6) local_rank: 1 ... ChildFailedError
 ```
 
-The launcher reports a failure (exit code 1) for a run whose work was complete. It is rare and depends on the load: `benchmarks/launch_stress.py --launches 102 --portable`, which launches the training script round-robin under `torchrun`, the legacy launcher and `run_ranks`, counted 3 of 102 launches crashing this way with this notebook's earlier `ddp_train.py`, on a 2-core machine shared with other jobs (the run is recorded in `docs/crash_at_exit.md`, "Measured"). It is a race, and two things must meet for it.
+The launcher reports a failure (exit code 1) for a run whose work was complete, and under `torchrun --max-restarts` it is run again. It happens in a few launches in a hundred, more on a busy machine. It is a race, and two things must meet for it.
 
-1. **The process group outlives `destroy_process_group()`.** The first `DDP(...)` model imports `torch._dynamo`, which imports `torch.distributed.nn.functional`. There, 10 functions are declared with a default argument `group=group.WORLD`, and Python evaluates a default once, when the module is imported: imported *after* `init_process_group`, they hold the live default group for the rest of the process. `destroy_process_group()` empties `torch.distributed`'s own tables, but these references keep the C++ group, and its gloo threads, alive.
+1. **The process group outlives `destroy_process_group()`.** That call empties `torch.distributed`'s own tables, but the group is freed, and its gloo worker threads joined, only when the last reference to it goes. Anything else that still holds the group keeps those threads alive into interpreter shutdown.
 2. **A gloo worker thread lets go of a finished collective late.** `wait()` returns as soon as a collective is marked complete; the worker thread drops its reference a moment after. If the last collective's tensors were created in Python, freeing them needs the GIL. If by then the main thread has left the script and entered interpreter shutdown, Python ends the worker thread instead of giving it the GIL; that forced unwind runs into a C++ destructor declared `noexcept`, and C++ calls `std::terminate()` with no exception in flight, hence the message, then `abort()`.
 
-A core dump of an aborted rank shows exactly that chain, from the gloo thread (`ProcessGroupGloo::runLoop`) through `~AsyncAllgatherWork` and `take_gil` to `pthread_exit` and `std::terminate`, while the main thread is in `Py_FinalizeEx`; `docs/crash_at_exit.md` has the stacks. The race itself cannot be shown on demand (it needs a thread to lose the CPU at the wrong millisecond), but its first ingredient can. Below, rank 0 imports `torch.distributed.nn` before `init_process_group` and rank 1 lets DDP import it afterwards; both then tear down in the right order, and a weak reference (one that does not keep its object alive) tells whether the group was really freed:
+A core dump of an aborted rank shows exactly that chain: the gloo thread (`ProcessGroupGloo::runLoop`), then `~AsyncAllgatherWork` and `take_gil`, then `pthread_exit` and `std::terminate`, while the main thread is in `Py_FinalizeEx`. The race cannot be shown on demand (it needs a thread to lose the CPU at the wrong millisecond), but its first ingredient can. In PyTorch 2.13 four things hold a group after `destroy_process_group()`:
+
+- **a late import.** The first `DDP(...)` model imports `torch._dynamo`, which imports `torch.distributed.nn.functional`. There, 10 functions are declared with the default argument `group=group.WORLD`, and Python evaluates a default once, at import: imported *after* `init_process_group`, they hold the live default group for good;
+- **DTensor's caches.** Every DTensor operation (`fully_shard` runs some while it shards) caches its sharding decision, in C++ and in Python, and each entry holds the device mesh, which holds its groups. Nothing empties these caches when the groups are destroyed;
+- **`CommDebugMode`'s module tracker**, which hooks each module's inputs with `register_multi_grad_hook`: those hooks and the autograd graph they hang on hold each other through C++, so every graph it saw, and with it FSDP2's state and mesh, lives to the end of the process;
+- **your own hooks**, when a hook is a bound method of the wrapper that owns the parameters (notebook 09 §6): only the garbage collector frees that cycle, perhaps during shutdown itself.
+
+The first is shown below: rank 0 imports `torch.distributed.nn` before `init_process_group`, rank 1 lets DDP import it afterwards; both then tear down in the right order, and a weak reference (one that does not keep its object alive) tells whether the group was really freed:
 """
 
 # %% slideshow={"slide_type": "-"}
@@ -781,6 +784,7 @@ A core dump of an aborted rank shows exactly that chain, from the gloo thread (`
 """Does destroy_process_group() free the group? Rank 0 imports torch.distributed.nn before init_process_group;
 rank 1 leaves it to DDP, which imports it afterwards (through torch._dynamo), as most DDP scripts do."""
 import gc
+import os
 import sys
 import weakref
 
@@ -804,6 +808,8 @@ dist.destroy_process_group()
 gc.collect()
 print(f"[rank{rank}]: torch.distributed.nn imported {when} init_process_group -> "
       f"destroy_process_group() freed the group: {world() is None}", flush=True)
+if world() is not None:  # held on purpose here: leave without interpreter shutdown, where its threads could abort us
+    os._exit(0)
 
 # %% slideshow={"slide_type": "-"}
 port = free_port()
@@ -819,15 +825,91 @@ assert defaults == 10
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-Two things fix it, in the training script of section 1 and in `course_lib.launch.run_ranks`'s workers. The first is the general rule, for any backend and any PyTorch:
+The fix is the general rule, for any backend and any PyTorch: **tear down in order, then check.**
 
-- **tear down in order**: let `train()` return, so the DDP model, its reducer, the optimizer and the last collectives' tensors die with its frame (keep none in a global); then `dist.barrier()`, so every rank is done communicating; then `dist.destroy_process_group()`, which drops the last reference to the group and joins its threads while Python is fully alive. The script then checks with a weak reference that the group is gone, and warns on stderr if something still holds it.
+- Let `train()` return, so the DDP model, its reducer, the optimizer and the last collectives' tensors die with its frame; keep none of them in a global.
+- `dist.barrier()`: every rank is done communicating.
+- Drop what PyTorch caches about the groups (DTensor's caches; `course_lib.torch_private.clear_dtensor_caches`, which uses a private PyTorch function: there is no public one).
+- `dist.destroy_process_group()`, then `gc.collect()`: the last reference goes, and the group's threads are joined while Python is fully alive.
+- Check with weak references that every group is gone, and if one is not, say what holds it.
 
-> **Workaround for torch 2.13, not a DDP habit: `import torch.distributed.nn` before `init_process_group`.**
-> The order is right, but the group is still held by `torch.distributed.nn.functional`'s 10 default arguments (`group=group.WORLD`), captured when DDP imports the module after `init_process_group` (the cell above). Importing it first leaves nothing for them to capture. It is a defect of PyTorch, not something DDP asks of you: drop the line when a PyTorch release no longer has it (the probe above then prints `True` for both ranks).
-> **Upstream:** we found no PyTorch issue that reports this cause. The nearest are [pytorch/pytorch#107298](https://github.com/pytorch/pytorch/issues/107298) (open: threads survive `destroy_process_group`), [pytorch/pytorch#190489](https://github.com/pytorch/pytorch/issues/190489) (open: the same "terminate called without an active exception" on gloo when `destroy_process_group` is never called), and the closed, unmerged [pytorch/pytorch#179291](https://github.com/pytorch/pytorch/pull/179291), which describes the same abort (a gloo thread freeing a tensor during interpreter shutdown). The issue to file: *"`torch.distributed.nn.functional` evaluates `group=group.WORLD` at import: when it is imported after `init_process_group` (DDP does, through `torch._dynamo`), ten functions keep the default group alive, `destroy_process_group()` cannot free it, and its gloo threads can abort the process at exit. Resolve the group at call time (`group=None`)."*
+`course_lib.teardown.end_process_group()` does exactly these steps; every script in the course ends with it, and `run_ranks` runs it after your function returns. Its check is what makes the rule testable. Below, the same steps run by hand and through `end_process_group` on three small jobs: one keeps a DDP model in a global, one shards a layer with `fully_shard`, and one keeps nothing.
 
-With both, a rank ends its script with one thread instead of four (the main thread, two gloo workers and gloo's network loop), so nothing is left to race with shutdown. `benchmarks/launch_stress.py` launches the script 102 times under `torchrun`, the legacy launcher and `run_ranks`: with the old teardown 3 of 102 launches crashed this way, with the fixed one none (`RESULT launches=102 crashes=0`, recorded in `docs/crash_at_exit.md`). Hiding the crash with `os._exit(0)` after the work (what `course_lib.launch` did before) also works, but skips every `atexit` handler and buffer flush.
+> **Workaround for torch 2.13, not a DDP habit: `import torch.distributed.nn` before `init_process_group`.** The teardown's order is right, but the 10 default arguments above still hold the group when DDP imports the module after `init_process_group` (the probe above). Importing it first leaves nothing for them to capture. Drop the line when a PyTorch release no longer needs it: the probe above then prints `True` for both ranks. Related upstream reports: [pytorch/pytorch#107298](https://github.com/pytorch/pytorch/issues/107298) (threads survive `destroy_process_group`), [#190489](https://github.com/pytorch/pytorch/issues/190489) (the same abort on gloo when `destroy_process_group` is never called), and the unmerged [#179291](https://github.com/pytorch/pytorch/pull/179291) (a gloo thread freeing a tensor during interpreter shutdown).
+"""
+
+# %% slideshow={"slide_type": "-"}
+# %%writefile _runs/teardown_probe.py
+"""What still holds the process group after destroy_process_group()? One small job per case."""
+import contextlib
+import gc
+import io
+import weakref
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from course_lib.teardown import end_process_group
+from course_lib.torch_private import clear_dtensor_caches
+
+KEPT = []  # a global: what it holds lives as long as the module
+
+
+def job(case):
+    model = torch.nn.Linear(4, 2)
+    if case == "a DDP model kept in a global":
+        KEPT.append(DDP(model))
+    elif case == "fully_shard":
+        fully_shard(model, mesh=init_device_mesh("cpu", (dist.get_world_size(),)))
+    model(torch.randn(3, 4)).sum().backward()
+
+
+def probe(rank, world_size, case):
+    """run_ranks starts the group (import torch.distributed.nn came first, in the worker); we end it here."""
+    job(case)
+    world = weakref.ref(dist.group.WORLD)
+    dist.barrier()
+    dist.destroy_process_group()  # the steps by hand, without dropping DTensor's caches
+    gc.collect()
+    by_hand = world() is None
+    clear_dtensor_caches()  # what end_process_group adds; then what is left can only be ours
+    gc.collect()
+    cached = by_hand or world() is None
+    KEPT.clear()  # let it go before the process exits: a group alive at shutdown is the race above
+    gc.collect()
+    return {"destroy alone": by_hand, "with the caches dropped": cached, "in the end": world() is None}
+
+
+def reported(rank, world_size):
+    """end_process_group's own report on a job that keeps its DDP model in a global: the text it writes on stderr."""
+    job("a DDP model kept in a global")
+    said = io.StringIO()
+    with contextlib.redirect_stderr(said):
+        freed = end_process_group(strict=False)  # strict=True (the default under COURSE_LIB_STRICT_TEARDOWN=1) raises
+    KEPT.clear()
+    gc.collect()
+    return freed, said.getvalue()
+
+
+# %% slideshow={"slide_type": "-"}
+expected = {"nothing kept": (True, True), "fully_shard": (False, True), "a DDP model kept in a global": (False, False)}
+for case, (alone, dropped) in expected.items():
+    held = run_ranks("_runs/teardown_probe.py:probe", nprocs=2, args=(case,), timeout=300, echo="none")[0]
+    print(f"{case:<29}: freed by destroy_process_group() alone: {held['destroy alone']!s:<5} | "
+          f"with DTensor's caches dropped too: {held['with the caches dropped']}")
+    assert (held["destroy alone"], held["with the caches dropped"], held["in the end"]) == (alone, dropped, True)
+freed, said = run_ranks("_runs/teardown_probe.py:reported", nprocs=2, timeout=300, echo="none")[0]
+print(f"end_process_group() on the last job: freed {freed}; it says:")
+print(said.splitlines()[0].split(":", 1)[1].strip())
+print("  ... <-", said.splitlines()[1].rsplit("<-", 1)[1].strip())
+assert not freed and "global 'KEPT'" in said
+
+# %% [markdown] slideshow={"slide_type": "fragment"}
+"""
+Each check can fail, and does on the job it is meant for: `fully_shard` leaves the group in DTensor's caches until they are dropped, and the model kept in a global keeps it whatever the teardown does, until the script lets it go. `end_process_group` names the holder at the end of the chain (the global `KEPT`), so the fix is found in one read. With the teardown in order, a rank ends its script with one thread instead of four (the main thread, two gloo workers and gloo's network loop), and nothing is left to race with shutdown. Hiding the crash with `os._exit(0)` after the work also "works", but skips every `atexit` handler and buffer flush.
 """
 
 # %% [markdown] slideshow={"slide_type": "slide"}

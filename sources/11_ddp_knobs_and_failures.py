@@ -740,7 +740,6 @@ To make the failure real, rank 1 kills itself with `os._exit(1)` at step 9 of at
 # %%writefile _runs/elastic_train.py
 """DDP training that torchrun --max-restarts can restart: the whole state is checkpointed and restored."""
 import argparse
-import gc
 import os
 import sys
 
@@ -753,6 +752,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DistributedSampler
 
 from course_lib.data import digits_datasets
+from course_lib.teardown import end_process_group
 
 BATCH, EPOCHS, SAVE_EVERY = 64, 2, 4
 
@@ -851,13 +851,13 @@ if __name__ == "__main__":
         device = torch.device("cpu")
     dist.init_process_group("nccl" if args.device == "cuda" else "gloo", store=dist.PrefixStore(f"attempt{attempt}", store),
                             rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]), **bound)
+    finished = False
     try:
         train(f"{args.out}/uninterrupted", device)
         train(f"{args.out}/restarted", device, crash_at=args.crash_at)
-        dist.barrier()
+        finished = True
     finally:
-        dist.destroy_process_group()
-    gc.collect()
+        end_process_group(barrier=finished)  # barrier, destroy, check the group is gone (notebook 10, section 10.2)
 
 # %% slideshow={"slide_type": "-"}
 import shutil
@@ -928,6 +928,7 @@ import torch.distributed as dist
 
 from course_lib.errors import expect_error
 from course_lib.launch import free_port
+from course_lib.teardown import end_process_group
 
 print("torch.accelerator: available", torch.accelerator.is_available(), "| current", torch.accelerator.current_accelerator(),
       "| devices", torch.accelerator.device_count())
@@ -937,7 +938,7 @@ try:
     print("init_process_group() without a backend ->", dist.get_backend_config())
     assert "cpu:gloo" in dist.get_backend_config()
 finally:
-    dist.destroy_process_group()
+    end_process_group(barrier=False)  # destroy, and check the group is gone (notebook 10, section 10.2)
 if not torch.accelerator.is_available():
     with expect_error(ValueError, match="device_id parameter must be an accelerator"):
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1,

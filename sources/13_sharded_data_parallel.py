@@ -300,16 +300,28 @@ from model import LR, batch, loss_fn, make_model, shard_model
 from zero import HandZero
 
 
+class ByteCount:
+    """A communication hook's state: the bytes of the gradient buckets DDP all-reduced."""
+    bucket_bytes = 0
+
+
+def counting_hook(count, bucket):
+    count.bucket_bytes += bucket.buffer().numel() * bucket.buffer().element_size()
+    return allreduce_hook(None, bucket)                         # DDP's default: all-reduce, divide by N
+
+
 class DDPStep:
     """DDP's step, counting the bytes of the gradient buckets it all-reduces (a communication hook)."""
 
     def __init__(self, model, opt):
-        self.model, self.opt, self.bucket_bytes = model, opt, 0
-        model.register_comm_hook(None, self.hook)
+        self.model, self.opt, self.count = model, opt, ByteCount()
+        # DDP's C++ reducer keeps the hook and its state: neither may refer back to the model (a bound method
+        # self.hook would), or model -> reducer -> hook -> model is a cycle no garbage collector can see
+        model.register_comm_hook(self.count, counting_hook)
 
-    def hook(self, state, bucket):
-        self.bucket_bytes += bucket.buffer().numel() * bucket.buffer().element_size()
-        return allreduce_hook(None, bucket)                     # DDP's default: all-reduce, divide by N
+    @property
+    def bucket_bytes(self):
+        return self.count.bucket_bytes
 
     def __call__(self, x, y):
         self.opt.zero_grad(set_to_none=False)

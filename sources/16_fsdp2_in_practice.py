@@ -92,10 +92,10 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model
                                                      set_state_dict)
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
-from torch.distributed.tensor.debug import CommDebugMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from course_lib.data import text_batch, text_corpus
+from course_lib.teardown import end_process_group
 from course_lib.transformer import PRESETS, Transformer
 
 CONFIG = PRESETS["tiny"]  # your model's configuration
@@ -175,14 +175,18 @@ UNIT_SIZES = {}  # parameters (elements) per fully_shard unit: what one all-gath
 
 
 class CollectivesByGroup(TorchDispatchMode):
-    """Count FSDP2's collectives by the mesh dimension whose process group runs them, with the bytes each
-    rank sends in (an all-gather's input: the shard copied to the device under CPU offload) and gets back
-    (a reduce-scatter's output: the gradient shard copied back to the CPU)."""
+    """Count FSDP2's collectives (every c10d operation this rank issues, as CommDebugMode counts them), by the mesh
+    dimension whose process group runs them, with the bytes each rank sends in (an all-gather's input: the shard
+    copied to the device under CPU offload) and gets back (a reduce-scatter's output: the gradient shard copied
+    back to the CPU). Not CommDebugMode itself, in a training loop: in torch 2.13 its module tracker hooks every
+    module's inputs with register_multi_grad_hook, whose hooks and the autograd graph hold each other through C++,
+    so every micro-batch's graph, and FSDP2's state and process group with it, stays in memory until the garbage
+    collector has run once per module of the chain (notebook 10, section 10.2)."""
 
     def __init__(self, mesh):
         super().__init__()
         self.dims = {tuple(dist.get_process_group_ranks(mesh.get_group(d))): d for d in mesh.mesh_dim_names}
-        self.counts, self.bytes = {}, {}
+        self.counts, self.bytes, self.by_op = {}, {}, {}
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func.namespace == "c10d":
@@ -192,6 +196,7 @@ class CollectivesByGroup(TorchDispatchMode):
             name = func.__name__.split(".")[0]
             key = f"{name} on {dim}"
             self.counts[key] = self.counts.get(key, 0) + 1
+            self.by_op[name] = self.by_op.get(name, 0) + 1
             moved = args[1] if name == "_allgather_base_" else args[0] if name == "_reduce_scatter_base_" else None
             if moved is not None:
                 self.bytes[name] = self.bytes.get(name, 0) + moved.numel() * moved.element_size()
@@ -240,13 +245,12 @@ def train(args, device):
         for m, (x, y) in enumerate(batches):
             if mesh is not None:  # reduce-scatter only after the last micro-batch (FSDP2's no_sync)
                 model.set_requires_gradient_sync(m == len(batches) - 1)
-            with CommDebugMode() as comm:  # records every collective issued in this micro-batch
-                groups = CollectivesByGroup(mesh) if mesh is not None else contextlib.nullcontext()
-                with groups:  # and, in a second record, the mesh dimension each one ran on
-                    loss = model.loss(x.to(device), y.to(device)) / len(batches)
-                    loss.backward()
-            counts.append({str(k).split(".")[-1]: v for k, v in comm.get_comm_counts().items()})
+            groups = CollectivesByGroup(mesh) if mesh is not None else contextlib.nullcontext()
+            with groups:  # records every collective issued in this micro-batch, and the mesh dimension it ran on
+                loss = model.loss(x.to(device), y.to(device)) / len(batches)
+                loss.backward()
             if mesh is not None:
+                counts.append(groups.by_op)
                 by_group.append({"counts": groups.counts, "bytes": groups.bytes})
             total += loss.detach()
         norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)  # DTensor gradients: the global norm
@@ -322,11 +326,12 @@ def main(argv=None):
     world = dist.get_world_size()
     if args.batch % (args.micro_batches * world):
         raise ValueError(f"--batch {args.batch} must split into {args.micro_batches} micro-batches x {world} ranks")
+    finished = False
     try:
         train(args, device)  # the model, its DTensors and the mesh die with train's frame
-        dist.barrier()
+        finished = True
     finally:
-        dist.destroy_process_group()
+        end_process_group(barrier=finished)  # barrier, destroy, check every group is gone (notebook 10, 10.2)
 
 
 DATA = text_corpus().train
@@ -386,7 +391,7 @@ print(f"Llama 2 7B, one block gathered in bf16: {seven_b / 2**20:,.0f} MiB (the 
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-The script recorded every collective of every micro-batch with `CommDebugMode` (notebook 13). Each step has 2 micro-batches; the first runs with `set_requires_gradient_sync(False)`.
+The script recorded every collective of every micro-batch with its own `TorchDispatchMode` (`CollectivesByGroup`), which sees each c10d operation as `CommDebugMode` does (notebook 13) and also notes the mesh dimension it ran on. Each step has 2 micro-batches; the first runs with `set_requires_gradient_sync(False)`.
 """
 
 # %% slideshow={"slide_type": "-"}
@@ -463,7 +468,7 @@ Bit for bit, because everything a step depends on came back: the parameters, Ada
 
 Plain FSDP shards over every rank, so every all-gather crosses the whole job; across many nodes that means the slow inter-node links. **HSDP** (hybrid sharding) lays the ranks out on a 2-D mesh, `replicate × shard`: each group of `N/R` ranks (in practice, one node) shards the model as in section 2, and the `R` groups hold identical copies. The all-gathers and reduce-scatters stay inside a shard group; one all-reduce per unit and step averages the gradient shards across the replicas. The script does it with `--replicate R`, which only changes the mesh: `fully_shard` reads the rest from the mesh's placements `(Replicate(), Shard(0))`.
 
-`--cpu-offload` adds `CPUOffloadPolicy` to every unit: the shards, their gradients and AdamW's state live on the CPU (the optimizer steps there), each unit's shard is copied to the device for its all-gather, and each gradient shard is copied back after its reduce-scatter. It trades device memory for host-device copies every step. One run of 4 processes shows both: `--replicate 2 --cpu-offload`, the mesh `[[0, 1], [2, 3]]`. A second record in the script (a `TorchDispatchMode`, like `CommDebugMode`) notes on which mesh dimension's process group each collective ran, and the bytes each rank sent into it.
+`--cpu-offload` adds `CPUOffloadPolicy` to every unit: the shards, their gradients and AdamW's state live on the CPU (the optimizer steps there), each unit's shard is copied to the device for its all-gather, and each gradient shard is copied back after its reduce-scatter. It trades device memory for host-device copies every step. One run of 4 processes shows both: `--replicate 2 --cpu-offload`, the mesh `[[0, 1], [2, 3]]`. The script's record of its collectives (`CollectivesByGroup`, section 3) also notes on which mesh dimension's process group each one ran, and the bytes each rank sent into it.
 """
 
 # %% slideshow={"slide_type": "-"}

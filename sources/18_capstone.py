@@ -82,6 +82,7 @@ from contextlib import nullcontext
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+import torch.distributed.nn  # noqa: F401  (before init_process_group: notebook 10, section 10.2)
 from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_state_dict,
                                                      set_state_dict)
 from torch.distributed.device_mesh import init_device_mesh
@@ -91,6 +92,7 @@ from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, 
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from course_lib.data import text_batch, text_corpus
+from course_lib.teardown import end_process_group
 from course_lib.transformer import PRESETS, Transformer
 
 # notebook 18's tiny transformer: untied (TP splits the embedding and the head apart), hand-written attention
@@ -269,6 +271,7 @@ def main(argv=None):
                                 rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]), **bound)
         node = f" on node {os.environ['SLURMD_NODENAME']}" if "SLURMD_NODENAME" in os.environ else ""  # under Slurm
         print(f"[rank{dist.get_rank()}]: rank {dist.get_rank()} of {dist.get_world_size()}{node}", flush=True)
+        finished = False
         try:
             for out, run in runs:
                 result = train(run, device)
@@ -279,9 +282,9 @@ def main(argv=None):
                 dist.all_reduce(worst, op=dist.ReduceOp.MAX)
                 result["step_s"] = worst.item()  # the slowest rank sets the step
                 report(result, run)
-            dist.barrier()
+            finished = True
         finally:
-            dist.destroy_process_group()
+            end_process_group(barrier=finished)  # barrier, destroy, check the group is gone (notebook 10, 10.2)
 
 
 def report(result, args):

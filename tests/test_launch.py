@@ -24,6 +24,7 @@ from course_lib.launch import (
     torchrun_command,
 )
 from course_lib.launch.forkserver import forkserver_pid
+from course_lib.launch.guardian import guardian_pid
 
 WORKERS = """
 import time
@@ -132,7 +133,7 @@ def _assert_nothing_left() -> None:
     assert _marked_processes() == []
     assert launched_processes(owner=os.getpid()) == []
     server = forkserver_pid()
-    left = [p for p in psutil.Process().children(recursive=True) if p.pid != server]
+    left = [p for p in psutil.Process().children(recursive=True) if p.pid not in (server, guardian_pid())]
     assert left == []
 
 

@@ -12,7 +12,16 @@ from ..validation import is_int
 from .checks import check_args, check_positive_int
 from .ports import check_port
 
-__all__ = ["is_launcher", "rank_offset", "torchrun_command"]
+__all__ = ["check_master_addr", "is_launcher", "rank_offset", "torchrun_command"]
+
+
+def check_master_addr(master_addr: Any) -> str:
+    """The rendezvous host: a non-empty string (a name or an address), never ``None``."""
+    if not isinstance(master_addr, str):
+        raise TypeError(f"master_addr must be a host name or address (a str), got {type(master_addr).__name__}")
+    if not master_addr.strip():
+        raise ValueError("master_addr must be a host name or address, got an empty string")
+    return master_addr
 
 
 def _torchrun_base(module: str) -> list[str]:
@@ -48,6 +57,7 @@ def torchrun_command(
     """
     check_positive_int("nproc_per_node", nproc_per_node)
     check_positive_int("nnodes", nnodes)
+    check_master_addr(master_addr)
     if not is_int(node_rank) or not 0 <= node_rank < nnodes:
         raise ValueError(f"node_rank must be an int in 0..nnodes-1 = 0..{nnodes - 1}, got {node_rank!r}")
     check_port(master_port)

@@ -7,7 +7,7 @@ Internal API of :mod:`course_lib.launch`: the engine names the failing rank in a
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 __all__ = ["PORT_BUSY", "failing_rank", "rank_number"]
@@ -30,14 +30,36 @@ def _last_traceback(text: str) -> str:
     return text[idx:].strip()
 
 
-def failing_rank(lines: Sequence[tuple[str, str]], error_dir: Path | None) -> tuple[str | None, str]:
-    """The label of the root-cause rank and its traceback."""
+def failing_rank(
+    lines: Sequence[tuple[str, str]], error_dir: Path | None, exits: Mapping[str, int | None] | None = None
+) -> tuple[str | None, str]:
+    """The label of the root-cause rank and its traceback.
+
+    ``exits``: the processes that ended on their own (before the launcher killed the rest), label to exit code,
+    in the order they ended. For a :func:`~course_lib.launch.run_ranks` job (``error_dir``: where each rank
+    writes ``error_R.txt`` or ``result_R.pkl``), a rank that ended without either (``os._exit``, a signal, a
+    crash of the interpreter) failed silently, and a silent failure comes before its peers' connection errors,
+    which are its effects.
+    """
     if error_dir is not None:
         found = []
         for path in error_dir.glob("error_*.txt"):
             stamp, _, tb = path.read_text().partition("\n")
             # a rank whose peer died fails with a connection error: an effect, not the cause
             found.append((_COLLATERAL.search(tb) is not None, float(stamp), path.stem.split("_")[1], tb.strip()))
+        causes = [f for f in found if not f[0]]
+        if causes:
+            _, _, rank, tb = min(causes)
+            return f"rank {rank}", tb
+        for label, code in (exits or {}).items():
+            r = rank_number(label)
+            if r is None or (error_dir / f"error_{r}.txt").exists():
+                continue
+            if code != 0 or not (error_dir / f"result_{r}.pkl").exists():
+                how = f"exit code {code}" if code else "exit code 0, without returning a result"
+                if code is not None and code < 0:
+                    how = f"killed by signal {-code}"
+                return label, f"{label} ended with no Python error ({how}): os._exit, a signal or a crashed process"
         if found:
             _, _, rank, tb = min(found)
             return f"rank {rank}", tb

@@ -9,7 +9,6 @@ import queue
 import re
 import signal
 import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -19,7 +18,9 @@ from typing import Any
 
 from .checks import check_device, check_echo, check_env, check_timeout
 from .diagnosis import PORT_BUSY, failing_rank, rank_number
+from .echo import Echo
 from .forkserver import get_forkserver
+from .guardian import PARENT_ENV, guard, release
 from .results import LaunchError, LaunchResult
 
 __all__ = ["launched_processes", "run_processes"]
@@ -32,6 +33,7 @@ _HIDE_GPUS = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES")
 
 
 _GRACE_S = 3.0  # after a first process fails, how long the others get to report before being killed
+_DRAIN_S = 2.0  # after every process exited, how long their output may stay open (a background child holds it)
 
 
 _TEE_PREFIX = re.compile(r"^\[(?P<role>[A-Za-z_]\w*?)(?P<local>\d+)\]:(?P<text>.*)$")
@@ -89,71 +91,6 @@ def launched_processes(launch_id: str | None = None, *, owner: int | None = None
     for pid in sessions - live_sessions:  # nothing of that rank's session is left
         _FORKED.pop(pid, None)
     return found
-
-
-def _in_kernel() -> bool:
-    shell = sys.modules.get("IPython")
-    if shell is None:
-        return False
-    try:
-        ip = shell.get_ipython()
-    except Exception:  # noqa: BLE001
-        return False
-    return ip is not None and type(ip).__name__ == "ZMQInteractiveShell"
-
-
-class _Echo:
-    """Prints lines as they come; in a notebook, a live view that is replaced by the output grouped by rank.
-
-    The live view is an ``ipywidgets.Output`` fed through the widget's comm channel, so what a
-    notebook stores (and what nbval compares) is only the final, rank-ordered text printed to
-    stdout when the job ends, whatever order the processes printed in.
-    """
-
-    def __init__(self, mode: str) -> None:
-        self.mode = "kernel" if mode == "auto" and _in_kernel() else ("live" if mode == "auto" else mode)
-        self.pending: list[str] = []
-        self.view: Any = None
-        self.last = 0.0
-        if self.mode == "kernel":
-            try:
-                import ipywidgets  # noqa: F401
-            except ImportError:  # pragma: no cover - ipywidgets is a course dependency
-                self.mode = "grouped"
-
-    def line(self, label: str, text: str) -> None:
-        if label.startswith("agent"):
-            return  # launcher agents' own logs are kept in the result, not echoed
-        if self.mode == "live":
-            print(f"[{label}] {text}", flush=True)
-        elif self.mode == "kernel":
-            self.pending.append(f"[{label}] {text}")
-            now = time.monotonic()
-            if now - self.last > 0.25:
-                self._flush()
-                self.last = now
-
-    def _flush(self) -> None:
-        if not self.pending:
-            return
-        if self.view is None:
-            import ipywidgets
-            from IPython.display import display
-
-            self.view = ipywidgets.Output()
-            display(self.view)
-        self.view.append_stdout("\n".join(self.pending) + "\n")
-        self.pending = []
-
-    def finish(self, result: LaunchResult) -> None:
-        if self.mode not in ("grouped", "kernel"):
-            return
-        if self.view is not None:  # the live view has served; the grouped text replaces it
-            self.view.outputs = ()
-            self.view.layout.display = "none"
-        text = result.grouped()
-        if text:
-            print(text, flush=True)
 
 
 def _reader(idx: int, stream: Any, q: queue.Queue[tuple[int, str | None]]) -> None:
@@ -218,56 +155,41 @@ def run_processes(
 
     Internal: every launcher (``run_torchrun``, ``run_script``, ``run_ranks``) ends here. ``labels`` name each
     command's lines; ``rank_offsets`` number the ranks of a launcher's tee-prefixed lines; ``error_dir`` is where
-    ``run_ranks`` children write their tracebacks; ``fork_argv`` (``run_ranks``) is each command's ``sys.argv``
-    for a rank forked by the fork server (:mod:`.forkserver`), used for a CPU job without its own ``env``.
-    The other arguments are those of the public launchers.
+    ``run_ranks`` children write their tracebacks and results; ``fork_argv`` (``run_ranks``) is each command's
+    ``sys.argv`` for a rank forked by the fork server (:mod:`.forkserver`), used for a CPU job without its own
+    ``env``. The other arguments are those of the public launchers.
+
+    Every process is registered with this process's guardian (:mod:`.guardian`), which kills it if this process
+    dies first. A job whose processes have all exited is finished, even if a background child of one still holds
+    its output open: that child is killed with the rest of the launch after ``_DRAIN_S`` seconds.
     """
     timeout = check_timeout(timeout)
     echo_mode = check_echo(echo)
     launch_id = uuid.uuid4().hex
-    child_env = dict(os.environ)
-    child_env.setdefault("OMP_NUM_THREADS", "1")  # what torchrun would set (and warn about) anyway
-    if check_device(device) == "cpu":
-        # A CPU job stays on the CPU on a GPU machine too: code that picks CUDA when it sees a GPU
-        # (FSDP2's default mesh, init_process_group() without a backend) sees none.
-        child_env.update({v: "" for v in _HIDE_GPUS})
-    child_env.update(check_env(env))
-    child_env["PYTHONUNBUFFERED"] = "1"
-    child_env[_MARKER] = launch_id
-    child_env.setdefault(_OWNER, str(os.getpid()))  # a launch inside a launched process keeps the first owner
+    child_env = _child_environment(env, device, launch_id)
     q: queue.Queue[tuple[int, str | None]] = queue.Queue()
     procs: list[Any] = []  # subprocess.Popen, or forkserver.ForkedProcess (the same interface, as used here)
     server = None
     if fork_argv is not None and device == "cpu" and not env:
         server = get_forkserver({k: v for k, v in child_env.items() if k != _MARKER})
     lines: list[tuple[str, str]] = []
-    printer = _Echo(echo_mode)
+    printer = Echo(echo_mode)
     start = time.monotonic()
     reason = ""
+    exited: list[int] = []  # indices of the processes in the order they were seen to exit, before any kill
     try:
         for i, cmd in enumerate(commands):
-            if server is not None and fork_argv is not None:
-                try:
-                    forked = server.spawn(fork_argv[i], child_env, str(cwd) if cwd is not None else os.getcwd())
-                    _FORKED[forked.pid] = launch_id
-                    procs.append(forked)
-                    threading.Thread(target=_reader, args=(i, forked.stdout, q), daemon=True).start()
-                    continue
-                except Exception:  # noqa: BLE001 - the server is broken: fresh interpreters from here on
-                    server = None
-            p = subprocess.Popen(
-                cmd,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                env=child_env,
-                cwd=cwd,
-                start_new_session=True,
-            )
-            procs.append(p)
-            threading.Thread(target=_reader, args=(i, p.stdout, q), daemon=True).start()
+            proc = _start_one(i, cmd, server, fork_argv, child_env, cwd, launch_id)
+            if proc is None:  # the fork server failed: fresh interpreters from here on
+                server = None
+                proc = _start_one(i, cmd, None, None, child_env, cwd, launch_id)
+            assert proc is not None
+            procs.append(proc)
+            guard(proc.pid)  # each process leads its own group (its own session)
+            threading.Thread(target=_reader, args=(i, proc.stdout, q), daemon=True).start()
         open_streams = len(procs)
         first_failure: float | None = None
+        all_exited: float | None = None
         while True:
             try:
                 idx, text = q.get(timeout=0.05)
@@ -281,10 +203,13 @@ def run_processes(
                 pass
             now = time.monotonic()
             codes = [p.poll() for p in procs]
+            exited += [i for i, c in enumerate(codes) if c is not None and i not in exited]
             if first_failure is None and any(c not in (None, 0) for c in codes):
                 first_failure = now
-            if all(c is not None for c in codes) and open_streams == 0:
-                break
+            if all(c is not None for c in codes):
+                all_exited = all_exited if all_exited is not None else now
+                if open_streams == 0 or now - all_exited > _DRAIN_S:
+                    break
             if first_failure is not None and now - first_failure > _GRACE_S:
                 reason = "failed"
                 break
@@ -293,6 +218,8 @@ def run_processes(
                 break
     finally:
         _kill(procs, launch_id)
+        for p in procs:
+            release(p.pid)
     # drain what the readers still hold
     with contextlib.suppress(queue.Empty):
         while True:
@@ -303,37 +230,105 @@ def run_processes(
                 printer.line(label, body)
     wall = time.monotonic() - start
     codes = [p.returncode for p in procs]
-    returncode = next((c for c in codes if c not in (0, None)), 0)
+    returncode = next((codes[i] for i in exited if codes[i] not in (0, None)), 0)
     result = LaunchResult(returncode=returncode, wall_time=wall, lines=lines, commands=commands)
     printer.finish(result)
+    exits = {labels[i]: codes[i] for i in exited}  # the processes that ended on their own, in that order
     if reason == "timeout":
-        culprit, tb = failing_rank(lines, error_dir)
-        tails = []
-        known = dict.fromkeys([*(lab for lab in labels if not lab.startswith("agent")), *result.ranks])
-        for lab in known:
-            if lab.startswith("agent") or lab == "main" and len(known) > 1:
-                continue
-            last = [t for l2, t in lines if l2 == lab][-3:]
-            tails.append(f"  [{lab}] last output: " + (" | ".join(last) if last else "(nothing)"))
-        msg = (
-            f"the job did not finish within the timeout of {timeout:g} s and was killed (all its processes).\n"
-            "A rank that waits in a collective another rank never calls hangs like this.\n" + "\n".join(tails)
-        )
-        if tb:
-            msg += f"\nFirst traceback ({culprit}):\n{tb}"
-        raise LaunchError(msg, reason="timeout", rank=rank_number(culprit), traceback=tb, result=result)
+        raise _timeout_error(timeout, labels, lines, result, error_dir, exits)
     if reason == "failed" or returncode != 0:
-        culprit, tb = failing_rank(lines, error_dir)
-        text = "\n".join(t for _, t in lines)
-        failed = [labels[i] for i, c in enumerate(codes) if c not in (0, None)]
-        who = culprit or (failed[0] if failed else "a process")
-        msg = f"{who} failed (exit code {returncode})."
-        if PORT_BUSY.search(text):
-            msg += " The port it tried to use is already in use: use a free port (course_lib.launch.free_port)."
-        if tb:
-            msg += f" Its traceback:\n{tb}"
-        else:
-            tail = "\n".join(f"[{lab}] {t}" for lab, t in lines[-10:])
-            msg += f" Last output:\n{tail}"
-        raise LaunchError(msg, reason="failed", rank=rank_number(culprit), traceback=tb, result=result)
+        raise _failure_error(labels, lines, result, error_dir, exits)
     return result
+
+
+def _child_environment(env: Mapping[str, str] | None, device: str, launch_id: str) -> dict[str, str]:
+    """The environment of every process of a launch: this one's, the job's ``env``, and the launch's markers."""
+    child_env = dict(os.environ)
+    child_env.setdefault("OMP_NUM_THREADS", "1")  # what torchrun would set (and warn about) anyway
+    if check_device(device) == "cpu":
+        # A CPU job stays on the CPU on a GPU machine too: code that picks CUDA when it sees a GPU
+        # (FSDP2's default mesh, init_process_group() without a backend) sees none.
+        child_env.update({v: "" for v in _HIDE_GPUS})
+    child_env.update(check_env(env))
+    child_env["PYTHONUNBUFFERED"] = "1"
+    child_env[_MARKER] = launch_id
+    child_env.setdefault(_OWNER, str(os.getpid()))  # a launch inside a launched process keeps the first owner
+    child_env[PARENT_ENV] = str(os.getpid())  # this process's guardian kills what carries it (guardian.py)
+    return child_env
+
+
+def _start_one(
+    i: int,
+    cmd: list[str],
+    server: Any,
+    fork_argv: list[list[str]] | None,
+    child_env: dict[str, str],
+    cwd: Path | None,
+    launch_id: str,
+) -> Any:
+    """Start command ``i``: a fork of the fork server when there is one (None if it failed), else a new process."""
+    if server is not None and fork_argv is not None:
+        try:
+            forked = server.spawn(fork_argv[i], child_env, str(cwd) if cwd is not None else os.getcwd())
+        except Exception:  # noqa: BLE001 - the server is broken: the caller starts fresh interpreters
+            return None
+        _FORKED[forked.pid] = launch_id
+        return forked
+    return subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        env=child_env,
+        cwd=cwd,
+        start_new_session=True,
+    )
+
+
+def _timeout_error(
+    timeout: float,
+    labels: list[str],
+    lines: list[tuple[str, str]],
+    result: LaunchResult,
+    error_dir: Path | None,
+    exits: Mapping[str, int | None],
+) -> LaunchError:
+    culprit, tb = failing_rank(lines, error_dir, exits)
+    tails = []
+    known = dict.fromkeys([*(lab for lab in labels if not lab.startswith("agent")), *result.ranks])
+    for lab in known:
+        if lab.startswith("agent") or lab == "main" and len(known) > 1:
+            continue
+        last = [t for l2, t in lines if l2 == lab][-3:]
+        state = f" (exited, code {exits[lab]})" if lab in exits else ""
+        tails.append(f"  [{lab}]{state} last output: " + (" | ".join(last) if last else "(nothing)"))
+    msg = (
+        f"the job did not finish within the timeout of {timeout:g} s and was killed (all its processes).\n"
+        "A rank that waits in a collective another rank never calls hangs like this.\n" + "\n".join(tails)
+    )
+    if tb:
+        msg += f"\nFirst traceback ({culprit}):\n{tb}"
+    return LaunchError(msg, reason="timeout", rank=rank_number(culprit), traceback=tb, result=result)
+
+
+def _failure_error(
+    labels: list[str],
+    lines: list[tuple[str, str]],
+    result: LaunchResult,
+    error_dir: Path | None,
+    exits: Mapping[str, int | None],
+) -> LaunchError:
+    culprit, tb = failing_rank(lines, error_dir, exits)
+    text = "\n".join(t for _, t in lines)
+    failed = [lab for lab, c in exits.items() if c not in (0, None)]
+    who = culprit or (failed[0] if failed else "a process")
+    code = exits.get(who, result.returncode)
+    msg = f"{who} failed (exit code {code})."
+    if PORT_BUSY.search(text):
+        msg += " The port it tried to use is already in use: use a free port (course_lib.launch.free_port)."
+    if tb:
+        msg += f" Its traceback:\n{tb}"
+    else:
+        tail = "\n".join(f"[{lab}] {t}" for lab, t in lines[-10:])
+        msg += f" Last output:\n{tail}"
+    return LaunchError(msg, reason="failed", rank=rank_number(culprit), traceback=tb, result=result)

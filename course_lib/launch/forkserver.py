@@ -67,6 +67,7 @@ PRELOAD = (
     "torch.distributed.tensor",
     "torch.nn.parallel",
     "course_lib.launch.worker",
+    "course_lib.teardown",
 )
 _BOOT = "from course_lib.launch.forkserver import serve; serve()"
 _START_TIMEOUT_S = 180.0  # the server's imports: ~4 s idle, a minute on a loaded 2-core machine

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from .checks import check_cwd, check_positive_int
-from .commands import is_launcher, rank_offset, torchrun_command
+from .commands import check_master_addr, is_launcher, rank_offset, torchrun_command
 from .engine import run_processes
 from .ports import rendezvous_port
 from .results import LaunchResult
@@ -52,6 +52,7 @@ def run_torchrun(
     if not full.is_file():
         raise FileNotFoundError(f"script not found: {str(full)!r} (cwd={str(workdir or Path.cwd())!r})")
     check_positive_int("nnodes", nnodes)
+    check_master_addr(master_addr)
     master_port = rendezvous_port(master_port, master_addr)
     node_ranks = range(nnodes) if node_rank is None else [node_rank]
     commands = [

@@ -18,11 +18,9 @@ def worker_main() -> None:
 
     Internal: ``run_ranks`` starts each child with ``from course_lib.launch.worker import worker_main; worker_main()``.
     """
-    import gc
     import importlib
     import importlib.util
     import traceback
-    import weakref
     from datetime import timedelta
 
     spec_file, rank_s = sys.argv[1], sys.argv[2]
@@ -92,21 +90,14 @@ def worker_main() -> None:
         Path(spec["dir"], f"result_{rank}.pkl").write_bytes(pickle.dumps(value))
         del value, fn, args  # fn's module may hold the job's objects; the result is on disk
         if group and dist.is_initialized():
-            # Tear down together, then free the group while Python is fully alive: the last
-            # reference going joins gloo's worker threads. A gloo thread still alive at interpreter
-            # shutdown that drops a finished collective holding Python tensors needs the GIL, is
-            # ended by Python instead, and the process aborts: "terminate called without an active
-            # exception", SIGABRT, after all the work is done.
-            dist.barrier()
-            world = weakref.ref(dist.group.WORLD)
-            dist.destroy_process_group()
-            gc.collect()
-            if world() is not None:
-                sys.stderr.write(
-                    f"warning: rank {rank}: the process group outlived destroy_process_group() (something "
-                    "still holds it: a DDP model or a Work kept in a global?); its gloo threads may abort "
-                    "the process at exit\n"
-                )
+            # Tear down together, drop PyTorch's caches that hold the group, free it while Python is fully alive
+            # (the last reference going joins gloo's worker threads), and check that it is gone: a gloo thread
+            # still alive at interpreter shutdown that drops a finished collective holding Python tensors needs
+            # the GIL, is ended by Python instead, and the process aborts ("terminate called without an active
+            # exception") after all the work is done. course_lib.teardown says what holds a group that survives.
+            from course_lib.teardown import end_process_group
+
+            end_process_group(barrier=True)
         sys.stdout.flush()
         sys.stderr.flush()
     except BaseException:

@@ -37,6 +37,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from course_lib.launch import free_port
+from course_lib.launch.guardian import PARENT_ENV, guard, release
 from course_lib.manifest import notebook_paths
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -224,9 +225,13 @@ LAB_SETTINGS = {
 }
 
 
-@pytest.fixture(scope="session")
-def lab(tmp_path_factory) -> Iterator[Lab]:
-    tmp = tmp_path_factory.mktemp("lab")
+def start_jupyterlab(tmp: Path, log: Path) -> tuple[subprocess.Popen[bytes], Lab]:
+    """A JupyterLab server on a copy of the notebooks in ``tmp``, answering; guarded by this process's guardian.
+
+    The server runs in a session of its own, so that stopping it stops its kernels; the guardian
+    (``course_lib.launch.guardian``) kills it, and every kernel it started (they carry this process's mark in
+    their environment), if this process dies first, even by SIGKILL.
+    """
     root = tmp / "notebooks"
     # The notebooks alone: the server needs nothing else, and notebooks/_runs holds what nbval's kernels wrote
     # (scripts, checkpoints, logs), possibly still being written.
@@ -246,8 +251,7 @@ def lab(tmp_path_factory) -> Iterator[Lab]:
         IPYTHONDIR=str(tmp / "ipython"),
         PYTHONUNBUFFERED="1",
     )
-    log = ARTIFACTS / "jupyterlab-server.log"
-    ARTIFACTS.mkdir(exist_ok=True)
+    env[PARENT_ENV] = str(os.getpid())  # the guardian's sweep finds the server and its kernels by this mark
     cmd = [
         sys.executable,
         "-m",
@@ -265,31 +269,49 @@ def lab(tmp_path_factory) -> Iterator[Lab]:
     ]
     with log.open("w") as out:
         proc = subprocess.Popen(cmd, env=env, cwd=root, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    guard(proc.pid)
     server = Lab(base=f"http://127.0.0.1:{port}", token=token, root=root, log=log)
+    deadline = time.monotonic() + 90
+    while True:
+        if proc.poll() is not None:
+            stop_jupyterlab(proc, server)
+            raise RuntimeError(f"JupyterLab exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
+        try:
+            server.api("/api/status")
+            return proc, server
+        except OSError:
+            if time.monotonic() > deadline:
+                stop_jupyterlab(proc, server)
+                raise RuntimeError(f"JupyterLab did not answer within 90 s:\n{log.read_text()[-3000:]}") from None
+            time.sleep(0.3)
+
+
+def stop_jupyterlab(proc: subprocess.Popen[bytes], server: Lab) -> None:
+    """Shut the server down (its kernels too), then kill whatever is left of its process group."""
+    try:  # a clean stop also shuts the kernels down
+        server.api("/api/shutdown", method="POST")
+        proc.wait(timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+    try:  # whatever is left of the server's process group (kernels included)
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait(timeout=10)
+    release(proc.pid)
+
+
+@pytest.fixture(scope="session")
+def lab(tmp_path_factory) -> Iterator[Lab]:
+    ARTIFACTS.mkdir(exist_ok=True)
     try:
-        deadline = time.monotonic() + 90
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"JupyterLab exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
-            try:
-                server.api("/api/status")
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    pytest.fail(f"JupyterLab did not answer within 90 s:\n{log.read_text()[-3000:]}")
-                time.sleep(0.3)
+        proc, server = start_jupyterlab(tmp_path_factory.mktemp("lab"), ARTIFACTS / "jupyterlab-server.log")
+    except RuntimeError as exc:
+        pytest.fail(str(exc))
+    try:
         yield server
     finally:
-        try:  # a clean stop also shuts the kernels down
-            server.api("/api/shutdown", method="POST")
-            proc.wait(timeout=20)
-        except (OSError, subprocess.TimeoutExpired):
-            pass
-        try:  # whatever is left of the server's process group (kernels included)
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait(timeout=10)
+        stop_jupyterlab(proc, server)
 
 
 # --------------------------------------------------------------------------- the built site
