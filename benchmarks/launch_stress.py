@@ -143,7 +143,8 @@ def launch(job: Job, folder: Path, out: Path, env: dict[str, str] | None, timeou
     text, nonzero = "", False
     try:
         if job.launcher == "run_ranks":
-            run_ranks(job.target, job.nproc, tuple(args), timeout=timeout, env=env, cwd=folder, echo="none")
+            target = f"{folder / job.target}"  # run_ranks reads the file from this process's directory
+            run_ranks(target, job.nproc, tuple(args), timeout=timeout, env=env, cwd=folder, echo="none")
         elif job.launcher == "run_script":
             command = [str(out) if a == "OUT" else a for a in job.target.split()]
             text = run_script(command, timeout=timeout, env=env, cwd=folder, echo="none").output()
@@ -220,7 +221,8 @@ def main(argv: list[str] | None = None) -> int:
                 parser.error(f"--only {args.only!r} matches no job")
             # the jobs import their siblings (the notebooks put _runs on the kernel's path): every process gets it
             path = os.environ.get("PYTHONPATH")
-            os.environ["PYTHONPATH"] = str(folder / "_runs") + (os.pathsep + path if path else "")
+            runs = os.pathsep.join(str(folder / d) for d in ("_runs", "_runs/n15"))  # 15's jobs live in _runs/n15
+            os.environ["PYTHONPATH"] = runs + (os.pathsep + path if path else "")
         else:
             script = folder / "_runs" / "ddp_train.py"
             script.parent.mkdir()

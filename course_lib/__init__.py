@@ -21,6 +21,8 @@ this package itself exports nothing. One module per job:
 * :mod:`course_lib.transformer` — the course's Llama-style decoder and its formulas: parameters, saved bytes, FLOPs, MFU
 * :mod:`course_lib.attention` — attention one key block at a time: partial results, their merge, their backward
 * :mod:`course_lib.launch` — run ``torchrun``/spawn jobs from a notebook: free port, timeout, no orphans
+* :mod:`course_lib.equivalence` — ``compare_gradients``: a distributed run against one process, scale-sensitive
+* :mod:`course_lib.labs` — the labs' checks: the learner's code on real processes against PyTorch's own
 * :mod:`course_lib.teardown` — ``end_process_group``: the teardown every launched script ends with, checked
 * :mod:`course_lib.torch_private` — every private or testing PyTorch API the course uses, one function each
 * :mod:`course_lib.pipeline` — GPipe schedules, the bubble fraction, Gantt charts

@@ -84,21 +84,40 @@ def best_device() -> torch.device:
     return torch.device("cuda" if gpu_available() else "cpu")
 
 
-def requires_gpu(what: str, *, count: int = 1) -> bool:
+def requires_gpu(what: str, *, count: int = 1, capability: tuple[int, int] | None = None) -> bool:
     """The guard for GPU-only cells.
 
     Use it as ``if requires_gpu("tensor-core matmul throughput"): ...``. On a machine with
     ``count`` GPUs it returns True and the cell runs; otherwise it prints one line saying
     what was skipped and why, and returns False, so the notebook still runs top to bottom.
+    ``capability=(8, 0)`` also asks that each of those GPUs have at least that CUDA compute capability
+    (8.0: Ampere, what FlashAttention's kernels and fast bf16 need); an older GPU (a T4 is 7.5, a V100 7.0)
+    is skipped with a line that names it.
     """
     if not isinstance(what, str) or not what.strip():
         raise ValueError("what must be a non-empty string describing the skipped demonstration")
-    if gpu_available(count):
-        return True
-    have = gpu_count()
-    need = "a CUDA GPU" if count == 1 else f"{count} CUDA GPUs"
-    print(f"[GPU cell skipped] {what}: needs {need}, this machine has {have}.")
-    return False
+    check_int("count", count, minimum=1)
+    if capability is not None and (
+        not isinstance(capability, tuple)
+        or len(capability) != 2
+        or not all(isinstance(c, int) and not isinstance(c, bool) and c >= 0 for c in capability)
+    ):
+        raise ValueError(f"capability must be (major, minor), such as (8, 0), got {capability!r}")
+    if not gpu_available(count):
+        have = gpu_count()
+        need = "a CUDA GPU" if count == 1 else f"{count} CUDA GPUs"
+        print(f"[GPU cell skipped] {what}: needs {need}, this machine has {have}.")
+        return False
+    if capability is not None:
+        for i in range(count):
+            got = tuple(torch.cuda.get_device_capability(i))
+            if got < capability:
+                print(
+                    f"[GPU cell skipped] {what}: needs compute capability {capability[0]}.{capability[1]} or newer, "
+                    f"GPU {i} ({torch.cuda.get_device_name(i)}) has {got[0]}.{got[1]}."
+                )
+                return False
+    return True
 
 
 @dataclass(frozen=True)

@@ -119,7 +119,7 @@ class _Unit:
             self.shard: nn.Parameter | None = None
             return
         with torch.no_grad():
-            flat = torch.zeros(self.padded, dtype=self.params[0].dtype)
+            flat = torch.zeros(self.padded, dtype=self.params[0].dtype, device=self.params[0].device)
             offset = 0
             for p, numel in zip(self.params, self.numels):
                 flat[offset : offset + numel].copy_(p.detach().reshape(-1))
@@ -131,7 +131,7 @@ class _Unit:
             for sub, attr in places:
                 del sub._parameters[attr]
         module.register_parameter(SHARD_NAME, shard)
-        self._point_modules_at(torch.empty(self.padded, dtype=self.compute_dtype))
+        self._point_modules_at(torch.empty(self.padded, dtype=self.compute_dtype, device=shard.device))
         self._free()
 
     @property
@@ -165,7 +165,8 @@ class _Unit:
     def gather(self) -> torch.Tensor:
         """A new full flat tensor in the compute dtype (forward)."""
         self._free()
-        full = torch.empty(self.padded, dtype=self.compute_dtype)
+        assert self.shard is not None
+        full = torch.empty(self.padded, dtype=self.compute_dtype, device=self.shard.device)
         self._all_gather_into(full, "forward")
         return full
 
@@ -180,7 +181,7 @@ class _Unit:
             return
         storage = full.untyped_storage()
         storage.resize_(_nbytes(full))
-        alias = torch.empty(0, dtype=full.dtype).set_(storage, 0, full.shape, (1,))
+        alias = torch.empty(0, dtype=full.dtype, device=full.device).set_(storage, 0, full.shape, (1,))
         with torch.no_grad():
             self._all_gather_into(alias, "backward")
 
@@ -196,7 +197,7 @@ class _Unit:
         assert self.shard is not None
         owner = self.owner
         grad = grad_full.to(owner.reduce_dtype or grad_full.dtype).contiguous()
-        out = torch.empty(self.shard_numel, dtype=grad.dtype)
+        out = torch.empty(self.shard_numel, dtype=grad.dtype, device=grad.device)
         start = owner.timeline.now() if owner.timeline is not None else 0.0
         dist.reduce_scatter_single(out, grad, group=owner.group)  # sum of chunk r over ranks
         owner.log.record("reduce_scatter", _nbytes(grad))
@@ -374,7 +375,7 @@ class HandFSDP:
         for u in self.units:
             if u.shard is None:
                 continue
-            flat = torch.empty(u.padded, dtype=u.shard.dtype)
+            flat = torch.empty(u.padded, dtype=u.shard.dtype, device=u.shard.device)
             dist.all_gather_single(flat, u.shard.detach(), group=self.group)
             offset = 0
             for p, numel in zip(u.params, u.numels):

@@ -19,7 +19,7 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["Notebook", "ROOT", "course", "course_map", "notebook_paths", "written_file"]
+__all__ = ["Lab", "Notebook", "ROOT", "course", "course_map", "lab_paths", "labs", "notebook_paths", "written_file"]
 
 ROOT = Path(__file__).resolve().parents[1]
 MANIFEST = ROOT / "course.toml"
@@ -100,6 +100,68 @@ def course(manifest: str | Path | None = None) -> list[Notebook]:
             )
         notebooks.append(Notebook(**entry))
     return notebooks
+
+
+_LAB_FIELDS = {"stem": str, "title": str, "summary": str, "after": str, "minutes": int, "check": str}
+
+
+@dataclass(frozen=True)
+class Lab:
+    """One ``[[lab]]`` entry: a notebook where the learner writes a distributed mechanism, after notebook ``after``."""
+
+    stem: str
+    title: str
+    summary: str
+    after: str  # the stem of the notebook it follows
+    minutes: int  # expected time for a learner who has done the notebook
+    check: str  # "course_lib.labs.<module>:<function>": the check the lab notebook calls
+
+    @property
+    def path(self) -> Path:
+        return ROOT / "notebooks" / f"{self.stem}.ipynb"
+
+    @property
+    def module(self) -> str:
+        """The lab's module in ``course_lib`` (``labs.ddp``)."""
+        return self.check.split(":")[0].removeprefix("course_lib.")
+
+
+def labs(manifest: str | Path | None = None) -> list[Lab]:
+    """The labs, in course order, checked: ``lab_NN_topic`` after notebook NN, which exists, every field present.
+
+    >>> labs()[0].after[:2] == labs()[0].stem[4:6]
+    True
+    """
+    path = Path(manifest) if manifest is not None else MANIFEST
+    entries = tomllib.loads(path.read_text(encoding="utf-8")).get("lab", [])
+    if not isinstance(entries, list):
+        raise ValueError(f"{path.name}: [[lab]] must be a list of tables")
+    stems = {n.stem for n in course(path)}
+    found: list[Lab] = []
+    for i, entry in enumerate(entries):
+        missing, extra = sorted(set(_LAB_FIELDS) - set(entry)), sorted(set(entry) - set(_LAB_FIELDS))
+        if missing or extra:
+            raise ValueError(f"{path.name}, lab {i}: missing fields {missing}, unknown fields {extra}")
+        for name, kind in _LAB_FIELDS.items():
+            if not isinstance(entry[name], kind) or isinstance(entry[name], bool):
+                raise ValueError(f"{path.name}, lab {i}: {name} must be a {kind.__name__}, got {entry[name]!r}")
+        number = re.fullmatch(r"lab_(\d\d)_[a-z0-9_]+", entry["stem"])
+        if not number or entry["after"] not in stems or entry["after"][:2] != number[1]:
+            raise ValueError(
+                f"{path.name}, lab {i}: stem must be 'lab_NN_topic' and after the notebook NN_..., got "
+                f"{entry['stem']!r} after {entry['after']!r}"
+            )
+        if not re.fullmatch(r"course_lib\.labs\.\w+:check_\w+", entry["check"]):
+            raise ValueError(f"{path.name}, lab {i}: check must be 'course_lib.labs.<module>:check_<name>'")
+        found.append(Lab(**entry))
+    if [lab.stem for lab in found] != sorted(lab.stem for lab in found):
+        raise ValueError(f"{path.name}: list the labs in course order (by the notebook they follow)")
+    return found
+
+
+def lab_paths(manifest: str | Path | None = None) -> list[Path]:
+    """The lab notebooks' paths, in course order."""
+    return [lab.path for lab in labs(manifest)]
 
 
 def notebook_paths(manifest: str | Path | None = None) -> list[Path]:

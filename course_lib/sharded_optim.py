@@ -171,11 +171,11 @@ class ShardedOptimizer(torch.optim.Optimizer):
         self._owner: dict[int, int] = {}
         self._flats: list[dict[str, Any]] = []
         local_groups: list[dict[str, Any]] = []
-        loads = [0] * self.world_size
+        self._loads = [0] * self.world_size  # elements each rank owns so far (by parameter)
         for g in self.param_groups:
             options = {k: v for k, v in g.items() if k != "params"}
             if shard_by == "parameter":
-                owners = partition_parameters([p.numel() for p in g["params"]], self.world_size, loads)
+                owners = partition_parameters([p.numel() for p in g["params"]], self.world_size, self._loads)
                 for p, r in zip(g["params"], owners):
                     self._owner[id(p)] = r
                 local_groups.append({**options, "params": [p for p, r in zip(g["params"], owners) if r == self.rank]})
@@ -187,6 +187,33 @@ class ShardedOptimizer(torch.optim.Optimizer):
                 if k != "params":
                     outer.setdefault(k, v)  # the inner class's defaults, visible to schedulers
 
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """Add a parameter group after construction, as ``torch.optim`` allows (a fine-tuning job adds the layers
+        it unfreezes): its trainable parameters are sharded like the first groups' (by parameter: each to the rank
+        that owns the fewest elements so far; by element: a flat shard of its own), and its frozen ones skipped."""
+        if not hasattr(self, "optim"):  # torch.optim.Optimizer.__init__ adds the first groups; __init__ shards them
+            super().add_param_group(param_group)
+            return
+        if not isinstance(param_group, dict):
+            raise TypeError(f"param_group must be a dict with a 'params' entry, got {type(param_group).__name__}")
+        (group,) = _groups([param_group])
+        trainable = [p for p in group["params"] if p.requires_grad]
+        if not trainable:
+            raise ValueError("the new group has no parameter that requires grad: there is nothing to add")
+        known = {id(p) for g in self.param_groups for p in g["params"]}
+        if any(id(p) in known for p in trainable):
+            raise ValueError("some parameters of the new group are already in another group")
+        super().add_param_group({**group, "params": trainable})
+        outer = self.param_groups[-1]
+        options = {k: v for k, v in outer.items() if k != "params"}
+        if self.shard_by == "parameter":
+            owners = partition_parameters([p.numel() for p in trainable], self.world_size, self._loads)
+            for p, r in zip(trainable, owners):
+                self._owner[id(p)] = r
+            self.optim.add_param_group({**options, "params": [p for p, r in zip(trainable, owners) if r == self.rank]})
+        else:
+            self.optim.add_param_group({**options, "params": [self._flat_shard(trainable)]})
+
     def _flat_shard(self, params: list[nn.Parameter]) -> torch.Tensor:
         dtypes = {p.dtype for p in params}
         if len(dtypes) > 1:
@@ -195,7 +222,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
         padded = math.ceil(total / self.world_size) * self.world_size
         shard_len = padded // self.world_size
         with torch.no_grad():
-            flat = torch.zeros(padded, dtype=params[0].dtype)
+            flat = torch.zeros(padded, dtype=params[0].dtype, device=params[0].device)
             if params:
                 flat[:total] = torch.cat([p.detach().reshape(-1) for p in params])
             shard = flat[self.rank * shard_len : (self.rank + 1) * shard_len].clone()
@@ -270,10 +297,10 @@ class ShardedOptimizer(torch.optim.Optimizer):
                     "use shard_by='parameter'."
                 )
             shard_len = shard.numel()
-            grad = torch.zeros(flat["padded"], dtype=shard.dtype)
+            grad = torch.zeros(flat["padded"], dtype=shard.dtype, device=shard.device)
             grad[: flat["total"]] = torch.cat([p.grad.reshape(-1) for p in params])
             if self.reduce_gradients:
-                mine = torch.empty(shard_len, dtype=grad.dtype)
+                mine = torch.empty(shard_len, dtype=grad.dtype, device=grad.device)
                 dist.reduce_scatter_single(mine, grad, group=self.group)
                 self.log.record("reduce_scatter", grad.numel() * grad.element_size())
                 mine.div_(self.world_size)
@@ -283,7 +310,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
         self.optim.step()
         for flat in self._flats:
             params, shard = flat["params"], flat["shard"]
-            full = torch.empty(flat["padded"], dtype=shard.dtype)
+            full = torch.empty(flat["padded"], dtype=shard.dtype, device=shard.device)
             dist.all_gather_single(full, shard, group=self.group)
             self.log.record("all_gather", full.numel() * full.element_size())
             offset = 0

@@ -23,6 +23,7 @@ __all__ = [
     "tree_flatten",
     "tree_map_only",
     "clear_dtensor_caches",
+    "in_backward",
     "live_process_groups",
     "missing_private_apis",
 ]
@@ -34,6 +35,7 @@ PRIVATE_APIS: tuple[tuple[str, str, str], ...] = (
     ("torch.distributed.tensor._redistribute", "clear_redistribute_planner_cache", "clear_dtensor_caches"),
     ("torch.distributed.tensor._api", "DTensor._op_dispatcher.sharding_propagator", "clear_dtensor_caches"),
     ("torch.distributed.distributed_c10d", "_world.pg_map", "live_process_groups"),
+    ("torch._C", "_current_graph_task_id", "in_backward"),
     ("torch.utils._python_dispatch", "TorchDispatchMode", "TorchDispatchMode"),
     ("torch.utils._pytree", "tree_flatten", "tree_flatten"),
     ("torch.utils._pytree", "tree_map_only", "tree_map_only"),
@@ -119,3 +121,16 @@ def live_process_groups() -> list[weakref.ReferenceType[Any]]:
         return []
     table = _resolve("torch.distributed.distributed_c10d", "_world.pg_map")
     return [weakref.ref(group) for group in list(table)]
+
+
+def in_backward() -> bool:
+    """True while autograd's engine runs a backward pass on this thread (so a hook being called is inside it).
+
+    ``torch._C._current_graph_task_id()`` is -1 outside backward. Public replacement: none (a hook can be told apart
+    only from inside autograd). Checked on torch 2.13.0.
+    """
+    import torch
+
+    task: Callable[[], int] = _resolve("torch._C", "_current_graph_task_id")
+    del torch
+    return task() != -1

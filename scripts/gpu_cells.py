@@ -23,7 +23,7 @@ from pathlib import Path
 
 import nbformat
 
-GUARD = re.compile(r"^if requires_gpu\((?P<what>\"[^\"]*\"|'[^']*')(?P<rest>[^)]*)\):", re.M)
+GUARD = re.compile(r"^if requires_gpu\((?P<what>\"[^\"]*\"|'[^']*')(?P<rest>(?:[^()]|\([^()]*\))*)\):", re.M)
 
 # Where the body's device is mapped to "meta" instead of "cpu": what it checks is where tensors live
 # or that the calls compose (shapes only), and on the CPU everything already lives on the CPU, or the

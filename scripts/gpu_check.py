@@ -3,11 +3,13 @@
     python scripts/gpu_check.py --out gpu_results.md [--layouts 1,2] [--notebooks 10,13]
 
 For each **layout** (how many GPUs are visible: ``1`` is ``CUDA_VISIBLE_DEVICES=0``, ``2`` the first
-two; layouts the machine cannot give are reported as skipped):
+two, or the first of those your own ``CUDA_VISIBLE_DEVICES`` lists, if you set it; layouts the machine cannot
+give are reported as skipped):
 
 1. Every notebook runs top to bottom in a fresh kernel (working directory: a temporary copy of
-   ``notebooks/``) with ``COURSE_DEVICE=cuda``, so the training scripts of the distributed notebooks
-   run on the GPUs with NCCL (one process per GPU) and the ``requires_gpu`` cells run live. **Any
+   ``notebooks/``) with ``COURSE_DEVICE=cuda``, so the training scripts that follow that switch (notebook 10
+   sections 2-4, 11 section 5, 13 sections 2-4 and 6) run on the GPUs with NCCL (one process per GPU), and the
+   ``requires_gpu`` cells of every notebook run live. **Any
    cell that raises fails the check, guarded or not.** What each GPU cell printed is recorded, and
    so are the lines of the GPU-path launches.
 2. Then, once, every benchmark with a CUDA half (``benchmarks/mixed_precision.py``).
@@ -90,6 +92,26 @@ def run_benchmark(script: str) -> tuple[list[str], int]:
     return lines, int(proc.returncode != 0)
 
 
+def layout_devices(environ: dict[str, str] | os._Environ[str], layout: int) -> str:
+    """``CUDA_VISIBLE_DEVICES`` for a layout of ``layout`` GPUs: the first ones of those the user made visible.
+
+    A user who set ``CUDA_VISIBLE_DEVICES=2,3`` (the free GPUs of a shared machine) gets ``2`` and ``2,3``, never
+    GPUs 0 and 1, which someone else may be using.
+
+    >>> layout_devices({"CUDA_VISIBLE_DEVICES": "2,3"}, 1), layout_devices({}, 2)
+    ('2', '0,1')
+    """
+    if not isinstance(layout, int) or layout < 1:
+        raise ValueError(f"layout must be a number of GPUs >= 1, got {layout!r}")
+    given = environ.get("CUDA_VISIBLE_DEVICES")
+    if given is None:
+        return ",".join(str(i) for i in range(layout))
+    visible = [d.strip() for d in given.split(",") if d.strip()]
+    if len(visible) < layout:
+        raise ValueError(f"CUDA_VISIBLE_DEVICES={given!r} shows {len(visible)} GPU(s), the layout needs {layout}")
+    return ",".join(visible[:layout])
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("gpu_results.md"), help="the report to write")
@@ -112,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
         if layout > have:
             report += [f"## {layout} GPU(s): skipped, this machine has {have}", ""]
             continue
-        env = {"COURSE_DEVICE": "cuda", "CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in range(layout))}
+        env = {"COURSE_DEVICE": "cuda", "CUDA_VISIBLE_DEVICES": layout_devices(os.environ, layout)}
         report += [
             f"## {layout} GPU(s) visible (COURSE_DEVICE=cuda CUDA_VISIBLE_DEVICES={env['CUDA_VISIBLE_DEVICES']})",
             "",

@@ -1,6 +1,6 @@
 """The command behind ``course.toml``: the notebooks' paths, the generated blocks, a notebook's footprint.
 
-    python -m course_tools.manifest                      # the notebook paths, in course order (the Makefile's NB)
+    python -m course_tools.manifest                      # the notebook paths, then the labs' (the Makefile's NB)
     python -m course_tools.manifest --write              # rewrite the generated blocks (make generated)
     python -m course_tools.manifest --check              # list the stale generated blocks; exit 1 if any
     python -m course_tools.manifest --footprint 09       # what belongs to notebook 09 (make footprint NB=09)
@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from course_lib.manifest import ROOT, notebook_paths
+from course_lib.manifest import ROOT, lab_paths, notebook_paths
 from course_tools.footprint import footprint
 from course_tools.generated import write_generated
 
@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
             print(e, file=sys.stderr)
             return 2
         return 0
-    print("\n".join(str(p.relative_to(ROOT)) for p in notebook_paths()))
+    print("\n".join(str(p.relative_to(ROOT)) for p in [*notebook_paths(), *lab_paths()]))
     return 0
 
 

@@ -28,7 +28,7 @@ from pathlib import Path
 import jupytext
 import nbformat
 
-from course_lib.manifest import ROOT, notebook_paths
+from course_lib.manifest import ROOT, lab_paths, notebook_paths
 
 SOURCES = ROOT / "sources"
 FORMAT = {
@@ -123,7 +123,8 @@ def sync(notebook: Path) -> str:
     text = source_path(notebook)
     if not text.is_file():
         raise FileNotFoundError(f"{notebook.name} has no text source {text.relative_to(ROOT)}: run --from-ipynb")
-    old = nbformat.read(notebook, as_version=4)
+    # a new notebook (a lab added to the manifest) starts empty and is created from its text
+    old = nbformat.read(notebook, as_version=4) if notebook.is_file() else nbformat.v4.new_notebook()
     merged, code_changed = merge(old, read_text(text))
     if not differences(old, merged) and not code_changed:
         return "in sync"
@@ -147,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     mode.add_argument("--check", action="store_true", help="only report pairs that differ")
     mode.add_argument("--from-ipynb", action="store_true", help="write the text sources from the notebooks")
     args = parser.parse_args(argv)
-    paths = [p.resolve() for p in args.notebooks] or notebook_paths()
+    paths = [p.resolve() for p in args.notebooks] or [*notebook_paths(), *lab_paths()]
     bad = 0
     for nb_path in paths:
         if args.from_ipynb:

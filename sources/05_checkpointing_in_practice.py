@@ -704,7 +704,7 @@ if requires_gpu("checkpoint saves the RNG state of the GPUs holding its inputs")
 
 # %% slideshow={"slide_type": "-"}
 names = {name for name in ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF") if name in torch.cuda.memory.get_allocator_backend.__doc__}
-print(f"torch {torch.__version__}: torch.cuda.memory.get_allocator_backend's docstring names {sorted(names)}")
+print(f"torch {torch.__version__.split('+')[0]}: torch.cuda.memory.get_allocator_backend's docstring names {sorted(names)}")
 assert names == {"PYTORCH_ALLOC_CONF"}
 
 # %% slideshow={"slide_type": "-"}

@@ -96,8 +96,9 @@ def make_model():
 def train(rank, world_size, epochs=2, batch_size=32, lr=0.1, out="_runs/ddp", device=torch.device("cpu")):
     # The same seed on every rank: the same initial weights (DDP also broadcasts rank 0's). It does not
     # decide the sampler's order: that comes from the sampler's own seed= and set_epoch (section 7 shows
-    # it). Randomness that should differ per rank (augmentation) would add the rank to the seed.
-    seed_everything(0)
+    # it). Randomness that should differ per rank (augmentation) would add the rank to the seed. On a GPU, bit-equal
+    # reruns (sections 3 and 4 compare launches bit for bit) also need deterministic kernels: notebook 00 says why.
+    seed_everything(0, deterministic=device.type == "cuda")
 
     # Rank-0-only I/O: one process fetches/prepares, the others wait at the barrier, then everyone reads.
     # A shared filesystem is assumed (one machine, or NFS): without one, see notebook 11's per-node preparation.

@@ -752,6 +752,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DistributedSampler
 
 from course_lib.data import digits_datasets
+from course_lib.seeding import seed_everything
 from course_lib.teardown import end_process_group
 
 BATCH, EPOCHS, SAVE_EVERY = 64, 2, 4
@@ -784,7 +785,9 @@ def train(out, device, crash_at=None):
     dist.barrier()
     data = {k: v.to(device) for k, v in torch.load(f"{node_dir}/train.pt", weights_only=True).items()}
 
-    torch.manual_seed(0)  # seeds the CPU generator and every GPU's
+    # seeds the CPU generator and every GPU's; on a GPU also deterministic kernels, since the resumed run is compared
+    # bit for bit with the uninterrupted one (notebook 00)
+    seed_everything(0, deterministic=device.type == "cuda")
     net = nn.Sequential(nn.Flatten(), nn.Linear(64, 64), nn.ReLU(), nn.Dropout(0.2), nn.Linear(64, 10)).to(device)
     model = DDP(net, device_ids=[device.index] if device.type == "cuda" else None)
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)

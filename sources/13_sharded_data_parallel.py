@@ -151,6 +151,8 @@ import torch.nn.functional as F
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
+from course_lib.seeding import seed_everything
+
 # FSDP2's hooks warn about patterns this small model does not use (in-place ops on outputs, inputs without grad)
 warnings.filterwarnings("ignore", message=".*returned a view tensor.*")
 warnings.filterwarnings("ignore", message="Full backward hook is firing.*")
@@ -159,7 +161,9 @@ WIDTH, DEPTH, LR = 256, 4, 1e-3
 
 
 def make_model(width=WIDTH, depth=DEPTH, device="cpu"):
-    torch.manual_seed(0)  # the same initial weights in every process
+    # the same initial weights in every process; on a GPU also deterministic kernels, since the sections compare
+    # runs bit for bit (notebook 00)
+    seed_everything(0, deterministic=str(device).startswith("cuda"))
     layers = []
     for _ in range(depth - 1):
         layers += [nn.Linear(width, width), nn.Tanh()]
@@ -199,7 +203,7 @@ def shard_model(model, **kwargs):
 
 - it takes **parameters or parameter groups** (each group with its own options, such as weight decay on the weights only) and the **optimizer class** to run on the chunks, with its options: `HandZero(groups, torch.optim.AdamW, stage=1, lr=1e-3)`;
 - it **leaves out every parameter that does not require grad**: a frozen parameter is not sharded, not stepped, and never decayed (§2.3 shows why "never");
-- it flattens each group into one buffer, padded so that every rank owns the same length, so a chunk may cut a tensor in two: right only for **element-wise** optimizers, which it checks (§2.3);
+- it flattens each group into one buffer per dtype (a bf16 model stays bf16), padded so that every rank owns the same length, so a chunk may cut a tensor in two: right only for **element-wise** optimizers, which it checks (§2.3). The inner optimizer gets one piece per parameter (the part of it in this rank's chunk), so that, as in `torch.optim`, a parameter that got no gradient in a step is skipped, not decayed: a post-accumulate-grad hook marks the parameters backward reached, and one small all-reduce makes the ranks agree;
 - it **replaces DDP**: its reduce-scatter is the gradient communication, and it divides by `N` once. Wrapped in DDP as well, the gradients would arrive averaged and be averaged again; `course_lib.sharded_optim.ShardedOptimizer`, its library twin, reads already-averaged gradients under DDP and averages them itself only when asked (`reduce_gradients=True`).
 
 The collectives work **in place** on the flat buffers: rank `r`'s output is chunk `r` of the input, which is how NCCL defines in-place reduce-scatter and all-gather too, so no extra buffer is needed.
@@ -209,6 +213,7 @@ The collectives work **in place** on the flat buffers: rank `r`'s output is chun
 # %%writefile _runs/zero.py
 """ZeRO stage 1 or 2 by hand: a sharded optimizer around any element-wise torch.optim class."""
 import math
+import weakref
 
 import torch
 import torch.distributed as dist
@@ -218,7 +223,7 @@ from course_lib.sharded_optim import ELEMENTWISE_OPTIMIZERS  # SGD, Adam, AdamW,
 
 
 class HandZero:
-    """ZeRO stage 1 or 2: each group's trainable parameters live in one flat buffer; rank r owns chunk r of it."""
+    """ZeRO stage 1 or 2: each group's trainable parameters live in flat buffers (one per dtype); rank r owns chunk r."""
 
     def __init__(self, params, optimizer_class, stage=1, **defaults):
         if not issubclass(optimizer_class, ELEMENTWISE_OPTIMIZERS):
@@ -229,21 +234,38 @@ class HandZero:
         self.stage, self.rank, self.n = stage, dist.get_rank(), dist.get_world_size()
         self.flats, inner = [], []
         for group in groups:
-            params = [p for p in group["params"] if p.requires_grad]    # frozen: not sharded, stepped or decayed
-            if not params:
-                continue
-            shard = math.ceil(sum(p.numel() for p in params) / self.n)  # padded: every rank owns the same length
-            flat = torch.zeros(shard * self.n, device=params[0].device)
-            offset = 0
-            for p in params:                                            # the parameters become views of the buffer
-                flat[offset:offset + p.numel()].copy_(p.detach().flatten())
-                p.data = flat[offset:offset + p.numel()].view_as(p)
-                offset += p.numel()
-            mine = nn.Parameter(flat[self.rank * shard:(self.rank + 1) * shard])  # my chunk: a view, updated in place
-            self.flats.append({"params": params, "flat": flat, "shard": shard, "mine": mine, "grads": None})
-            inner.append({**{k: v for k, v in group.items() if k != "params"}, "params": [mine]})
-        self.opt = optimizer_class(inner, **defaults)                  # optimizer state for my chunks only
+            options = {k: v for k, v in group.items() if k != "params"}
+            trainable = [p for p in group["params"] if p.requires_grad]  # frozen: not sharded, stepped or decayed
+            for dtype in dict.fromkeys(p.dtype for p in trainable):      # one buffer per dtype: bf16 stays bf16
+                flat = self._flatten([p for p in trainable if p.dtype == dtype])
+                inner.append({**options, "params": [q for q in flat["pieces"] if q is not None]})
+        self.opt = optimizer_class(inner, **defaults)                  # optimizer state for my pieces only
         self.sent = 0                                                   # bytes this rank sends (ring algorithms)
+        used = weakref.WeakMethod(self._used)   # a weak reference, as in notebook 09 §6: the hooks make no cycle
+        for f in self.flats:
+            for p in f["params"]:
+                p.register_post_accumulate_grad_hook(lambda p: used()(p))
+
+    def _flatten(self, params):
+        shard = math.ceil(sum(p.numel() for p in params) / self.n)      # padded: every rank owns the same length
+        flat = torch.zeros(shard * self.n, dtype=params[0].dtype, device=params[0].device)
+        lo, hi, offset, pieces = self.rank * shard, (self.rank + 1) * shard, 0, []
+        for p in params:                                                # the parameters become views of the buffer
+            flat[offset:offset + p.numel()].copy_(p.detach().flatten())
+            p.data = flat[offset:offset + p.numel()].view_as(p)
+            start, end = max(offset, lo), min(offset + p.numel(), hi)   # the part of p in my chunk, if any
+            pieces.append(nn.Parameter(flat[start:end]) if start < end else None)  # a view: updated in place
+            offset += p.numel()
+        f = {"params": params, "flat": flat, "shard": shard, "pieces": pieces, "grads": None,
+             "used": torch.zeros(len(params), device=flat.device)}      # which parameters got a gradient this step
+        self.flats.append(f)
+        return f
+
+    def _used(self, p):
+        for f in self.flats:
+            for i, q in enumerate(f["params"]):
+                if q is p:
+                    f["used"][i] = 1
 
     def zero_grad(self):
         for f in self.flats:
@@ -258,25 +280,31 @@ class HandZero:
 
     def step(self):
         for f in self.flats:
-            grads, mine, lo = f["grads"], f["mine"], self.rank * f["shard"]
+            grads, lo = f["grads"], self.rank * f["shard"]
+            dist.all_reduce(f["used"], op=dist.ReduceOp.MAX)            # got a gradient on any rank: DDP's rule
             chunk = grads[lo:lo + f["shard"]]
             dist.reduce_scatter_single(chunk, grads)                    # in place: chunk r receives chunk r of the sum
             self.sent += (self.n - 1) * chunk.numel() * chunk.element_size()  # a ring reduce-scatter: (N-1)/N of it
-            if self.stage == 1:
-                mine.grad = chunk.div_(self.n)                          # the mean, once; a view: no new memory
-            else:                                                       # stage 2: keep my chunk, drop the rest
-                if mine.grad is None:
-                    mine.grad = torch.empty_like(chunk)
-                mine.grad.copy_(chunk).div_(self.n)
+            chunk.div_(self.n)                                          # the mean, once
+            if self.stage == 2:                                         # keep my chunk, drop the rest
+                chunk = chunk.clone()
                 for p in f["params"]:
                     p.grad = None
                 # free the full buffer now, on this thread (gloo's thread may still hold a reference to it)
                 grads.untyped_storage().resize_(0)
                 f["grads"] = None
-        self.opt.step()                                                 # the optimizer on my chunks, my state only
+            offset = 0
+            for p, piece, used in zip(f["params"], f["pieces"], f["used"].tolist()):
+                if piece is not None:                                   # a parameter without a gradient is skipped,
+                    start = max(offset, lo) - lo                        # as torch.optim skips p.grad = None
+                    piece.grad = chunk[start:start + piece.numel()] if used else None
+                offset += p.numel()
+        self.opt.step()                                                 # the optimizer on my pieces, my state only
         for f in self.flats:
-            dist.all_gather_single(f["flat"], f["mine"].detach())       # in place: my chunk in, the whole buffer out
-            self.sent += (self.n - 1) * f["mine"].numel() * f["mine"].element_size()  # (N-1)/N of it again
+            lo = self.rank * f["shard"]
+            dist.all_gather_single(f["flat"], f["flat"][lo:lo + f["shard"]])  # in place: my chunk in, the whole buffer out
+            self.sent += (self.n - 1) * f["shard"] * f["flat"].element_size()  # (N-1)/N of it again
+            f["used"].zero_()
 
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
@@ -370,7 +398,10 @@ def held_bytes(model, opt):
         return total
 
     if isinstance(opt, HandZero):
-        grads = [f["grads"] if f["grads"] is not None else f["mine"].grad for f in opt.flats]
+        grads = []                                              # stage 1: the flat buffer; stage 2: my chunk
+        for f in opt.flats:
+            kept = [q.grad for q in f["pieces"] if q is not None and q.grad is not None]
+            grads += [f["grads"]] if f["grads"] is not None else kept
         states = opt.opt.state.values()
     else:
         grads = [p.grad for p in model.parameters() if p.grad is not None]
@@ -429,8 +460,6 @@ def fine_tuning(rank, n, kind, steps=5, device="cpu"):
 
 def report(rank, n, device):
     tuning = ["ddp", "zero1_builtin", "zero1", "zero2", "library_element", "library_parameter"]
-    if device != "cpu":
-        tuning.remove("library_element")                        # course_lib's element sharding: CPU tensors only
     return {"memory": {kind: measure_stage(rank, n, kind, device=device) for kind in ("ddp", "zero1", "zero1_builtin", "zero2")},
             "fine_tuning": {kind: fine_tuning(rank, n, kind, device=device) for kind in tuning}}
 

@@ -788,17 +788,18 @@ class FlashAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, causal=False, tile=64):
-        n, d = q.shape[-2], q.shape[-1]
+        n_q, n_k, d = q.shape[-2], k.shape[-2], q.shape[-1]    # as many keys as queries, or not (cross-attention)
         scale, acc_dtype = d ** -0.5, torch.float64 if q.dtype == torch.float64 else torch.float32
         out = torch.empty_like(q)
         lse = torch.empty(q.shape[:-1], dtype=acc_dtype, device=q.device)
-        for i0 in range(0, n, tile):                                # a tile of queries...
+        for i0 in range(0, n_q, tile):                              # a tile of queries...
             qi = q[..., i0:i0 + tile, :]
             rows = torch.arange(i0, i0 + qi.shape[-2], device=q.device)
             m = torch.full(qi.shape[:-1], -math.inf, dtype=acc_dtype, device=q.device)
             l = torch.zeros_like(m)
             acc = torch.zeros(qi.shape, dtype=acc_dtype, device=q.device)
-            for j0 in range(0, i0 + qi.shape[-2] if causal else n, tile):   # ...against tiles of keys
+            last = min(i0 + qi.shape[-2], n_k) if causal else n_k   # causal: query i sees keys 0..i (SDPA's rule)
+            for j0 in range(0, last, tile):                         # ...against tiles of keys
                 s_ij = (qi @ k[..., j0:j0 + tile, :].transpose(-2, -1)).to(acc_dtype) * scale
                 if causal and j0 + tile > i0:                       # the diagonal tile: mask later keys
                     cols = torch.arange(j0, j0 + s_ij.shape[-1], device=q.device)
@@ -818,15 +819,15 @@ class FlashAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, d_out):
         q, k, v, out, lse = ctx.saved_tensors
-        causal, tile, n, acc_dtype = ctx.causal, ctx.tile, q.shape[-2], lse.dtype
+        causal, tile, n_q, n_k, acc_dtype = ctx.causal, ctx.tile, q.shape[-2], k.shape[-2], lse.dtype
         scale = q.shape[-1] ** -0.5
         dq = torch.zeros(q.shape, dtype=acc_dtype, device=q.device)
-        dk, dv = torch.zeros_like(dq), torch.zeros_like(dq)
+        dk, dv = torch.zeros(k.shape, dtype=acc_dtype, device=q.device), torch.zeros(v.shape, dtype=acc_dtype, device=q.device)
         D = (d_out.to(acc_dtype) * out.to(acc_dtype)).sum(-1)
-        for j0 in range(0, n, tile):                                # a tile of keys (FlashAttention-2's outer loop)...
+        for j0 in range(0, n_k, tile):                              # a tile of keys (FlashAttention-2's outer loop)...
             kj, vj = k[..., j0:j0 + tile, :], v[..., j0:j0 + tile, :]
             cols = torch.arange(j0, j0 + kj.shape[-2], device=q.device)
-            for i0 in range(j0 if causal else 0, n, tile):          # ...against the query tiles that see it
+            for i0 in range(j0 if causal else 0, n_q, tile):        # ...against the query tiles that see it
                 qi, doi = q[..., i0:i0 + tile, :], d_out[..., i0:i0 + tile, :]
                 s_ij = (qi @ kj.transpose(-2, -1)).to(acc_dtype) * scale
                 if causal and i0 < j0 + tile:
@@ -873,6 +874,17 @@ q64, k64, v64 = (torch.randn(1, 2, 10, 4, dtype=torch.float64, requires_grad=Tru
 for causal in (False, True):
     assert torch.autograd.gradcheck(lambda q, k, v: flash_attention(q, k, v, causal, 4), (q64, k64, v64))
 print("gradcheck in float64 (10 positions, tiles of 4): passed, causal and not")
+
+# Cross-attention and a KV cache have as many keys as they have, not as many as queries. With unequal lengths SDPA's
+# causal mask is top-left aligned (query i sees keys 0..i): the tiles above follow the same rule.
+for keys in (64, 300):
+    kx, vx = (torch.randn(2, 4, keys, 32, requires_grad=True) for _ in range(2))
+    for causal in (False, True):
+        ours = flash_attention(qf, kx, vx, causal)
+        sdpa = F.scaled_dot_product_attention(qf, kx, vx, is_causal=causal)
+        pairs = zip([ours, *torch.autograd.grad(ours, (qf, kx, vx), g_out)], [sdpa, *torch.autograd.grad(sdpa, (qf, kx, vx), g_out)])
+        assert all((a - b).abs().max().item() < 1e-5 for a, b in pairs)
+print("200 queries against 64 and 300 keys, causal and not: output and gradients as SDPA's, within 1e-5")
 
 with torch.no_grad():
     hand_out = flash_attention(qf, kf, vf, True)
@@ -960,7 +972,7 @@ On a GPU the gap is the whole point of FlashAttention: the tiles live in on-chip
 """
 
 # %% slideshow={"slide_type": "fragment"}
-if requires_gpu("SDPA's flash kernel against the hand-written FlashAttention, forward and backward"):
+if requires_gpu("SDPA's flash kernel against the hand-written FlashAttention, forward and backward", capability=(8, 0)):
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     bg, hg, sg, dg = 4, 16, 4096, 64

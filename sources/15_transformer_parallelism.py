@@ -651,7 +651,7 @@ del mesh
 dist.destroy_process_group()
 
 # %% slideshow={"slide_type": "fragment"}
-if requires_gpu("context_parallel's ring attention with CUDA SDPA, against full attention", count=2):
+if requires_gpu("context_parallel's ring attention with CUDA SDPA, against full attention", count=2, capability=(8, 0)):
     with open("_runs/n15/cp_gpu.py", "w") as fh:
         fh.write('''
 import torch, torch.nn.functional as F

@@ -152,3 +152,15 @@ def test_the_dry_run_keeps_only_the_cells_gpu_cells_depend_on() -> None:
     assert gpu_cells.free_names("%time x") is None
     loops = ["k = 0\nslow = 1", "ks = [1, 2]", 'if requires_gpu("k"):\n    for k in ks:\n        print(k)']
     assert gpu_cells.needed_cells(loops, {2}) == {1, 2}  # cell 0's k is not the loop's k
+
+
+def test_gpu_check_layouts_respect_the_users_visible_devices() -> None:
+    from course_tools.gpu_check import layout_devices
+
+    assert layout_devices({}, 1) == "0" and layout_devices({}, 2) == "0,1"
+    assert layout_devices({"CUDA_VISIBLE_DEVICES": "2,3"}, 1) == "2"
+    assert layout_devices({"CUDA_VISIBLE_DEVICES": "2, 3"}, 2) == "2,3"
+    with pytest.raises(ValueError, match="shows 1 GPU"):
+        layout_devices({"CUDA_VISIBLE_DEVICES": "5"}, 2)
+    with pytest.raises(ValueError, match="layout"):
+        layout_devices({}, 0)

@@ -50,7 +50,17 @@ def test_course_lib_writes_no_repository_file() -> None:
     from course_lib import manifest
 
     # the manifest module reads course.toml; rendering and writing what is generated from it is course_tools'
-    assert set(manifest.__all__) == {"Notebook", "ROOT", "course", "course_map", "notebook_paths", "written_file"}
+    assert set(manifest.__all__) == {
+        "Lab",
+        "Notebook",
+        "ROOT",
+        "course",
+        "course_map",
+        "lab_paths",
+        "labs",
+        "notebook_paths",
+        "written_file",
+    }
     assert not hasattr(manifest, "main") and not hasattr(manifest, "write_generated")
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from course_lib.manifest import ROOT, course, course_map, notebook_paths
+from course_lib.manifest import ROOT, course, course_map, lab_paths, notebook_paths
 from course_tools import generated
 from course_tools.generated import lecture_plan, readme_table
 
@@ -68,7 +68,7 @@ def test_cli_prints_the_paths_and_checks_the_generated_blocks() -> None:
     out = subprocess.run(
         [sys.executable, "-m", "course_tools.manifest"], capture_output=True, text=True, check=True, timeout=60
     ).stdout.split()
-    assert out == [str(p.relative_to(ROOT)) for p in notebook_paths()]
+    assert out == [str(p.relative_to(ROOT)) for p in [*notebook_paths(), *lab_paths()]]
     check = subprocess.run(
         [sys.executable, "-m", "course_tools.manifest", "--check"], capture_output=True, text=True, timeout=60
     )

@@ -69,3 +69,16 @@ def test_notebook_opens_with_objectives_and_closes_with_summary_exercises_refere
     headings = [line.strip().lower() for m in markdown for line in m.splitlines() if line.startswith("#")]
     for needed in ("summary", "exercises", "references"):
         assert any(needed in h for h in headings), f"missing a '{needed}' heading"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_no_cell_prints_the_torch_build_suffix(path: Path) -> None:
+    """`torch.__version__` is '2.13.0+cpu' here and '2.13.0+cu128' on a GPU machine: a printed version drops it."""
+    for i, cell in enumerate(_load(path)["cells"]):
+        if cell["cell_type"] != "code":
+            continue
+        for m in re.finditer(r"torch\.__version__(?!\.split\(\s*['\"]\+['\"]\s*\)\[0\])", "".join(cell["source"])):
+            line = "".join(cell["source"])[: m.start()].count("\n") + 1
+            pytest.fail(
+                f"{path.name} cell {i} line {line}: print torch.__version__.split('+')[0], not the build suffix"
+            )

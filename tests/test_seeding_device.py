@@ -151,3 +151,30 @@ def test_cpu_hog_runs_the_command_under_load_and_leaves_nothing_behind() -> None
     assert not [p for p in me.children(recursive=True) if "cpu_hog" in " ".join(p.cmdline())]
     bad = subprocess.run([sys.executable, str(script), "--procs", "0", "--", "true"], capture_output=True, text=True)
     assert bad.returncode == 2 and "--procs must be >= 1" in bad.stderr
+
+
+def test_requires_gpu_skips_an_older_gpu_and_names_it(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A T4 (7.5) is skipped for a cell that needs 8.0; an A100 (8.0) runs it. The GPUs are stand-ins."""
+    import course_lib.device as device
+
+    monkeypatch.setattr(device, "gpu_available", lambda count=1: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=0: "Tesla T4")
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i=0: (7, 5))
+    assert requires_gpu("FlashAttention's kernel", capability=(8, 0)) is False
+    assert "needs compute capability 8.0 or newer, GPU 0 (Tesla T4) has 7.5" in capsys.readouterr().out
+    assert requires_gpu("a plain matmul") is True  # no capability asked: the T4 runs it
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i=0: (8, 0))
+    assert requires_gpu("FlashAttention's kernel", capability=(8, 0)) is True
+
+
+@pytest.mark.parametrize("bad", [(8,), [8, 0], (8, "0"), (8, -1), "8.0"])
+def test_requires_gpu_refuses_a_malformed_capability(bad: object) -> None:
+    with pytest.raises(ValueError, match="capability"):
+        requires_gpu("x", capability=bad)  # type: ignore[arg-type]
+
+
+def test_requires_gpu_names_its_own_count_argument() -> None:
+    with pytest.raises(ValueError, match="count"):
+        requires_gpu("x", count=0)
