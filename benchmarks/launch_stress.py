@@ -25,11 +25,14 @@ _runs/fsdp_train.py=OLD.py`` launches OLD.py in that file's place (to measure an
 thread), 2 simulated GPUs visible (tests/gpu_visible) and ``scripts/cpu_hog.py`` keeping every core busy.
 
 A launch counts as a crash when it exits nonzero or any process printed "terminate called". The race
-needs a gloo thread to lose the CPU at the wrong moment, so its rate depends on how busy the machine is:
-a clean run on an idle machine is weaker evidence than one under load.
+needs a gloo thread to lose the CPU at the wrong moment, so its rate depends on how busy the machine is and on the
+CPU: a clean run on an idle machine is weaker evidence than one under load. ``--count-exposed`` measures the
+precondition instead, which does not depend on timing: every rank that runs Python's interpreter shutdown (torchrun's
+and mp.spawn's workers; ``run_ranks``'s forks leave without it) reports, from an ``atexit`` handler, how many threads
+it still has; a launch counts as *exposed* when a rank enters shutdown with more than one (gloo's threads alive).
 
 Prints a table (one row per script or launcher), then:
-RESULT launches=<n> crashes=<n> terminate=<launches with 'terminate called'> nonzero=<launches that exited nonzero> wall_s=<s>
+RESULT launches=<n> crashes=<n> terminate=<launches with 'terminate called'> nonzero=<launches that exited nonzero> exposed=<launches with a rank exposed, or - without --count-exposed> wall_s=<s>
 """
 
 from __future__ import annotations
@@ -124,7 +127,7 @@ def write_notebook_files(folder: Path, first: int = 9, last: int = 18) -> list[s
     """Every file notebooks ``first``..``last`` write with %%writefile, at its path under ``folder``."""
     written = []
     for source in sorted((ROOT / "sources").glob("*.py")):
-        if not first <= int(source.name[:2]) <= last:
+        if not source.name[:2].isdigit() or not first <= int(source.name[:2]) <= last:
             continue
         notebook = jupytext.read(source, fmt="py:percent")
         for cell in notebook.cells:
@@ -135,6 +138,24 @@ def write_notebook_files(folder: Path, first: int = 9, last: int = 18) -> list[s
                 path.write_text(body + "\n")
                 written.append(head.split()[1])
     return written
+
+
+EXPOSED = "launch_stress: threads alive at interpreter shutdown:"
+# Installed with --count-exposed as sitecustomize.py on every process's path: a rank that enters interpreter shutdown
+# with threads besides the main one (gloo's, when its group was never freed) says so on stderr.
+SITECUSTOMIZE = f"""import atexit, os, sys
+
+
+def _report():
+    if "RANK" in os.environ and "torch.distributed" in sys.modules:
+        threads = len(os.listdir("/proc/self/task"))
+        if threads > 1:
+            sys.stderr.write("{EXPOSED} " + str(threads) + "\\n")
+            sys.stderr.flush()
+
+
+atexit.register(_report)
+"""
 
 
 def launch(job: Job, folder: Path, out: Path, env: dict[str, str] | None, timeout: float) -> tuple[bool, bool, str]:
@@ -166,7 +187,11 @@ def launch(job: Job, folder: Path, out: Path, env: dict[str, str] | None, timeou
         text = (e.result.output() if e.result is not None else "") + "\n" + str(e)
     terminate = "terminate called" in text
     first = next((line for line in text.splitlines() if "terminate called" in line or "Error" in line), "")
+    LAST_OUTPUT[0] = text
     return nonzero, terminate, first.strip()[:160]
+
+
+LAST_OUTPUT = [""]  # the last launch's output, for --count-exposed
 
 
 def ci_conditions_command(argv: list[str]) -> tuple[list[str], dict[str, str]]:
@@ -195,6 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", default="", help="--all-scripts: only the jobs whose label contains this")
     parser.add_argument("--replace", action="append", default=[], help="--all-scripts: NOTEBOOK_FILE=PATH")
     parser.add_argument("--ci-conditions", action="store_true", help="portable CPU + simulated GPUs + cpu_hog")
+    parser.add_argument("--count-exposed", action="store_true", help="count ranks that shut down with threads alive")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds per launch")
     parser.add_argument("--verbose", action="store_true", help="print one line per crash as it happens")
     args = parser.parse_args(argv)
@@ -209,6 +235,11 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="launch_stress_") as tmp:
         folder = Path(tmp)
+        if args.count_exposed:
+            (folder / "site").mkdir()
+            (folder / "site" / "sitecustomize.py").write_text(SITECUSTOMIZE)
+            path = os.environ.get("PYTHONPATH")
+            os.environ["PYTHONPATH"] = str(folder / "site") + (os.pathsep + path if path else "")
         if args.all_scripts:
             write_notebook_files(folder)
             for item in args.replace:
@@ -246,7 +277,10 @@ def main(argv: list[str] | None = None) -> int:
             t0 = time.perf_counter()
             nonzero, terminate, first = launch(job, folder, out, env, args.timeout)
             key = f"{job.label} [{job.launcher}]"
-            row = rows.setdefault(key, {"launches": 0, "nonzero": 0, "terminate": 0, "crashes": 0, "seconds": 0.0})
+            row = rows.setdefault(
+                key, {"launches": 0, "nonzero": 0, "terminate": 0, "crashes": 0, "exposed": 0, "seconds": 0.0}
+            )
+            row["exposed"] += EXPOSED in LAST_OUTPUT[0]
             row["seconds"] += time.perf_counter() - t0
             row["launches"] += 1
             row["nonzero"] += nonzero
@@ -255,26 +289,29 @@ def main(argv: list[str] | None = None) -> int:
             if args.verbose and (nonzero or terminate):
                 print(f"launch {i + 1} ({key}): crash: {first}", flush=True)
     wall = time.perf_counter() - start
-    total = {
-        key: int(sum(row[key] for row in rows.values())) for key in ("launches", "nonzero", "terminate", "crashes")
-    }
+    keys = ("launches", "nonzero", "terminate", "crashes", "exposed")
+    total = {key: int(sum(row[key] for row in rows.values())) for key in keys}
+    what = "every notebook script" if args.all_scripts else args.script or "notebook 10 _runs/ddp_train.py"
+    portable = args.portable or os.environ.get("ATEN_CPU_CAPABILITY") == "default"
     print(
-        f"{'every notebook script' if args.all_scripts else 'notebook 10 _runs/ddp_train.py' if args.script is None else args.script}; "
-        f"portable kernels: {'yes' if args.portable or os.environ.get('ATEN_CPU_CAPABILITY') == 'default' else 'no'}; "
+        f"{what}; portable kernels: {'yes' if portable else 'no'}; "
         f"simulated GPUs: {os.environ.get('COURSE_SIMULATED_GPUS', '0')}; {os.cpu_count()} CPU cores"
     )
+    exposed = args.count_exposed
     width = max(len(k) for k in rows)
     print(
-        f"{'job [launcher]':<{width}} {'launches':>9} {'crashes':>8} {'nonzero':>8} {'terminate':>10} {'s/launch':>9}"
+        f"{'job [launcher]':<{width}} {'launches':>9} {'crashes':>8} {'nonzero':>8} {'terminate':>10} "
+        f"{'exposed' if exposed else '':>8} {'s/launch':>9}"
     )
     for key, row in rows.items():
         print(
             f"{key:<{width}} {int(row['launches']):>9} {int(row['crashes']):>8} {int(row['nonzero']):>8} "
-            f"{int(row['terminate']):>10} {row['seconds'] / max(row['launches'], 1):>9.2f}"
+            f"{int(row['terminate']):>10} {int(row['exposed']) if exposed else '':>8} "
+            f"{row['seconds'] / max(row['launches'], 1):>9.2f}"
         )
     print(
         f"RESULT launches={total['launches']} crashes={total['crashes']} terminate={total['terminate']} "
-        f"nonzero={total['nonzero']} wall_s={wall:.0f}"
+        f"nonzero={total['nonzero']} exposed={total['exposed'] if exposed else '-'} wall_s={wall:.0f}"
     )
     return 0
 

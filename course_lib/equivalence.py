@@ -160,9 +160,9 @@ def _diagnose(ratio: float, world_size: int | None, micro_batches: int | None) -
     for key, k in (("world", world_size), ("micro", micro_batches)):
         if k is not None and k > 1:
             candidates += [(key, float(k)), (f"1/{key}", 1.0 / k)]
-    for key, factor in candidates:
-        if abs(ratio / factor - 1) < 1e-3:
-            return f"every gradient is {factor:g} x the reference's: {_CAUSES[key]}"
+    causes = [(key, factor) for key, factor in candidates if abs(ratio / factor - 1) < 1e-3]
+    if causes:  # with as many ranks as micro-batches a factor has two usual causes: name both
+        return f"every gradient is {causes[0][1]:g} x the reference's: " + "; or ".join(_CAUSES[k] for k, _ in causes)
     if abs(ratio - 1) > 1e-3:
         return f"the gradients are {ratio:.4g} x the reference's in norm"
     return ""

@@ -1,5 +1,7 @@
 """The catalogue of typical bugs: for each lab, small patches of its reference solution that its check must reject.
 
+One file per lab, ``solutions/<lab>_mutants.py``, holds its list; this module gathers them into :data:`MUTANTS`.
+
 Each mutant replaces one snippet of the reference (it must occur exactly once) and names what the check's verdict
 must say: every string of ``expect`` appears in the printed result (a failed check's name, its detail or its hint),
 so a learner who makes that mistake is pointed at it. ``tests/test_labs.py`` runs every mutant.
@@ -19,60 +21,21 @@ class Mutant:
     timeout: float = 120.0  # a mutant that deadlocks is stopped sooner (the process group's timeout follows)
 
 
-MUTANTS: dict[str, list[Mutant]] = {
-    "lab_10_ddp": [
-        Mutant(
-            "sums instead of averaging",
-            "flat = torch.cat([q.grad.reshape(-1) for q in bucket]).div_(dist.get_world_size())",
-            "flat = torch.cat([q.grad.reshape(-1) for q in bucket])",
-            ("✗ gradients of the first step", "summed over the ranks"),
-        ),
-        Mutant(
-            "divides by the world size twice",
-            "flat = torch.cat([q.grad.reshape(-1) for q in bucket]).div_(dist.get_world_size())",
-            "flat = torch.cat([q.grad.reshape(-1) for q in bucket]).div_(dist.get_world_size() ** 2)",
-            ("✗ gradients of the first step", "divided by the world size twice"),
-        ),
-        Mutant(
-            "a hook and a bucket for the frozen parameter",
-            "for p in reversed([p for p in module.parameters() if p.requires_grad]):",
-            "for p in reversed(list(module.parameters())):",
-            ("✗ the job runs", "doesn't require gradient"),
-        ),
-        Mutant(
-            "waits inside the hook",
-            "self.pending.append((bucket, flat, dist.all_reduce(flat, async_op=True)))",
-            "handle = dist.all_reduce(flat, async_op=True)\n            handle.wait()\n"
-            "            self.pending.append((bucket, flat, handle))",
-            ("✗ overlap with backward", "waited for during backward"),
-        ),
-        Mutant(
-            "launches a bucket as soon as it is complete, out of order",
-            "        while self.next < len(self.buckets) and self.ready[self.next] == len(self.buckets[self.next]):\n"
-            "            bucket = self.buckets[self.next]\n",
-            "        i = self.bucket_of[p]\n"
-            "        while self.ready[i] == len(self.buckets[i]):\n"
-            "            bucket = self.buckets[i]\n"
-            "            self.ready[i] += 1\n",
-            ("✗ one all-reduce per bucket, in bucket order", "same order"),
-        ),
-        Mutant(
-            "communicates inside no_sync",
-            "        self.sync = False\n        try:",
-            "        self.sync = True\n        try:",
-            ("✗ no_sync", "inside no_sync()"),
-        ),
-        Mutant(
-            "no broadcast at construction",
-            "            for t in [*module.parameters(), *module.buffers()]:\n                dist.broadcast(t, src=0)\n",
-            "            pass\n",
-            ("✗ construction", "broadcast every parameter and buffer from rank 0"),
-        ),
-        Mutant(
-            "never copies the averages back into .grad",
-            "                q.grad.copy_(averaged.view_as(q.grad))\n",
-            "                pass\n",
-            ("✗ gradients of the first step",),
-        ),
-    ],
-}
+def _load() -> dict[str, list[Mutant]]:
+    """Every lab's catalogue: ``solutions/<lab>_mutants.py`` defines ``MUTANTS``, a list of :class:`Mutant`."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    sys.modules.setdefault("mutants", sys.modules[__name__])
+    found = {}
+    for path in sorted(Path(__file__).parent.glob("lab_*_mutants.py")):
+        spec = importlib.util.spec_from_file_location(path.stem, path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        found[path.stem.removesuffix("_mutants")] = list(module.MUTANTS)
+    return found
+
+
+MUTANTS: dict[str, list[Mutant]] = _load()

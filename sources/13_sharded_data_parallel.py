@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 
 from course_lib.device import backend_for, course_device, course_ranks
+from course_lib.equivalence import compare_gradients
 from course_lib.launch import run_ranks
 from course_lib.seeding import seed_everything
 from course_lib.sharding import STAGES, model_state_bytes, rank_memory, zero_table
@@ -877,12 +878,16 @@ def against_one_process(rank, n, device, steps=3):
     for s in range(steps):
         ref_opt.zero_grad()
         loss_fn(reference, *batch(s, 0, 1, per_rank=8 * n, device=device)).backward()
-        ref_opt.step()
         opt.zero_grad()
         loss_fn(model, *batch(s, rank, n, device=device)).backward()  # my rows of the same global batch
+        if s == 0:  # the first gradients, before Adam saw them: Adam hides a constant factor, they do not
+            grads = {f"{name}": (p.grad.full_tensor(), q.grad.clone())
+                     for (name, p), q in zip(model.named_parameters(), reference.parameters())}
+        ref_opt.step()
         opt.step()
     w = model[0].weight
     return {
+        "first_grads": {k: v[0].cpu() for k, v in grads.items()}, "reference_grads": {k: v[1].cpu() for k, v in grads.items()},
         "max_diff": max((p.full_tensor() - q).abs().max().item() for p, q in zip(model.parameters(), reference.parameters())),
         "type": type(w).__name__, "placements": str(w.placements),
         "global_shape": tuple(w.shape), "local_shape": tuple(w.to_local().shape),
@@ -945,6 +950,9 @@ print(f"weight of the first Linear: a {one['type']} {one['placements']}, global 
 assert one["type"] == "DTensor" and one["local_shape"] == (one["global_shape"][0] // RANKS, one["global_shape"][1])
 assert all(r["one_process"]["max_diff"] < 1e-4 for r in fsdp2_runs)
 print(f"FSDP2 ({RANKS} processes) after 3 Adam steps allclose to one process on the whole batch (atol 1e-4): True")
+first = compare_gradients(one["first_grads"], one["reference_grads"], tolerance=1e-5, world_size=RANKS)
+print(f"FSDP2's first-step {first}")  # the check a gradient-scale bug cannot pass (Adam's steps would)
+assert first
 for reshard, r in f["reshard"].items():
     print(f"reshard_after_forward={reshard!s:<5}: one step = {r['counts']}; units still gathered after forward: "
           f"{r['gathered_units']} of {DEPTH} ({r['gathered_bytes']:,} bytes of full parameters)")

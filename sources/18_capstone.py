@@ -138,9 +138,22 @@ def build(args, device, mesh):
         fully_shard(model, mesh=mesh["dp"])
     elif mesh is not None and args.tp == 1:
         net = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
+        if args.plant_bug == "sum":  # the negative control of section 2: gradients summed over the ranks, not averaged
+            net.register_comm_hook(None, summing_hook)
     if args.compile:  # aot_eager: traced and run by PyTorch's own kernels (Inductor costs ~20 s on 2 cores)
         net = torch.compile(net, backend="aot_eager" if device.type == "cpu" else "inductor")
     return model, net
+
+
+def summing_hook(state, bucket):
+    """A DDP communication hook with the bug section 2 plants: all-reduce (a sum) and no division by the world size."""
+    return dist.all_reduce(bucket.buffer(), async_op=True).get_future().then(lambda fut: fut.value()[0])
+
+
+def full_grads(model):
+    """Every gradient whole, on the CPU (a DTensor's pieces gathered: a collective, every rank calls it)."""
+    return {n: (p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad).detach().float().cpu().clone()
+            for n, p in model.named_parameters()}
 
 
 def checkpoint_state(model, opt, step):
@@ -177,7 +190,7 @@ def train(args, device):
         start = int(state["step"])
         torch.set_rng_state(state[f"rng/rank{rank}"])
         log(f"attempt {attempt}: {os.path.basename(args.out)} resumed from step {start} on {world} processes")
-    losses, times = {}, []
+    losses, times, first_grads = {}, [], {}
     for step in range(start, args.steps):
         t0 = time.perf_counter()
         x, y = text_batch(data, args.batch, args.seq_len, generator=torch.Generator().manual_seed(1000 + step))
@@ -201,6 +214,8 @@ def train(args, device):
                     p.grad = p.grad.redistribute(placements=p.placements)  # the embedding's: whole, make it a shard
                 dist.all_reduce(local(p.grad), group=mesh["dp"].get_group())
                 local(p.grad).div_(dp_size)
+        if step == 0:  # the first step's gradients, before any optimizer saw them: what section 2 compares
+            first_grads = full_grads(model)
         opt.step()
         opt.zero_grad(set_to_none=False)  # keep the gradients allocated: they are counted below
         if mesh is not None:
@@ -220,7 +235,7 @@ def train(args, device):
             "optimizer state": nbytes(state)}
     full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     return {"losses": losses, "held": held, "step_s": statistics.median(times) if times else 0.0, "world": world,
-            "full": full}
+            "full": full, "first_grads": first_grads}
 
 
 def parse(argv=None):
@@ -243,6 +258,8 @@ def parse(argv=None):
     p.add_argument("--seq-len", type=int, default=64)
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--runs", default="", help="several runs in one launch: 'NAME:FLAGS;NAME:FLAGS', each into OUT/NAME")
+    p.add_argument("--plant-bug", choices=["none", "sum"], default="none",
+                   help="sum: DDP sums the gradients instead of averaging them (section 2's negative control)")
     return p.parse_args(argv)
 
 
@@ -292,6 +309,7 @@ def report(result, args):
     if int(os.environ.get("RANK", 0)) == 0:
         os.makedirs(args.out, exist_ok=True)
         torch.save(result.pop("full"), f"{args.out}/final.pt")
+        torch.save(result.pop("first_grads"), f"{args.out}/first_grads.pt")
         with open(f"{args.out}/result.json", "w") as f:
             json.dump({**result, "args": vars(args)}, f)
         log(f"{args.out}: {len(result['losses'])} steps, last loss ~{list(result['losses'].values())[-1]:.4f}")
@@ -346,6 +364,49 @@ print("every combination's loss at every step agrees with one process within its
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
 The differences are printed after `~`: they are rounding, and rounding depends on the machine's kernels and on the order in which the ranks' contributions are added; the tolerances are what is asserted. What each row exercised: the DDP rows average gradients with an all-reduce, the FSDP2 rows reduce-scatter them into shards; the tensor-parallel rows split every matrix of a block across the 2 ranks of a mesh row, and `fsdp2+tp2` shards those pieces again over the mesh's columns (2-D: each rank holds a quarter of each block matrix). Checkpointing and accumulation change what is kept and when, not what is computed.
+"""
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+Losses after Adam steps are not enough. **Adam's step does not change when every gradient is multiplied by a constant**: it divides each gradient by the root of its own running mean square, so a factor `c` scales both and cancels. A rank that sums where it should average (`c` = the number of data-parallel ranks), or an accumulation loop that forgets to divide by the number of micro-batches, trains exactly like the right one, and a check on Adam's losses passes it. The check that can see it compares the **gradients of the first step**, before any optimizer touched them, with the one-process run's, relative to their size: `course_lib.equivalence.compare_gradients`, which the labs use too. Each run saved its first gradients, whole (a DTensor's pieces gathered with `full_tensor()`):
+"""
+
+# %% slideshow={"slide_type": "-"}
+from course_lib.equivalence import compare_gradients
+
+single_grads = torch.load("_runs/capstone/single/first_grads.pt", weights_only=True)
+GRAD_TOL = {"fp32": 1e-4, "bf16": 2e-2}  # relative to each gradient's size: summation order, and bf16's rounding
+for name, flags in COMBOS.items():
+    precision = "bf16" if "--bf16" in flags else "fp32"
+    match = compare_gradients(torch.load(f"_runs/capstone/{name}/first_grads.pt", weights_only=True), single_grads,
+                              tolerance=GRAD_TOL[precision], world_size=result(name)["world"],
+                              micro_batches=2 if "--accum 2" in flags else None)
+    print(f"{name:<26} {match}")
+    assert match, (name, str(match))
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+**The check must be able to fail on the bug it guards against.** A negative control plants one: `--plant-bug sum` gives DDP a communication hook that all-reduces the gradient buckets and never divides by the world size, so every rank steps with twice the gradient. The same 4 Adam steps, on 2 processes; both checks are applied to it and to the same run without the bug:
+"""
+
+# %% slideshow={"slide_type": "-"}
+CONTROL = {"ddp": "--dp ddp", "ddp+summed": "--dp ddp --plant-bug sum"}
+run_torchrun("_runs/capstone_train.py", nproc_per_node=2, timeout=600, echo="none",
+             args=["--out", "_runs/capstone", "--runs", ";".join(f"{n}:{f}" for n, f in CONTROL.items())])
+print(f"{'run':<11} {'loss check (Adam, within FP32_TOL)':<36} gradient check")
+verdicts = {}
+for name in CONTROL:
+    loss_gap = max(abs(result(name)["losses"][s] - single["losses"][s]) for s in single["losses"])
+    match = compare_gradients(torch.load(f"_runs/capstone/{name}/first_grads.pt", weights_only=True), single_grads,
+                              tolerance=GRAD_TOL["fp32"], world_size=2)
+    verdicts[name] = (loss_gap < FP32_TOL, bool(match))
+    print(f"{name:<11} {'passes' if loss_gap < FP32_TOL else 'fails':<7}(largest gap ~{loss_gap:.1e})".ljust(48)
+          + ("passes" if match else f"fails: {match.diagnosis}"))
+assert verdicts == {"ddp": (True, True), "ddp+summed": (True, False)}
+
+# %% [markdown] slideshow={"slide_type": "fragment"}
+"""
+The loss check passes the bug; the gradient check names it. Comparing losses remains useful for what it tests (the whole run, step after step); it is the gradients, or the global gradient norm before clipping, that must match to prove the scale.
 """
 
 # %% [markdown] slideshow={"slide_type": "slide"}
