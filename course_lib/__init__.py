@@ -18,7 +18,9 @@ this package itself exports nothing. One module per job:
 * :mod:`course_lib.collectives` — the ring all-reduce on real processes (notebook 09 writes it by hand)
 * :mod:`course_lib.comm_model` — the alpha-beta cost model of collectives, fitted to measured times
 * :mod:`course_lib.timing` — matrix-multiply throughput in TFLOP/s (GPU events or wall clock)
-* :mod:`course_lib.transformer` — the course's Llama-style decoder and its formulas: parameters, saved bytes, FLOPs, MFU
+* :mod:`course_lib.transformer` — the course's Llama-style decoder
+* :mod:`course_lib.transformer_config` — its configuration and presets
+* :mod:`course_lib.transformer_counts` — what a configuration costs: parameters, saved bytes, FLOPs, MFU
 * :mod:`course_lib.attention` — attention one key block at a time: partial results, their merge, their backward
 * :mod:`course_lib.launch` — run ``torchrun``/spawn jobs from a notebook: free port, timeout, no orphans
 * :mod:`course_lib.equivalence` — ``compare_gradients``: a distributed run against one process, scale-sensitive
@@ -26,13 +28,21 @@ this package itself exports nothing. One module per job:
 * :mod:`course_lib.teardown` — ``end_process_group``: the teardown every launched script ends with, checked
 * :mod:`course_lib.torch_private` — every private or testing PyTorch API the course uses, one function each
 * :mod:`course_lib.pipeline` — GPipe schedules, the bubble fraction, Gantt charts
+* :mod:`course_lib.comm_log` — ``CommLog``: the collectives a hand-written wrapper issued, kind and bytes
+* :mod:`course_lib.ddp_buckets` — DDP's bucket rule and caps
 * :mod:`course_lib.hand_ddp` — ``HandDDP``: DDP by hand (buckets, overlap), the canonical copy of notebook 09's
+* :mod:`course_lib.timelines` — spans of compute and communication per rank, and what compute hid
 * :mod:`course_lib.simulated_compute` — layers that take a known time on a CPU, timelines of compute and communication
 * :mod:`course_lib.hand_fsdp` — ``HandFSDP``: FSDP by hand (gather, free, reduce-scatter), notebook 13's canonical copy
 * :mod:`course_lib.sharded_optim` — ``ShardedOptimizer``: ZeRO-1 around any ``torch.optim`` optimizer
 * :mod:`course_lib.sharding` — ZeRO's memory model: state bytes per rank for DDP and ZeRO-1/2/3
+* :mod:`course_lib.counted_collectives` — collectives that count the bytes they send
+* :mod:`course_lib.tp_operators` — Megatron's f and g operators and their sequence-parallel halves
+* :mod:`course_lib.tensor_parallel_bytes` — the bytes tensor and sequence parallelism send and keep
 * :mod:`course_lib.tensor_parallel` — tensor and sequence parallelism of the transformer, collectives counted
 * :mod:`course_lib.context_parallel` — ring attention (forward and backward), contiguous and zig-zag layouts, its bytes
+* :mod:`course_lib.planner_layout` — the planner's cluster, layout and prediction
+* :mod:`course_lib.planner_model` — memory per rank and time per step of one layout
 * :mod:`course_lib.planner` — memory per rank and step time of DP/TP/PP/CP layouts, the feasible ones ranked
 * :mod:`course_lib.moe` — a top-k mixture-of-experts layer (router, capacity, auxiliary loss) and its expert parallelism
 * :mod:`course_lib.manifest` — the course's notebooks in order, from ``course.toml`` (reading only)

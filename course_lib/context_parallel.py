@@ -34,7 +34,7 @@ import torch
 import torch.distributed as dist
 
 from .attention import attention_block, attention_block_backward, merge_attention
-from .tensor_parallel import ring_exchange
+from .counted_collectives import ring_exchange
 from .validation import check_bool, check_int
 
 __all__ = [

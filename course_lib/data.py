@@ -161,6 +161,10 @@ def text_batch(
     """
     if not isinstance(data, torch.Tensor) or data.dim() != 1:
         raise TypeError("data must be a 1-D tensor of token ids")
+    if data.is_floating_point() or data.is_complex() or data.dtype == torch.bool:
+        raise TypeError(f"data must hold integer token ids, got {data.dtype}")
+    if len(data) and int(data.min()) < 0:
+        raise ValueError(f"data must hold token ids >= 0, got {int(data.min())}")
     batch = check_int("batch", batch, minimum=1)
     seq_len = check_int("seq_len", seq_len, minimum=1)
     if not isinstance(generator, torch.Generator):

@@ -196,21 +196,7 @@ def draw_graph(
 
     g = build_graph(output, names, show_saved=show_saved)
     layer = _layers(g)
-    columns: dict[int, list[str]] = {}
-    for n, col in layer.items():
-        columns.setdefault(col, []).append(n)
-    # Order each column by the mean row of its successors (fewer crossings), from the output back.
-    row: dict[str, float] = {}
-    for col in sorted(columns, reverse=True):
-        nodes = columns[col]
-
-        def key(n: str) -> tuple[float, str]:
-            ys = [row[s] for s in g.successors(n) if s in row]
-            return (sum(ys) / len(ys) if ys else 0.0, g.nodes[n]["label"])
-
-        nodes.sort(key=key)
-        for i, n in enumerate(nodes):
-            row[n] = (len(nodes) - 1) / 2 - i
+    columns, row = _rows(g, layer)
 
     if ax is None:
         _, ax = plt.subplots(figsize=(8, 4))
@@ -265,6 +251,40 @@ def draw_graph(
     for n, t in boxes.items():
         (x0, _), (x1, _) = to_data.transform(t.get_bbox_patch().get_window_extent(renderer).get_points())
         half_w[n] = (x1 - x0) / 2
+    _arrows_and_axes(ax, g, pos, half_w, x_of, sorted(columns), title)
+    return ax
+
+
+def _rows(g: Any, layer: dict[str, int]) -> tuple[dict[int, list[str]], dict[str, float]]:
+    """The nodes of each column, and each node's row: a column ordered by the mean row of its successors (fewer
+    crossings), from the output back."""
+    columns: dict[int, list[str]] = {}
+    for n, col in layer.items():
+        columns.setdefault(col, []).append(n)
+    row: dict[str, float] = {}
+    for col in sorted(columns, reverse=True):
+        nodes = columns[col]
+
+        def key(n: str) -> tuple[float, str]:
+            ys = [row[s] for s in g.successors(n) if s in row]
+            return (sum(ys) / len(ys) if ys else 0.0, g.nodes[n]["label"])
+
+        nodes.sort(key=key)
+        for i, n in enumerate(nodes):
+            row[n] = (len(nodes) - 1) / 2 - i
+    return columns, row
+
+
+def _arrows_and_axes(
+    ax: Any,
+    g: Any,
+    pos: dict[str, tuple[float, float]],
+    half_w: dict[str, float],
+    x_of: dict[int, float],
+    cols: list[int],
+    title: str | None,
+) -> None:
+    """Arrows from box edge to box edge, the layer ticks, the title."""
     for u, v in g.edges:  # from the right edge of the input's box to the left edge of its user's box
         start = (pos[u][0] + half_w[u], pos[u][1])
         end = (pos[v][0] - half_w[v], pos[v][1])
@@ -275,7 +295,7 @@ def draw_graph(
             zorder=2,
             arrowprops=dict(arrowstyle="-|>", color="0.35", lw=1.2, shrinkA=0, shrinkB=1, mutation_scale=14),
         )
-    ax.set_xticks([x_of[col] for col in sorted(columns)], [str(col) for col in sorted(columns)])
+    ax.set_xticks([x_of[col] for col in cols], [str(col) for col in cols])
     ax.set_yticks([])
     ax.set_xlabel("layer of the graph (forward direction →)")
     for side in ("top", "right", "left"):
@@ -285,4 +305,3 @@ def draw_graph(
         or f"Autograd graph: {sum(1 for n in g if g.nodes[n]['kind'] == 'op')} backward "
         f"functions, {sum(1 for n in g if g.nodes[n]['kind'] == 'leaf')} leaves"
     )
-    return ax

@@ -53,15 +53,16 @@ import functools
 import weakref
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from .simulated_compute import Timeline
-from .validation import check_bool, check_int, check_number
+from .comm_log import CommLog
+from .ddp_buckets import DEFAULT_BUCKET_CAP_MB, FIRST_BUCKET_BYTES, bucket_assignment, ddp_bucket_caps
+from .timelines import Timeline
+from .validation import check_bool
 
 __all__ = [
     "DEFAULT_BUCKET_CAP_MB",
@@ -71,125 +72,6 @@ __all__ = [
     "bucket_assignment",
     "ddp_bucket_caps",
 ]
-
-MiB = 2**20
-DEFAULT_BUCKET_CAP_MB = 25.0
-FIRST_BUCKET_BYTES = MiB  # torch.distributed._DEFAULT_FIRST_BUCKET_BYTES
-
-
-@dataclass
-class CommLog:
-    """The collectives a rank issued: ``(kind, bytes)`` per call, ``bytes`` being the size of the
-    tensor the collective works on (the whole all-reduced or all-gathered tensor; a ring algorithm
-    sends ``2(N-1)/N`` or ``(N-1)/N`` of it, notebook 09).
-
-    >>> log = CommLog()
-    >>> log.record("all_reduce", 400); log.record("all_reduce", 100); log.record("broadcast", 64)
-    >>> log.calls("all_reduce"), log.bytes("all_reduce"), log.calls()
-    (2, 500, 3)
-    >>> log.summary()
-    {'all_reduce': (2, 500), 'broadcast': (1, 64)}
-    """
-
-    entries: list[tuple[str, int]] = field(default_factory=list)
-
-    def record(self, kind: str, nbytes: int) -> None:
-        if not isinstance(kind, str) or not kind:
-            raise TypeError(f"kind must be a non-empty string, got {kind!r}")
-        self.entries.append((kind, check_int("nbytes", nbytes, minimum=0)))
-
-    def calls(self, kind: str | None = None) -> int:
-        """How many collectives (of ``kind``, or of any kind)."""
-        return sum(1 for k, _ in self.entries if kind is None or k == kind)
-
-    def bytes(self, kind: str | None = None) -> int:
-        """Their bytes, summed."""
-        return sum(n for k, n in self.entries if kind is None or k == kind)
-
-    def sizes(self, kind: str) -> list[int]:
-        """The bytes of each collective of ``kind``, in the order they were issued."""
-        return [n for k, n in self.entries if k == kind]
-
-    def summary(self) -> dict[str, tuple[int, int]]:
-        """``{kind: (calls, bytes)}``."""
-        out: dict[str, tuple[int, int]] = {}
-        for k, n in self.entries:
-            calls, total = out.get(k, (0, 0))
-            out[k] = (calls + 1, total + n)
-        return out
-
-    def reset(self) -> None:
-        self.entries.clear()
-
-
-def bucket_assignment(
-    sizes: Sequence[int],
-    cap_bytes: int,
-    first_cap_bytes: int | None = None,
-    keys: Sequence[Any] | None = None,
-) -> list[list[int]]:
-    """Split tensors into buckets by DDP's rule; return the buckets as lists of indices into ``sizes``.
-
-    ``sizes``: the bytes of each gradient, in the order the gradients become ready (for DDP,
-    reverse registration order). Tensors go into a bucket **whole**, and a bucket is closed as soon
-    as its size **reaches** its cap, so it can exceed the cap by up to one tensor. The first bucket
-    closed has cap ``first_cap_bytes`` (default: ``cap_bytes``), the others ``cap_bytes``. With
-    ``keys`` (e.g. the dtypes) each key fills buckets of its own, with its own first cap; the
-    buckets are then ordered by their first tensor, as ``torch.distributed._compute_bucket_assignment_by_size``
-    does (the tests check that they agree). A cap of 0 gives one bucket per tensor.
-
-    >>> bucket_assignment([40, 40, 40, 40, 40], cap_bytes=100)
-    [[0, 1, 2], [3, 4]]
-    >>> bucket_assignment([40, 40, 40, 40, 40], cap_bytes=100, first_cap_bytes=50)
-    [[0, 1], [2, 3, 4]]
-    >>> bucket_assignment([10, 300, 10], cap_bytes=100)       # a big tensor joins the open bucket
-    [[0, 1], [2]]
-    >>> bucket_assignment([8, 8, 8], cap_bytes=0)
-    [[0], [1], [2]]
-    """
-    if isinstance(sizes, (str, bytes)) or not isinstance(sizes, Sequence):
-        raise TypeError(f"sizes must be a sequence of ints (bytes), got {type(sizes).__name__}")
-    sizes = [check_int("each size", s, minimum=0) for s in sizes]
-    cap = check_int("cap_bytes", cap_bytes, minimum=0)
-    first = cap if first_cap_bytes is None else check_int("first_cap_bytes", first_cap_bytes, minimum=0)
-    if keys is None:
-        keys = [None] * len(sizes)
-    elif isinstance(keys, (str, bytes)) or not isinstance(keys, Sequence) or len(keys) != len(sizes):
-        raise ValueError("keys must be a sequence with one key per size")
-    open_buckets: dict[Any, tuple[list[int], int]] = {}
-    closed_count: dict[Any, int] = {}
-    result: list[list[int]] = []
-    for i, (nbytes, key) in enumerate(zip(sizes, keys)):
-        indices, total = open_buckets.get(key, ([], 0))
-        indices.append(i)
-        total += nbytes
-        limit = first if closed_count.get(key, 0) == 0 else cap
-        if total >= limit:
-            result.append(indices)
-            open_buckets[key] = ([], 0)
-            closed_count[key] = closed_count.get(key, 0) + 1
-        else:
-            open_buckets[key] = (indices, total)
-    result += [indices for indices, _ in open_buckets.values() if indices]
-    return sorted(result, key=min)
-
-
-def ddp_bucket_caps(bucket_cap_mb: float | None) -> tuple[int, int]:
-    """``(cap_bytes, first_cap_bytes)`` that DDP uses for a ``bucket_cap_mb`` argument.
-
-    Left at the default (``None``: 25 MiB) the first bucket is capped at 1 MiB so that the last
-    layers' gradients, ready first, leave early; a cap given explicitly applies to every bucket.
-
-    >>> ddp_bucket_caps(None), ddp_bucket_caps(0.5)
-    ((26214400, 1048576), (524288, 524288))
-    """
-    if bucket_cap_mb is None:
-        return int(DEFAULT_BUCKET_CAP_MB * MiB), FIRST_BUCKET_BYTES
-    mb = check_number("bucket_cap_mb", bucket_cap_mb, finite=True, what="a number (MiB) or None")
-    if mb < 0:
-        raise ValueError(f"bucket_cap_mb must be >= 0, got {bucket_cap_mb}")
-    cap = int(mb * MiB)
-    return cap, cap
 
 
 def _nbytes(t: torch.Tensor) -> int:

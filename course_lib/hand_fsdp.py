@@ -39,9 +39,8 @@ Where it differs from FSDP2:
   ``DTensor`` state dicts; collectives run synchronously. A parameter shared by two units is
   refused (FSDP2 refuses it too).
 
-:attr:`HandFSDP.log` records every all-gather and reduce-scatter (bytes of the full, padded
-tensor); :attr:`HandFSDP.peak_gathered_bytes` is the most bytes of gathered parameters held at
-once, against notebook 13's ZeRO-3 model (``course_lib.sharding``).
+:attr:`HandFSDP.log` records every all-gather and reduce-scatter (bytes of the full, padded tensor);
+:attr:`HandFSDP.peak_gathered_bytes` is the most gathered parameters held at once (``course_lib.sharding``).
 """
 
 from __future__ import annotations
@@ -54,8 +53,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .hand_ddp import CommLog
-from .simulated_compute import Timeline
+from .comm_log import CommLog
+from .timelines import Timeline
 from .torch_private import tree_flatten, tree_map_only
 from .validation import check_bool, check_int
 

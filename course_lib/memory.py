@@ -31,6 +31,7 @@ import torch
 
 from .saved_tensors import _storage_key
 from .sharding import StateBytes
+from .torch_private import profiler_memory_events
 
 # Kineto (the profiler's backend) prints two timestamped "USDT: profiler_start/stop" lines to
 # stderr on every profile, which a notebook would capture as output. Level 6 silences them;
@@ -97,24 +98,16 @@ def allocation_events(prof: Any) -> list[tuple[int, int]]:
 
     The idea is public and simple: the profiler logs each call to the allocator as a ``[memory]``
     event with its size, and the running sum of the sizes, in time order, is the memory in use.
-    The way to read them is not: the public ``prof.events()`` has no per-allocation sizes, so this
-    reads PyTorch's private record ``prof.profiler.kineto_results.events()`` and each event's
-    ``name()``, ``device_type()``, ``start_ns()`` and ``nbytes()``. Everything private the course
-    uses from the profiler is in this one function, and ``tests/test_memory.py`` checks it on
-    every torch it runs with: if an upgrade renames it, that test says so first.
+    The way to read them is not: the public ``prof.events()`` has no per-allocation sizes, so
+    :func:`course_lib.torch_private.profiler_memory_events` reads PyTorch's private record.
     """
-    try:
-        raw = prof.profiler.kineto_results.events()
-        events = [
-            (int(e.start_ns()), int(e.nbytes()))
-            for e in raw
-            if e.name() == "[memory]" and e.device_type() == torch.autograd.DeviceType.CPU
-        ]
-    except AttributeError as err:
-        raise RuntimeError(
-            f"torch {torch.__version__} changed the profiler's private record that "
-            f"course_lib.memory.allocation_events reads ({err}); update that function"
-        ) from err
+    from torch.profiler import profile
+
+    if not isinstance(prof, profile):
+        raise TypeError(f"prof must be a finished torch.profiler.profile, got {type(prof).__name__}")
+    if getattr(prof, "profiler", None) is None:
+        raise ValueError("prof has recorded nothing yet: read it after its `with` block has ended")
+    events = profiler_memory_events(prof)
     events.sort(key=lambda e: e[0])  # stable: ties keep the allocator's order
     return events
 

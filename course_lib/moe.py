@@ -32,7 +32,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from .tensor_parallel import all_to_all
+from .counted_collectives import all_to_all
 from .validation import check_int, check_number
 
 __all__ = ["MoE", "Expert", "Routing", "expert_parallel_bytes", "expert_parallel_forward", "route", "send_counts"]
@@ -175,10 +175,19 @@ def send_counts(experts: torch.Tensor, kept: torch.Tensor, n_experts: int, n_ran
     """
     if not isinstance(experts, torch.Tensor) or not isinstance(kept, torch.Tensor) or experts.shape != kept.shape:
         raise TypeError("experts and kept must be tensors of one shape (tokens, k)")
+    if kept.dtype != torch.bool:
+        raise TypeError(f"kept must be a bool mask (True: the assignment is kept), got {kept.dtype}")
+    if experts.is_floating_point() or experts.is_complex() or experts.dtype == torch.bool:
+        raise TypeError(f"experts must hold integer expert ids, got {experts.dtype}")
     n_experts = check_int("n_experts", n_experts, minimum=1)
     n_ranks = check_int("n_ranks", n_ranks, minimum=1)
     if n_experts % n_ranks:
         raise ValueError(f"n_experts ({n_experts}) must be divisible by n_ranks ({n_ranks})")
+    if experts.numel() and (int(experts.min()) < 0 or int(experts.max()) >= n_experts):
+        raise ValueError(
+            f"experts must be expert ids in [0, {n_experts}), got values from {int(experts.min())} to "
+            f"{int(experts.max())}"
+        )
     per = n_experts // n_ranks
     owner = experts[kept] // per
     return [int((owner == r).sum()) for r in range(n_ranks)]

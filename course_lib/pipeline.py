@@ -21,6 +21,7 @@ times read from a clock in each process), so both go through the same functions.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -58,6 +59,9 @@ class Task:
         return self.end - self.start
 
 
+MAX_SIMULATED_TASKS = 2_000_000  # gpipe_schedule simulates 2 x n_stages x n_micro tasks: a second or two at most
+
+
 def bubble_fraction(n_stages: int, n_micro: int) -> float:
     """``(p - 1) / (m + p - 1)``: the idle fraction of a GPipe step with equal task times.
 
@@ -78,7 +82,12 @@ def min_micro_batches(n_stages: int, max_bubble: float) -> int:
     check_number("max_bubble", max_bubble)
     if not 0 < max_bubble <= 1:
         raise ValueError(f"max_bubble must be in (0, 1], got {max_bubble}")
-    m = 1
+    if p == 1:
+        return 1
+    # (p - 1) / (m + p - 1) <= b  <=>  m >= (p - 1) (1 - b) / b: the closed form, then a step either way for rounding
+    m = max(1, math.ceil((p - 1) * (1 - max_bubble) / max_bubble))
+    while m > 1 and bubble_fraction(p, m - 1) <= max_bubble:
+        m -= 1
     while bubble_fraction(p, m) > max_bubble:
         m += 1
     return m
@@ -114,6 +123,11 @@ def gpipe_schedule(
     """
     p = check_int("n_stages", n_stages, minimum=1)
     m = check_int("n_micro", n_micro, minimum=1)
+    if p * m > MAX_SIMULATED_TASKS // 2:
+        raise ValueError(
+            f"n_stages x n_micro = {p * m:,} is too many to simulate task by task (at most "
+            f"{MAX_SIMULATED_TASKS // 2:,}); bubble_fraction({p}, {m}) gives the bubble in closed form"
+        )
     f = _times("forward_time", forward_time, p)
     b = _times("backward_time", backward_time, p)
     free = [0.0] * p

@@ -47,7 +47,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .hand_ddp import CommLog
+from .comm_log import CommLog
 from .validation import check_bool, check_int
 
 __all__ = ["ELEMENTWISE_OPTIMIZERS", "ShardedOptimizer", "partition_parameters"]

@@ -4,15 +4,10 @@ Notebook 15 writes each piece by hand in its worker scripts and checks it agains
 notebooks 16 and 17 reuse this copy. Everything runs on any process group (gloo on CPU processes in the
 course) and on the course's :class:`~course_lib.transformer.Transformer`.
 
-* **Counted collectives.** :func:`all_reduce`, :func:`all_gather`, :func:`reduce_scatter`,
-  :func:`all_to_all` and :func:`ring_exchange` run the ``torch.distributed`` collective and report
-  the bytes this rank sends to every active :class:`CommCounter`, by the textbook algorithm:
-  ``2 (n-1)/n`` of the tensor for a ring all-reduce, ``(n-1)/n`` of the full tensor for an all-gather
-  or a reduce-scatter (:func:`collective_bytes`), the bytes addressed to other ranks for an
-  all-to-all, the message for a point-to-point send. A counter labels each record with its group's
-  name (``CommCounter(tp=tp_group, dp=dp_group)``), so a multi-dimensional mesh shows which
-  collective ran where.
-* **The conjugate operators** of Megatron-LM (Shoeybi et al., 2019) as autograd functions:
+* **Counted collectives** (:mod:`course_lib.counted_collectives`): each reports the bytes this rank sends to every
+  active :class:`CommCounter`.
+* **The conjugate operators** of Megatron-LM (Shoeybi et al., 2019) as autograd functions
+  (:mod:`course_lib.tp_operators`, re-exported here):
   :func:`copy_to_tp` (``f``: identity forward, all-reduce backward) goes before a column-parallel
   layer, :func:`reduce_from_tp` (``g``: all-reduce forward, identity backward) after a row-parallel
   one. Sequence parallelism (Korthikanti et al., 2022) splits ``g`` and ``f`` into their halves:
@@ -26,16 +21,13 @@ course) and on the course's :class:`~course_lib.transformer.Transformer`.
   the embedding and head split over the vocabulary; :func:`tensor_parallel_loss` runs it:
   :func:`vocab_parallel_embedding` and :func:`vocab_parallel_cross_entropy` never gather a full row
   of logits.
-* **The formulas:** :func:`tp_bytes_per_step` (bytes one rank sends per training step, by part) and
-  :func:`tp_saved_bytes` (what one block keeps for backward per rank, with and without sequence
-  parallelism), which notebook 15 checks against :class:`CommCounter` and
-  :class:`~course_lib.saved_tensors.SavedTensorMeter`.
+
+The counted collectives (:mod:`course_lib.counted_collectives`) and the formulas
+(:mod:`course_lib.tensor_parallel_bytes`) are modules of their own, re-exported here where the notebooks import them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -43,7 +35,20 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from .transformer import Block, Transformer, TransformerConfig, block_saved_terms
+from .counted_collectives import (
+    CommCounter,
+    CommRecord,
+    all_gather,
+    all_reduce,
+    all_to_all,
+    check_tensor,
+    collective_bytes,
+    reduce_scatter,
+    ring_exchange,
+)
+from .tensor_parallel_bytes import tp_bytes_per_step, tp_saved_bytes
+from .tp_operators import copy_to_tp, gather_from_sp, reduce_from_tp, reduce_scatter_to_sp, split_to_sp
+from .transformer import Block, Transformer
 from .validation import check_bool, check_int
 
 __all__ = [
@@ -78,322 +83,6 @@ __all__ = [
 COLUMN_PARALLEL: tuple[str, ...] = ("attn.q_proj", "attn.k_proj", "attn.v_proj", "mlp.gate_proj", "mlp.up_proj")
 ROW_PARALLEL: tuple[str, ...] = ("attn.o_proj", "mlp.down_proj")
 
-OPS: tuple[str, ...] = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send")
-
-
-# ---------------------------------------------------------------------------------------------
-# Counting
-# ---------------------------------------------------------------------------------------------
-
-
-def collective_bytes(op: str, nbytes: int, n: int) -> int:
-    """Bytes one of ``n`` ranks sends in ``op`` on a tensor of ``nbytes``, by the ring algorithms.
-
-    ``nbytes`` is the *full* tensor: the all-reduced tensor, the gathered output of an all-gather,
-    the input of a reduce-scatter. A ring all-reduce sends ``2 (n-1)/n`` of it (a reduce-scatter,
-    then an all-gather), each half ``(n-1)/n``; for ``all_to_all`` and ``send`` ``nbytes`` is
-    already what leaves the rank. Exact when ``n`` divides ``nbytes`` (the course's shapes); rounded
-    down otherwise.
-
-    >>> collective_bytes("all_reduce", 1024, 4), collective_bytes("all_gather", 1024, 4)
-    (1536, 768)
-    >>> collective_bytes("all_reduce", 1024, 4) == 2 * collective_bytes("reduce_scatter", 1024, 4)
-    True
-    """
-    if op not in OPS:
-        raise ValueError(f"op must be one of {', '.join(OPS)}, got {op!r}")
-    nbytes = check_int("nbytes", nbytes, minimum=0)
-    n = check_int("n", n, minimum=1)
-    if op == "all_reduce":
-        return 2 * (n - 1) * nbytes // n
-    if op in ("all_gather", "reduce_scatter"):
-        return (n - 1) * nbytes // n
-    return nbytes
-
-
-@dataclass(frozen=True)
-class CommRecord:
-    """One collective as a :class:`CommCounter` saw it: the operation, the group's label, the bytes this rank sent."""
-
-    op: str
-    group: str
-    sent: int
-    shape: tuple[int, ...]
-
-
-_ACTIVE: list[CommCounter] = []
-
-
-class CommCounter:
-    """Context manager that records every collective of this module run inside it, with the bytes this rank sends.
-
-    Label groups by keyword: ``CommCounter(tp=tp_group)``; others are labelled by their ranks
-    (``"ranks 0,2"``), the default group ``"world"``.
-
-    >>> c = CommCounter()
-    >>> c.add("all_reduce", None, 1024, (256,), n=4)
-    >>> c.sent(), c.table()
-    (1536, {('all_reduce', 'world'): (1, 1536)})
-    """
-
-    def __init__(self, **labels: Any) -> None:
-        self.labels: dict[str, Any] = dict(labels)
-        self.records: list[CommRecord] = []
-
-    def __enter__(self) -> CommCounter:
-        _ACTIVE.append(self)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        _ACTIVE.remove(self)
-
-    def label(self, group: Any) -> str:
-        """The name of ``group``: its keyword, ``"world"`` for the default group, else its ranks."""
-        for name, g in self.labels.items():
-            if g is group:
-                return name
-        if group is None or group is dist.group.WORLD:
-            return "world"
-        if dist.is_initialized():
-            ranks = dist.get_process_group_ranks(group)
-            for name, g in self.labels.items():
-                if g is not None and dist.get_process_group_ranks(g) == ranks:
-                    return name
-            return "ranks " + ",".join(map(str, ranks))
-        return "group"
-
-    def add(self, op: str, group: Any, nbytes: int, shape: Sequence[int], *, n: int) -> None:
-        """Record ``op`` on a tensor of ``nbytes`` (as :func:`collective_bytes` reads it) among ``n`` ranks."""
-        self.records.append(CommRecord(op, self.label(group), collective_bytes(op, nbytes, n), tuple(shape)))
-
-    def sent(self, op: str | None = None, group: str | None = None) -> int:
-        """Bytes this rank sent, for one operation and/or one group label, or in all."""
-        return sum(r.sent for r in self.records if op in (None, r.op) and group in (None, r.group))
-
-    def table(self) -> dict[tuple[str, str], tuple[int, int]]:
-        """``{(op, group): (calls, bytes sent)}``, in the order first seen."""
-        out: dict[tuple[str, str], tuple[int, int]] = {}
-        for r in self.records:
-            calls, sent = out.get((r.op, r.group), (0, 0))
-            out[(r.op, r.group)] = (calls + 1, sent + r.sent)
-        return out
-
-    def reset(self) -> None:
-        """Forget what was recorded."""
-        self.records.clear()
-
-
-def _record(op: str, group: Any, t: torch.Tensor, nbytes: int | None = None) -> None:
-    if not _ACTIVE:
-        return
-    n = dist.get_world_size(group)
-    size = t.numel() * t.element_size() if nbytes is None else nbytes
-    for counter in _ACTIVE:
-        counter.add(op, group, size, t.shape, n=n)
-
-
-def _check_tensor(name: str, t: object) -> torch.Tensor:
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    return t
-
-
-def _check_dim(t: torch.Tensor, dim: int) -> int:
-    check_int("dim", dim, minimum=-t.dim(), what=f"an int in [-{t.dim()}, {t.dim() - 1}]")
-    if dim >= t.dim():
-        raise ValueError(f"dim {dim} is out of range for a tensor of {t.dim()} dimensions")
-    return dim % t.dim()
-
-
-def all_reduce(t: torch.Tensor, group: Any = None, *, op: Any = None) -> torch.Tensor:
-    """Sum (or ``op``, e.g. ``dist.ReduceOp.MAX``) ``t`` over ``group``, in place; counted. Returns ``t``."""
-    _check_tensor("t", t)
-    _record("all_reduce", group, t)
-    dist.all_reduce(t, op=dist.ReduceOp.SUM if op is None else op, group=group)
-    return t
-
-
-def all_gather(t: torch.Tensor, dim: int = 0, group: Any = None) -> torch.Tensor:
-    """Every rank's ``t`` concatenated along ``dim``, in rank order (a new tensor); counted."""
-    _check_tensor("t", t)
-    dim = _check_dim(t, dim)
-    n = dist.get_world_size(group)
-    front = t.movedim(dim, 0).contiguous()
-    out = torch.empty((n * front.shape[0], *front.shape[1:]), dtype=t.dtype, device=t.device)
-    _record("all_gather", group, out)
-    dist.all_gather_into_tensor(out, front, group=group)
-    return out.movedim(0, dim).contiguous()
-
-
-def reduce_scatter(t: torch.Tensor, dim: int = 0, group: Any = None) -> torch.Tensor:
-    """This rank's ``1/n`` slice along ``dim`` of the sum of every rank's ``t`` (a new tensor); counted."""
-    _check_tensor("t", t)
-    dim = _check_dim(t, dim)
-    n = dist.get_world_size(group)
-    if t.shape[dim] % n:
-        raise ValueError(f"dimension {dim} of size {t.shape[dim]} does not split into {n} equal slices")
-    front = t.movedim(dim, 0).contiguous()
-    out = torch.empty((front.shape[0] // n, *front.shape[1:]), dtype=t.dtype, device=t.device)
-    _record("reduce_scatter", group, front)
-    dist.reduce_scatter_tensor(out, front, group=group)
-    return out.movedim(0, dim).contiguous()
-
-
-def all_to_all(
-    t: torch.Tensor, send_counts: Sequence[int], recv_counts: Sequence[int], group: Any = None
-) -> torch.Tensor:
-    """Rows of ``t`` (dimension 0) sent ``send_counts[r]`` to rank ``r``; returns the rows received, by source.
-
-    ``all_to_all_single`` with split sizes; counted as the bytes addressed to *other* ranks.
-    """
-    _check_tensor("t", t)
-    n = dist.get_world_size(group)
-    for name, counts in (("send_counts", send_counts), ("recv_counts", recv_counts)):
-        if len(counts) != n or any(not isinstance(c, int) or c < 0 for c in counts):
-            raise ValueError(f"{name} must be {n} non-negative ints (one per rank), got {list(counts)}")
-    if sum(send_counts) != t.shape[0]:
-        raise ValueError(f"send_counts add up to {sum(send_counts)}, but t has {t.shape[0]} rows")
-    me = dist.get_rank(group)
-    row = t[0].numel() * t.element_size() if t.shape[0] else 0
-    _record("all_to_all", group, t, (sum(send_counts) - send_counts[me]) * row)
-    out = torch.empty((sum(recv_counts), *t.shape[1:]), dtype=t.dtype, device=t.device)
-    dist.all_to_all_single(
-        out, t.contiguous(), output_split_sizes=list(recv_counts), input_split_sizes=list(send_counts), group=group
-    )
-    return out
-
-
-def ring_exchange(tensors: Sequence[torch.Tensor], group: Any = None) -> list[torch.Tensor]:
-    """Send ``tensors`` to the next rank of ``group`` and receive the previous rank's (same shapes); counted.
-
-    One ``batch_isend_irecv`` (every send and receive posted together, so no rank waits on another's
-    order). In a group of one, returns the tensors themselves.
-    """
-    if isinstance(tensors, torch.Tensor) or not all(isinstance(t, torch.Tensor) for t in tensors):
-        raise TypeError("tensors must be a sequence of torch.Tensor")
-    n = dist.get_world_size(group)
-    if n == 1:
-        return list(tensors)
-    me = dist.get_rank(group)
-    right = dist.get_global_rank(group, (me + 1) % n) if group is not None else (me + 1) % n
-    left = dist.get_global_rank(group, (me - 1) % n) if group is not None else (me - 1) % n
-    received = [torch.empty_like(t, memory_format=torch.contiguous_format) for t in tensors]
-    ops = []
-    for t, r in zip(tensors, received):
-        _record("send", group, t)
-        ops.append(dist.P2POp(dist.isend, t.contiguous(), right, group))
-        ops.append(dist.P2POp(dist.irecv, r, left, group))
-    for work in dist.batch_isend_irecv(ops):
-        work.wait()
-    return received
-
-
-# ---------------------------------------------------------------------------------------------
-# The conjugate operators
-# ---------------------------------------------------------------------------------------------
-
-
-class _CopyToTP(torch.autograd.Function):
-    """``f``: identity forward; backward, the sum of every rank's input gradient."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, group: Any) -> torch.Tensor:
-        ctx.group = group
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
-        return all_reduce(grad.clone(), ctx.group), None
-
-
-class _ReduceFromTP(torch.autograd.Function):
-    """``g``: forward, the sum of every rank's partial output; identity backward."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, group: Any) -> torch.Tensor:
-        return all_reduce(x.clone(), group)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
-        return grad, None
-
-
-class _GatherFromSP(torch.autograd.Function):
-    """All-gather along ``dim`` forward; reduce-scatter backward."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, group: Any, dim: int) -> torch.Tensor:
-        ctx.group, ctx.dim = group, dim
-        return all_gather(x, dim, group)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
-        return reduce_scatter(grad, ctx.dim, ctx.group), None, None
-
-
-class _ReduceScatterToSP(torch.autograd.Function):
-    """Reduce-scatter along ``dim`` forward; all-gather backward."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, group: Any, dim: int) -> torch.Tensor:
-        ctx.group, ctx.dim = group, dim
-        return reduce_scatter(x, dim, group)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
-        return all_gather(grad, ctx.dim, ctx.group), None, None
-
-
-class _SplitToSP(torch.autograd.Function):
-    """This rank's slice along ``dim`` forward (no communication); all-gather backward."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, group: Any, dim: int) -> torch.Tensor:
-        ctx.group, ctx.dim = group, dim
-        n, me = dist.get_world_size(group), dist.get_rank(group)
-        return x.chunk(n, dim)[me].contiguous()
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
-        return all_gather(grad.contiguous(), ctx.dim, ctx.group), None, None
-
-
-def copy_to_tp(x: torch.Tensor, group: Any = None) -> torch.Tensor:
-    """Megatron's ``f``: ``x`` unchanged; in backward the gradient is all-reduced over ``group``.
-
-    Put it before column-parallel layers: each rank's layers contribute only part of ``x``'s gradient.
-    """
-    return _CopyToTP.apply(_check_tensor("x", x), group)
-
-
-def reduce_from_tp(x: torch.Tensor, group: Any = None) -> torch.Tensor:
-    """Megatron's ``g``: the sum of ``x`` over ``group``; the gradient passes unchanged.
-
-    Put it after a row-parallel layer: each rank holds a partial sum of the output.
-    """
-    return _ReduceFromTP.apply(_check_tensor("x", x), group)
-
-
-def gather_from_sp(x: torch.Tensor, group: Any = None, dim: int = 1) -> torch.Tensor:
-    """Leave the sequence-parallel region: all-gather ``x``'s slices along ``dim``; reduce-scatter backward."""
-    x = _check_tensor("x", x)
-    return _GatherFromSP.apply(x, group, _check_dim(x, dim))
-
-
-def reduce_scatter_to_sp(x: torch.Tensor, group: Any = None, dim: int = 1) -> torch.Tensor:
-    """Enter the sequence-parallel region from partial sums: reduce-scatter along ``dim``; all-gather backward."""
-    x = _check_tensor("x", x)
-    return _ReduceScatterToSP.apply(x, group, _check_dim(x, dim))
-
-
-def split_to_sp(x: torch.Tensor, group: Any = None, dim: int = 1) -> torch.Tensor:
-    """Enter the sequence-parallel region from a replicated ``x``: keep this rank's slice; all-gather backward."""
-    x = _check_tensor("x", x)
-    dim = _check_dim(x, dim)
-    if x.shape[dim] % dist.get_world_size(group):
-        raise ValueError(f"dimension {dim} of size {x.shape[dim]} does not split into equal slices")
-    return _SplitToSP.apply(x, group, dim)
-
 
 # ---------------------------------------------------------------------------------------------
 # Sharded blocks and models
@@ -404,6 +93,15 @@ def _group_rank(group: Any) -> tuple[int, int]:
     if not dist.is_initialized():
         raise RuntimeError("tensor parallelism needs a process group: call dist.init_process_group first")
     return dist.get_rank(group), dist.get_world_size(group)
+
+
+def _check_ids(name: str, ids: torch.Tensor, vocab_size: int) -> None:
+    """Token ids index a vocabulary: each in [0, vocab_size), as ``F.embedding`` and ``F.cross_entropy`` require."""
+    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= vocab_size):
+        raise ValueError(
+            f"{name} must be token ids in [0, {vocab_size}) (the vocabulary over every rank), "
+            f"got values from {int(ids.min())} to {int(ids.max())}"
+        )
 
 
 def _slice_param(linear: nn.Linear, dim: int, rank: int, n: int) -> None:
@@ -519,7 +217,7 @@ def shard_of(name: str, full: torch.Tensor, rank: int, n: int) -> torch.Tensor:
     """
     if not isinstance(name, str):
         raise TypeError(f"name must be a parameter name (str), got {type(name).__name__}")
-    _check_tensor("full", full)
+    check_tensor("full", full)
     n = check_int("n", n, minimum=1)
     rank = check_int("rank", rank, minimum=0)
     if rank >= n:
@@ -542,11 +240,12 @@ def vocab_parallel_embedding(
     Each rank embeds the ids that fall in its rows and writes zeros elsewhere; the sum over ranks
     (:func:`reduce_from_tp`, or :func:`reduce_scatter_to_sp` along the sequence) is the full lookup.
     """
-    ids, weight = _check_tensor("ids", ids), _check_tensor("weight", weight)
+    ids, weight = check_tensor("ids", ids), check_tensor("weight", weight)
     if ids.dtype != torch.int64:
         raise TypeError(f"ids must be int64, got {ids.dtype}")
-    rank, _ = _group_rank(group)
+    rank, n = _group_rank(group)
     rows = weight.shape[0]
+    _check_ids("ids", ids, rows * n)
     start = rank * rows
     mine = (ids >= start) & (ids < start + rows)
     local = F.embedding(torch.where(mine, ids - start, torch.zeros_like(ids)), weight)
@@ -588,9 +287,11 @@ def vocab_parallel_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, gr
     token (the max, the softmax denominator, the target's logit) replace gathering ``vocab_size``
     logits per token. Equal to ``F.cross_entropy`` on the gathered logits.
     """
-    logits, targets = _check_tensor("logits", logits), _check_tensor("targets", targets)
+    logits, targets = check_tensor("logits", logits), check_tensor("targets", targets)
     if targets.shape != logits.shape[:-1] or targets.dtype != torch.int64:
         raise ValueError("targets must be int64 with logits' shape less its last dimension")
+    _, n = _group_rank(group)
+    _check_ids("targets", targets, logits.shape[-1] * n)
     return _VocabParallelCrossEntropy.apply(logits, targets, group)
 
 
@@ -640,98 +341,3 @@ def sync_sequence_parallel_grads(model: Transformer) -> int:
             all_reduce(p.grad, model.tp_group)
             done += 1
     return done
-
-
-# ---------------------------------------------------------------------------------------------
-# The formulas
-# ---------------------------------------------------------------------------------------------
-
-
-def tp_bytes_per_step(
-    config: TransformerConfig, tokens: int, n: int, *, bytes_per_element: int = 4, sequence_parallel: bool = False
-) -> dict[str, int]:
-    """Bytes one of ``n`` tensor-parallel ranks sends in one training step of :func:`tensor_parallel_loss`.
-
-    ``tokens`` is batch x sequence length, ``h`` the width, ``p`` the bytes per element. Per block,
-    ``g`` after attention and after the MLP (forward) and ``f`` before them (backward): 4 all-reduces
-    of ``tokens x h``; the embedding's ``g`` and the head's ``f`` add 2; the cross-entropy 3
-    all-reduces of one float32 per token (float64 for a float64 model). With sequence parallelism each
-    all-reduce of activations becomes a reduce-scatter and an all-gather, the same bytes, and the
-    norms' weight gradients need an all-reduce (:func:`sync_sequence_parallel_grads`).
-
-    >>> from course_lib.transformer import PRESETS
-    >>> parts = tp_bytes_per_step(PRESETS["tiny"], 256, 2)
-    >>> parts["blocks"] == 2 * 4 * 256 * 64 * 4     # 2 layers x 4 all-reduces x 2(n-1)/n x T h p with n = 2
-    True
-    """
-    if not isinstance(config, TransformerConfig):
-        raise TypeError(f"config must be a TransformerConfig, got {type(config).__name__}")
-    tokens = check_int("tokens", tokens, minimum=1)
-    n = check_int("n", n, minimum=1)
-    p = check_int("bytes_per_element", bytes_per_element, minimum=1)
-    check_bool("sequence_parallel", sequence_parallel)
-    act = tokens * config.d_model * p
-    if sequence_parallel:
-        one = collective_bytes("reduce_scatter", act, n) + collective_bytes("all_gather", act, n)
-    else:
-        one = collective_bytes("all_reduce", act, n)
-    parts = {
-        "blocks": 4 * config.n_layers * one,
-        "embedding and head": 2 * one,
-        "cross-entropy": 3 * collective_bytes("all_reduce", max(4, p) * tokens, n),
-    }
-    if sequence_parallel:
-        parts["norm weight gradients"] = (2 * config.n_layers + 1) * collective_bytes(
-            "all_reduce", config.d_model * p, n
-        )
-    return parts
-
-
-_SHARDED_BY_TP = (
-    "attention: q",
-    "attention: k",
-    "attention: v",
-    "attention: log-sum-exp",
-    "attention probabilities",
-    "attention output (o_proj input)",
-    "MLP: gate, silu(gate), up, product",
-    "MLP: up, gelu(up)",
-)
-_SHARDED_BY_SP = ("attention norm: input", "attention norm: 1/rms", "MLP norm: input", "MLP norm: 1/rms")
-
-
-def tp_saved_bytes(
-    config: TransformerConfig,
-    seq_len: int,
-    n: int,
-    *,
-    batch: int = 1,
-    dtype: torch.dtype = torch.float32,
-    sequence_parallel: bool = False,
-) -> dict[str, int]:
-    """What one block keeps for backward on each of ``n`` tensor-parallel ranks, term by term (bytes).
-
-    Notebook 14's :func:`~course_lib.transformer.block_saved_terms`, with the heads' and the MLP's
-    terms divided by ``n``. Without sequence parallelism the norms' inputs and statistics and the
-    projections' inputs stay whole on every rank (replicated); with it the norms' terms are divided
-    by ``n`` too. The projections' inputs stay whole either way here: they are the all-gathered
-    tensors, which the linear layers keep (Megatron-LM instead keeps the slice and gathers it again
-    in backward, one more all-gather per block, to divide that term too).
-
-    >>> from course_lib.transformer import PRESETS, block_saved_bytes
-    >>> c = PRESETS["tiny"]
-    >>> sum(tp_saved_bytes(c, 128, 1).values()) == block_saved_bytes(c, 128)
-    True
-    """
-    n = check_int("n", n, minimum=1)
-    check_bool("sequence_parallel", sequence_parallel)
-    terms = block_saved_terms(config, seq_len, batch=batch, dtype=dtype)
-    divided = _SHARDED_BY_TP + (_SHARDED_BY_SP if sequence_parallel else ())
-    out = {}
-    for name, value in terms.items():
-        if name in divided:
-            if value % n:
-                raise ValueError(f"{name} ({value} bytes) does not divide into {n} ranks")
-            value //= n
-        out[name] = value
-    return out

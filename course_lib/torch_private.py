@@ -14,19 +14,15 @@ import functools
 import gc
 import importlib
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
-__all__ = [
-    "PRIVATE_APIS",
-    "TorchDispatchMode",
-    "tree_flatten",
-    "tree_map_only",
-    "clear_dtensor_caches",
-    "in_backward",
-    "live_process_groups",
-    "missing_private_apis",
-]
+__all__ = ["PRIVATE_APIS", "TorchDispatchMode", "tree_flatten", "tree_map_only", "clear_dtensor_caches"]
+__all__ += ["in_backward", "live_process_groups", "missing_private_apis", "ddp_bucket_assignment"]
+__all__ += ["ddp_first_bucket_bytes", "set_group_timeout", "dump_flight_recorder", "set_unshard_async_op"]
+__all__ += ["checkpoint_wrapper", "dynamo_config", "functorch_config", "dynamo_explain", "aot_autograd", "set_logs"]
+__all__ += ["dynamo_unsupported_error", "backend_compiler_failed_error", "aten_linear", "record_memory_history"]
+__all__ += ["memory_snapshot", "dump_memory_snapshot", "onednn_bf16_supported", "profiler_memory_events"]
 
 # Every private API behind a function of this module: (module, attribute path, the function that uses it).
 # tests/test_torch_private.py checks that each one exists in the installed torch.
@@ -39,6 +35,24 @@ PRIVATE_APIS: tuple[tuple[str, str, str], ...] = (
     ("torch.utils._python_dispatch", "TorchDispatchMode", "TorchDispatchMode"),
     ("torch.utils._pytree", "tree_flatten", "tree_flatten"),
     ("torch.utils._pytree", "tree_map_only", "tree_map_only"),
+    ("torch.distributed", "_compute_bucket_assignment_by_size", "ddp_bucket_assignment"),
+    ("torch.distributed", "_DEFAULT_FIRST_BUCKET_BYTES", "ddp_first_bucket_bytes"),
+    ("torch.distributed.distributed_c10d", "_set_pg_timeout", "set_group_timeout"),
+    ("torch._C._distributed_c10d", "_dump_fr_trace", "dump_flight_recorder"),
+    ("torch.distributed.fsdp", "FSDPModule._set_unshard_async_op", "set_unshard_async_op"),
+    ("torch.distributed.algorithms._checkpoint.checkpoint_wrapper", "checkpoint_wrapper", "checkpoint_wrapper"),
+    ("torch._dynamo", "config.patch", "dynamo_config"),
+    ("torch._functorch", "config.patch", "functorch_config"),
+    ("torch._dynamo", "explain", "dynamo_explain"),
+    ("torch._dynamo.backends.common", "aot_autograd", "aot_autograd"),
+    ("torch._logging", "set_logs", "set_logs"),
+    ("torch._dynamo.exc", "Unsupported", "dynamo_unsupported_error"),
+    ("torch._dynamo.exc", "BackendCompilerFailed", "backend_compiler_failed_error"),
+    ("torch._C._nn", "linear", "aten_linear"),
+    ("torch.cuda.memory", "_record_memory_history", "record_memory_history"),
+    ("torch.cuda.memory", "_snapshot", "memory_snapshot"),
+    ("torch.cuda.memory", "_dump_snapshot", "dump_memory_snapshot"),
+    ("torch", "ops.mkldnn._is_mkldnn_bf16_supported", "onednn_bf16_supported"),
 )
 
 CHECKED_ON = "2.13.0"  # the torch version every function here was checked on
@@ -134,3 +148,235 @@ def in_backward() -> bool:
     task: Callable[[], int] = _resolve("torch._C", "_current_graph_task_id")
     del torch
     return task() != -1
+
+
+# -- torch.distributed: DDP's buckets, a group's timeout, the flight recorder, FSDP2's CPU overlap ---------------
+
+
+def ddp_bucket_assignment(tensors: Sequence[Any], limits: Sequence[int]) -> list[list[int]]:
+    """The buckets DDP's reducer forms for ``tensors`` (in arrival order) under the byte caps ``limits``.
+
+    ``limits`` is ``[first_cap, cap]`` (or ``[cap]``): the first bucket closed has the first cap. Wraps
+    ``torch.distributed._compute_bucket_assignment_by_size`` and returns only the index lists. Public replacement:
+    none (DDP forms its buckets in C++). Checked on torch 2.13.0.
+    """
+    assign: Callable[..., tuple[list[list[int]], Any]] = _resolve(
+        "torch.distributed", "_compute_bucket_assignment_by_size"
+    )
+    groups, _ = assign(list(tensors), list(limits))
+    return [list(g) for g in groups]
+
+
+def ddp_first_bucket_bytes() -> int:
+    """The cap of DDP's first bucket under the default ``bucket_cap_mb`` (1 MiB in 2.13).
+
+    ``torch.distributed._DEFAULT_FIRST_BUCKET_BYTES``. Public replacement: none (the documentation states the rule).
+    Checked on torch 2.13.0.
+    """
+    return int(_resolve("torch.distributed", "_DEFAULT_FIRST_BUCKET_BYTES"))
+
+
+def set_group_timeout(timeout: Any, group: Any = None) -> None:
+    """Change the timeout of a process group that already exists (``timeout``: a ``datetime.timedelta``).
+
+    ``torch.distributed.distributed_c10d._set_pg_timeout``. Public replacement: set it when the group is made,
+    ``init_process_group(timeout=...)`` or ``new_group(timeout=...)``. Checked on torch 2.13.0.
+    """
+    import datetime
+
+    if not isinstance(timeout, datetime.timedelta):
+        raise TypeError(f"timeout must be a datetime.timedelta, got {type(timeout).__name__}")
+    if timeout.total_seconds() <= 0:
+        raise ValueError(f"timeout must be positive, got {timeout}")
+    _resolve("torch.distributed.distributed_c10d", "_set_pg_timeout")(timeout, group)
+
+
+def dump_flight_recorder() -> bytes:
+    """This process's flight-recorder buffer, pickled: what NCCL's watchdog writes to a file on a timeout.
+
+    ``torch._C._distributed_c10d._dump_fr_trace``. Public replacement: the environment variables
+    ``TORCH_FR_BUFFER_SIZE``, ``TORCH_NCCL_DUMP_ON_TIMEOUT=1`` and ``TORCH_FR_DUMP_TEMP_FILE``, which make the watchdog
+    write it (NCCL only). Checked on torch 2.13.0.
+    """
+    dump: Callable[[], bytes] = _resolve("torch._C._distributed_c10d", "_dump_fr_trace")
+    return dump()
+
+
+def set_unshard_async_op(module: Any, async_op: bool) -> None:
+    """Make an FSDP2 module issue its all-gathers without waiting for them (what overlaps them on a CPU).
+
+    ``FSDPModule._set_unshard_async_op``. Public replacement: none; on a GPU none is needed (the all-gathers run on
+    their own stream). Checked on torch 2.13.0.
+    """
+    if not isinstance(async_op, bool):
+        raise TypeError(f"async_op must be a bool, got {type(async_op).__name__}")
+    if not callable(getattr(module, "_set_unshard_async_op", None)):
+        raise TypeError(f"module must be an FSDP2 module (after fully_shard), got {type(module).__name__}")
+    module._set_unshard_async_op(async_op)
+
+
+def checkpoint_wrapper(module: Any, **kwargs: Any) -> Any:
+    """``module`` wrapped so that its forward runs under activation checkpointing (the FSDP recipes' wrapper).
+
+    ``torch.distributed.algorithms._checkpoint.checkpoint_wrapper.checkpoint_wrapper``. Public replacement: call
+    ``torch.utils.checkpoint.checkpoint`` in the block's forward. Checked on torch 2.13.0.
+    """
+    wrap: Callable[..., Any] = _resolve(
+        "torch.distributed.algorithms._checkpoint.checkpoint_wrapper", "checkpoint_wrapper"
+    )
+    return wrap(module, **kwargs)
+
+
+# -- torch.compile: Dynamo's and AOTAutograd's settings and tools ------------------------------------------------------
+
+
+def dynamo_config(**flags: Any) -> Any:
+    """A context manager that sets Dynamo's settings (``optimize_ddp``, ``compiled_autograd``...) inside it.
+
+    ``torch._dynamo.config.patch``. Public replacement: none for these two in 2.13 (``torch.compile``'s ``options``
+    are Inductor's). An unknown name raises ``ValueError``. Checked on torch 2.13.0.
+    """
+    config = _resolve("torch._dynamo", "config")
+    unknown = [name for name in flags if not hasattr(config, name)]
+    if unknown:
+        raise ValueError(f"torch._dynamo.config has no setting {unknown}")
+    return config.patch(**flags)
+
+
+def functorch_config(**flags: Any) -> Any:
+    """A context manager that sets AOTAutograd's settings (``activation_memory_budget``...) inside it.
+
+    ``torch._functorch.config.patch``. Public replacement: none in 2.13. An unknown name raises ``ValueError``.
+    Checked on torch 2.13.0.
+    """
+    config = importlib.import_module("torch._functorch.config")
+    unknown = [name for name in flags if not hasattr(config, name)]
+    if unknown:
+        raise ValueError(f"torch._functorch.config has no setting {unknown}")
+    return config.patch(**flags)
+
+
+def dynamo_explain(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``dynamo_explain(fn)(*args)`` runs ``fn`` once under Dynamo and reports its graphs and graph breaks.
+
+    ``torch._dynamo.explain``. Public replacement: ``TORCH_LOGS=graph_breaks`` shows the breaks (not the count).
+    Checked on torch 2.13.0.
+    """
+    if not callable(fn):
+        raise TypeError(f"fn must be callable, got {type(fn).__name__}")
+    explain: Callable[..., Callable[..., Any]] = _resolve("torch._dynamo", "explain")
+    return explain(fn)
+
+
+def aot_autograd(**kwargs: Any) -> Any:
+    """A ``torch.compile`` backend built from forward and backward compilers (``fw_compiler=``, ``bw_compiler=``).
+
+    ``torch._dynamo.backends.common.aot_autograd``, the helper of PyTorch's guide to writing a backend. Public
+    replacement: none in 2.13. Checked on torch 2.13.0.
+    """
+    make: Callable[..., Any] = _resolve("torch._dynamo.backends.common", "aot_autograd")
+    return make(**kwargs)
+
+
+def set_logs(**kwargs: Any) -> None:
+    """Switch ``torch.compile``'s log channels from code (``set_logs(recompiles=True)``; no arguments: all off).
+
+    ``torch._logging.set_logs`` (documented, in a private module). Public replacement: ``TORCH_LOGS=...`` in the
+    environment. Checked on torch 2.13.0.
+    """
+    _resolve("torch._logging", "set_logs")(**kwargs)
+
+
+def dynamo_unsupported_error() -> type[Exception]:
+    """The exception ``torch.compile(..., fullgraph=True)`` raises for what Dynamo cannot trace.
+
+    ``torch._dynamo.exc.Unsupported``, a ``RuntimeError``: catch ``RuntimeError`` in your own code. Checked on
+    torch 2.13.0.
+    """
+    error: type[Exception] = _resolve("torch._dynamo.exc", "Unsupported")
+    return error
+
+
+def backend_compiler_failed_error() -> type[Exception]:
+    """The exception ``torch.compile`` raises when its backend fails (``torch._dynamo.exc.BackendCompilerFailed``).
+
+    A ``RuntimeError`` subclass: catch ``RuntimeError`` in your own code. Checked on torch 2.13.0.
+    """
+    error: type[Exception] = _resolve("torch._dynamo.exc", "BackendCompilerFailed")
+    return error
+
+
+def aten_linear() -> Any:
+    """The C++ function behind ``F.linear`` (``torch._C._nn.linear``): a Dynamo graph's node for a ``Linear``.
+
+    Public replacement: none (a graph's ``call_function`` nodes target it). Checked on torch 2.13.0.
+    """
+    return _resolve("torch._C._nn", "linear")
+
+
+# -- memory snapshots (CUDA) and the CPU's bf16 kernels --------------------------------------------------------------
+
+
+def record_memory_history(enabled: str | None = "all", max_entries: int = 100_000) -> None:
+    """Start (``enabled="all"``) or stop (``enabled=None``) recording every CUDA allocation with its stack.
+
+    ``torch.cuda.memory._record_memory_history``: underscored but documented in "Understanding CUDA memory usage";
+    no public name in 2.13. Checked on torch 2.13.0.
+    """
+    if enabled not in ("all", "state", None):
+        raise ValueError(f"enabled must be 'all', 'state' or None, got {enabled!r}")
+    if not isinstance(max_entries, int) or isinstance(max_entries, bool) or max_entries < 1:
+        raise ValueError(f"max_entries must be a positive int, got {max_entries!r}")
+    _resolve("torch.cuda.memory", "_record_memory_history")(enabled=enabled, max_entries=max_entries)
+
+
+def memory_snapshot() -> dict[str, Any]:
+    """The CUDA allocator's recorded history and segments (``torch.cuda.memory._snapshot``; documented, underscored).
+
+    Checked on torch 2.13.0.
+    """
+    snapshot: dict[str, Any] = _resolve("torch.cuda.memory", "_snapshot")()
+    return snapshot
+
+
+def dump_memory_snapshot(path: str) -> None:
+    """Write the snapshot to ``path`` for the viewer at pytorch.org/memory_viz (``torch.cuda.memory._dump_snapshot``).
+
+    Checked on torch 2.13.0.
+    """
+    if not isinstance(path, str) or not path:
+        raise ValueError(f"path must be a non-empty str, got {path!r}")
+    _resolve("torch.cuda.memory", "_dump_snapshot")(path)
+
+
+def onednn_bf16_supported() -> bool:
+    """Whether oneDNN (PyTorch's CPU kernels) has bf16 kernels for this CPU.
+
+    ``torch.ops.mkldnn._is_mkldnn_bf16_supported``. Public replacement: none;
+    ``torch.backends.cpu.get_cpu_capability()`` names the vector unit only. Checked on torch 2.13.0.
+    """
+    return bool(_resolve("torch", "ops.mkldnn._is_mkldnn_bf16_supported")())
+
+
+def profiler_memory_events(prof: Any) -> list[tuple[int, int]]:
+    """``(start_ns, nbytes)`` of every CPU ``[memory]`` event a finished ``torch.profiler.profile(profile_memory=True)``
+    recorded (allocations positive, frees negative), in the profiler's order.
+
+    Reads ``prof.profiler.kineto_results.events()`` and each event's ``name()``, ``device_type()``, ``start_ns()``
+    and ``nbytes()``: the public ``prof.events()`` has no per-allocation sizes. Public replacement: none in 2.13.
+    Checked on torch 2.13.0 (``tests/test_torch_private.py`` runs a profile and reads it).
+    """
+    import torch
+
+    try:
+        raw = prof.profiler.kineto_results.events()
+        return [
+            (int(e.start_ns()), int(e.nbytes()))
+            for e in raw
+            if e.name() == "[memory]" and e.device_type() == torch.autograd.DeviceType.CPU
+        ]
+    except AttributeError as err:
+        raise RuntimeError(
+            f"torch {torch.__version__} changed the profiler's private record (prof.profiler.kineto_results) that "
+            f"course_lib.torch_private.profiler_memory_events reads ({err}); update that function"
+        ) from err

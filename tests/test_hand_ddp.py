@@ -26,6 +26,7 @@ from course_lib.hand_ddp import (
 )
 from course_lib.launch import run_ranks
 from course_lib.simulated_compute import Timeline, hidden_seconds, record_collectives, simulated_mlp
+from course_lib.torch_private import ddp_bucket_assignment, ddp_first_bucket_bytes
 
 # -- the pure parts ------------------------------------------------------------------------------
 
@@ -49,14 +50,14 @@ def test_bucket_assignment_equals_pytorchs(seed: int) -> None:
         for _ in range(rng.randint(1, 25))
     ]
     cap, first = rng.choice([(4000, 4000), (10_000, 1000), (0, 0), (2**20, 2**20)])
-    theirs, _ = dist._compute_bucket_assignment_by_size(tensors, [first, cap], [False] * len(tensors))
+    theirs = ddp_bucket_assignment(tensors, [first, cap])
     sizes = [t.numel() * t.element_size() for t in tensors]
     assert bucket_assignment(sizes, cap, first, keys=[t.dtype for t in tensors]) == theirs
 
 
 def test_ddp_bucket_caps_and_validation() -> None:
     assert ddp_bucket_caps(None) == (int(DEFAULT_BUCKET_CAP_MB * 2**20), FIRST_BUCKET_BYTES)
-    assert FIRST_BUCKET_BYTES == dist._DEFAULT_FIRST_BUCKET_BYTES
+    assert FIRST_BUCKET_BYTES == ddp_first_bucket_bytes()
     assert ddp_bucket_caps(0) == (0, 0) and ddp_bucket_caps(0.05) == (52428, 52428)
     with pytest.raises(ValueError, match="bucket_cap_mb must be >= 0"):
         ddp_bucket_caps(-1)

@@ -117,3 +117,73 @@ def test_scaler_misuse_raises() -> None:
         DynamicLossScaler().unscale_([w])  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="loss tensor"):
         s.scale(1.0)  # type: ignore[arg-type]
+
+
+def test_a_saved_and_resumed_scaler_continues_as_grad_scaler_does() -> None:
+    """Train 8 steps, save both scalers' state, resume into new scalers (ours from GradScaler's state too), train on."""
+    inject = {1, 2, 7, 12}
+    ours, theirs = (
+        DynamicLossScaler(2.0**10, growth_interval=3),
+        torch.amp.GradScaler("cpu", init_scale=2.0**10, growth_interval=3),
+    )
+    first_ours, _ = _train(ours, {i for i in inject if i < 8}, steps=8)
+    first_theirs, _ = _train(theirs, {i for i in inject if i < 8}, steps=8)
+    assert first_ours == first_theirs and ours.state_dict() == theirs.state_dict()
+    resumed_ours, resumed_theirs = DynamicLossScaler(), torch.amp.GradScaler("cpu")
+    resumed_ours.load_state_dict(theirs.state_dict())  # the same keys: one format for both
+    resumed_theirs.load_state_dict(theirs.state_dict())
+    rest_ours, _ = _train(resumed_ours, {i - 8 for i in inject if i >= 8}, steps=8)
+    rest_theirs, _ = _train(resumed_theirs, {i - 8 for i in inject if i >= 8}, steps=8)
+    assert rest_ours == rest_theirs and resumed_ours.state_dict() == resumed_theirs.state_dict()
+
+
+def test_update_never_reads_a_value_back_from_the_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    """unscale_() and update() only launch tensor operations: no .item(), bool() or float() of a tensor."""
+    w = torch.nn.Parameter(torch.ones(3))
+    opt = torch.optim.SGD([w], lr=0.1)
+    s = DynamicLossScaler(8.0, growth_interval=1)
+    s.scale((w * 2).sum()).backward()
+
+    def no_read(*args: object, **kwargs: object) -> object:
+        raise AssertionError("a tensor's value was read back on the host")
+
+    with monkeypatch.context() as m:
+        for name in ("item", "__bool__", "__float__", "__int__", "tolist"):
+            m.setattr(torch.Tensor, name, no_read)
+        s.unscale_(opt)
+    assert s.step(opt) is True  # the step's decision: the one read, as in GradScaler
+    with monkeypatch.context() as m:
+        for name in ("item", "__bool__", "__float__", "__int__", "tolist"):
+            m.setattr(torch.Tensor, name, no_read)
+        s.update()
+    assert s.get_scale() == 16.0 and s.growth_tracker == 0
+
+
+@pytest.mark.parametrize(
+    ("state", "error", "match"),
+    [
+        ([1.0], TypeError, "state_dict"),
+        ({"scale": 1.0}, ValueError, "missing"),
+        (
+            {"scale": -1.0, "growth_factor": 2.0, "backoff_factor": 0.5, "growth_interval": 3, "_growth_tracker": 0},
+            ValueError,
+            "positive",
+        ),
+        (
+            {"scale": 1.0, "growth_factor": 2.0, "backoff_factor": 0.5, "growth_interval": 3, "_growth_tracker": -1},
+            ValueError,
+            "_growth_tracker",
+        ),
+    ],
+)
+def test_load_state_dict_refuses_a_bad_state(state: object, error: type[Exception], match: str) -> None:
+    with pytest.raises(error, match=match):
+        DynamicLossScaler().load_state_dict(state)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("scale", [1e300, 1e-50])
+def test_a_scale_fp32_cannot_hold_is_refused(scale: float) -> None:
+    with pytest.raises(ValueError, match="not representable in fp32"):
+        DynamicLossScaler(init_scale=scale)
+    with pytest.raises(ValueError, match="scale=.*not representable"):
+        update_scale(scale, 0, False)

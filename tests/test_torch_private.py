@@ -14,11 +14,24 @@ from course_lib.manifest import ROOT
 PRIVATE = re.compile(r"\btorch(?:\.\w+)*\.(_[a-zA-Z]\w*)")
 
 
+def _notebooks_using(function: str) -> list[str]:
+    """The notebooks whose code calls ``course_lib.torch_private.<function>``."""
+    pattern = re.compile(rf"\b{re.escape(function)}\b")
+    return [
+        path.stem
+        for path in sorted((ROOT / "sources").glob("*.py"))
+        if "torch_private" in path.read_text(encoding="utf-8")
+        and any(pattern.search(c) for c in _code_cells(path.stem))
+    ]
+
+
 def test_every_private_api_is_in_the_installed_torch() -> None:
     missing = tp.missing_private_apis()
+    where = {m: _notebooks_using(m.split("course_lib.torch_private.")[1].rstrip(")")) for m in missing}
     assert missing == [], (
         "the installed torch lacks private APIs the course uses; fix the function in course_lib/torch_private.py "
-        f"that uses each: {missing}"
+        "that uses each (and the notebooks that call it): "
+        + "; ".join(f"{m}, called in {where[m] or 'no notebook'}" for m in missing)
     )
 
 
@@ -53,3 +66,74 @@ def test_clearing_the_caches_is_safe_without_any_dtensor() -> None:
     tp.clear_dtensor_caches()
     tp.clear_dtensor_caches()
     assert tp.live_process_groups() == []
+
+
+def _private_names(code: str) -> list[tuple[int, str]]:
+    """The private torch names a piece of code reaches: ``torch.x._y``, ``dist._y``, ``from torch._x import``."""
+    found = []
+    for node in ast.walk(ast.parse(code)):
+        if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
+            base = ast.unparse(node.value)
+            if base in ("torch", "dist") or base.startswith(("torch.", "dist.")):
+                found.append((node.lineno, f"{base}.{node.attr}"))
+        modules = []
+        if isinstance(node, ast.ImportFrom) and node.module:
+            modules = [node.module]
+        elif isinstance(node, ast.Import):
+            modules = [alias.name for alias in node.names]
+        for module in modules:
+            if module.split(".")[0] == "torch" and any(p.startswith("_") for p in module.split(".")):
+                found.append((node.lineno, f"import {module}"))
+    return found
+
+
+def _code_cells(stem: str) -> list[str]:
+    """The code cells of a notebook's text source, IPython magics and shell lines removed (as comments)."""
+    import jupytext
+
+    notebook = jupytext.read(ROOT / "sources" / f"{stem}.py", fmt="py:percent")
+    cells = []
+    for cell in notebook.cells:
+        if cell.cell_type == "code":
+            lines = [("# " + ln) if ln.lstrip().startswith(("%", "!")) else ln for ln in cell.source.splitlines()]
+            cells.append("\n".join(lines))
+    return cells
+
+
+def test_the_notebooks_reach_private_torch_apis_only_through_course_lib() -> None:
+    """Every private torch name a notebook's code (its scripts included) uses goes through course_lib.torch_private."""
+    offenders = []
+    for path in sorted((ROOT / "sources").glob("*.py")):
+        for i, code in enumerate(_code_cells(path.stem)):
+            offenders += [f"{path.stem}, code cell {i}, line {line}: {name}" for line, name in _private_names(code)]
+    assert offenders == [], "call the function of course_lib/torch_private.py instead:\n" + "\n".join(offenders)
+
+
+def test_the_private_name_finder_sees_each_form() -> None:
+    code = "import torch._dynamo\nfrom torch.utils._pytree import tree_map\nx = dist._DEFAULT_FIRST_BUCKET_BYTES\n"
+    code += "torch._C._nn.linear\ntorch.__version__\nfrom torch.distributed import fsdp\n"
+    names = [name for _, name in _private_names(code)]
+    assert names == [
+        "import torch._dynamo",
+        "import torch.utils._pytree",
+        "dist._DEFAULT_FIRST_BUCKET_BYTES",
+        "torch._C._nn",
+        "torch._C",
+    ], names
+
+
+def test_the_users_of_a_function_are_found() -> None:
+    assert _notebooks_using("set_group_timeout") == ["11_ddp_knobs_and_failures"]
+    assert "17_compile_overlap_batch" in _notebooks_using("dynamo_config")
+    assert _notebooks_using("aten_linear") == ["17_compile_overlap_batch"]
+
+
+def test_the_profilers_memory_events_are_read() -> None:
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        x = torch.ones(1024)
+        del x
+    sizes = [nbytes for _, nbytes in tp.profiler_memory_events(prof)]
+    assert 4096 in sizes and -4096 in sizes, sizes

@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
+from ..torch_private import ddp_bucket_assignment
 from ..validation import is_int
 from .core import NotDone, Wrong, call_learner, dict_answer, exercise, is_placeholder
 
@@ -17,7 +17,7 @@ def _ddp_bucket_sizes(param_bytes: list[int], cap_bytes: int, first_cap_bytes: i
     """The bucket sizes PyTorch's own assignment gives float32 tensors of these sizes, in this order."""
     tensors = [torch.empty(n // 4) for n in param_bytes]
     limits = [first_cap_bytes, cap_bytes] if first_cap_bytes < cap_bytes else [cap_bytes]
-    groups, _ = dist._compute_bucket_assignment_by_size(tensors, limits)
+    groups = ddp_bucket_assignment(tensors, limits)
     return [sum(param_bytes[i] for i in group) for group in groups]
 
 

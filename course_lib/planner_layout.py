@@ -1,0 +1,192 @@
+"""The planner's vocabulary: a :class:`Cluster`, a :class:`Layout` of parallelism degrees and a :class:`Prediction`,
+and :func:`check_layout`, which says why a layout cannot run a model. The planner is :mod:`course_lib.planner`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from .comm_model import AlphaBeta
+from .sharding import PRECISIONS, STAGES, Precision
+from .transformer import CHECKPOINTINGS, TransformerConfig
+from .validation import check_int, check_number
+
+__all__ = ["Cluster", "Layout", "PlanError", "Prediction", "check_config", "check_layout", "check_precision"]
+
+Checkpointing = Literal["none", "full", "selective"]
+GiB = 2**30
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """Identical nodes of ``devices_per_node`` devices, each with ``memory_bytes`` and ``peak_flops``.
+
+    ``intra`` and ``inter`` are the α-β models of one device's link inside a node and between nodes.
+    ``efficiency`` is the fraction of the peak that the model's matrix products reach (1.0: the peak itself,
+    so the predicted MFU is an upper bound).
+    """
+
+    devices_per_node: int
+    memory_bytes: int
+    peak_flops: float
+    intra: AlphaBeta
+    inter: AlphaBeta
+    nodes: int = 1
+    efficiency: float = 1.0
+
+    def __post_init__(self) -> None:
+        check_int("devices_per_node", self.devices_per_node, minimum=1)
+        check_int("memory_bytes", self.memory_bytes, minimum=1)
+        check_int("nodes", self.nodes, minimum=1)
+        for name in ("peak_flops", "efficiency"):
+            value = check_number(name, getattr(self, name), finite=True)
+            if value <= 0:
+                raise ValueError(f"{name} must be > 0, got {value}")
+        if self.efficiency > 1:
+            raise ValueError(f"efficiency must be <= 1 (a fraction of the peak), got {self.efficiency}")
+        for name in ("intra", "inter"):
+            if not isinstance(getattr(self, name), AlphaBeta):
+                raise TypeError(
+                    f"{name} must be a course_lib.comm_model.AlphaBeta, got {type(getattr(self, name)).__name__}"
+                )
+
+    @property
+    def devices(self) -> int:
+        return self.devices_per_node * self.nodes
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Degrees of data, tensor, pipeline and context parallelism; ZeRO stage; micro-batch; checkpointing.
+
+    >>> Layout(data=4, tensor=2, zero=1, micro_batch=2, accumulation=4).describe()
+    'DP 4 x TP 2, ZeRO-1, micro-batch 2 x 4 accumulation, checkpointing none'
+    >>> Layout(zero=4)
+    Traceback (most recent call last):
+        ...
+    ValueError: zero must be in [0, 3], got 4
+    """
+
+    data: int = 1
+    tensor: int = 1
+    pipeline: int = 1
+    context: int = 1
+    zero: int = 0
+    micro_batch: int = 1
+    accumulation: int = 1
+    checkpointing: Checkpointing = "none"
+
+    def __post_init__(self) -> None:
+        for name in ("data", "tensor", "pipeline", "context", "micro_batch", "accumulation"):
+            check_int(name, getattr(self, name), minimum=1)
+        check_int("zero", self.zero, minimum=0, maximum=3)
+        if not isinstance(self.checkpointing, str):
+            raise TypeError(f"checkpointing must be a string, one of {', '.join(CHECKPOINTINGS)}")
+        if self.checkpointing not in CHECKPOINTINGS:
+            raise ValueError(f"checkpointing must be one of {', '.join(CHECKPOINTINGS)}, got {self.checkpointing!r}")
+
+    @property
+    def devices(self) -> int:
+        return self.data * self.tensor * self.pipeline * self.context
+
+    @property
+    def stage(self) -> str:
+        """The ZeRO stage as :mod:`course_lib.sharding` names it."""
+        return STAGES[self.zero]
+
+    def describe(self) -> str:
+        degrees = [
+            f"{k} {v}"
+            for k, v in (("DP", self.data), ("TP", self.tensor), ("PP", self.pipeline), ("CP", self.context))
+            if v > 1 or k == "DP"
+        ]
+        return (
+            f"{' x '.join(degrees)}, ZeRO-{self.zero}, micro-batch {self.micro_batch} x {self.accumulation}"
+            f" accumulation, checkpointing {self.checkpointing}"
+        )
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """What :func:`predict` returns: bytes per rank by part, seconds per step by part, throughput."""
+
+    layout: Layout
+    memory: dict[str, int]
+    time: dict[str, float]
+    tokens_per_second: float
+    mfu: float
+
+    @property
+    def memory_total(self) -> int:
+        return sum(self.memory.values())
+
+    @property
+    def step_time(self) -> float:
+        return sum(self.time.values())
+
+
+class PlanError(ValueError):
+    """No layout fits: the message says what the smallest one needs and what the device has."""
+
+
+def check_config(config: object) -> TransformerConfig:
+    if not isinstance(config, TransformerConfig):
+        raise TypeError(f"config must be a course_lib.transformer.TransformerConfig, got {type(config).__name__}")
+    return config
+
+
+def check_precision(precision: object) -> Precision:
+    if isinstance(precision, Precision):
+        return precision
+    if not isinstance(precision, str):
+        raise TypeError(f"precision must be a Precision or one of {', '.join(PRECISIONS)}")
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+    return PRECISIONS[precision]
+
+
+def check_layout(config: TransformerConfig, layout: Layout, seq_len: int, global_batch: int) -> None:
+    """Raise ``ValueError`` when ``layout`` cannot run ``config``: a degree that does not divide what it splits.
+
+    >>> from course_lib.transformer import PRESETS
+    >>> check_layout(PRESETS["tiny"], Layout(tensor=3), 64, 8)
+    Traceback (most recent call last):
+        ...
+    ValueError: tensor degree 3 must divide n_heads (4)
+    """
+    c = check_config(config)
+    if not isinstance(layout, Layout):
+        raise TypeError(f"layout must be a Layout, got {type(layout).__name__}")
+    seq_len = check_int("seq_len", seq_len, minimum=1)
+    global_batch = check_int("global_batch", global_batch, minimum=1)
+    t = layout.tensor
+    for what, value in (
+        ("n_heads", c.n_heads),
+        ("kv heads", c.kv_heads),
+        ("d_ff", c.d_ff),
+        ("vocab_size", c.vocab_size),
+    ):
+        if value % t:
+            raise ValueError(f"tensor degree {t} must divide {what} ({value})")
+    if t > 1 and c.tie_embeddings:
+        raise ValueError(
+            "tensor parallelism here needs an untied head (tie_embeddings=False), as course_lib.tensor_parallel does"
+        )
+    if c.n_layers % layout.pipeline:
+        raise ValueError(f"pipeline degree {layout.pipeline} must divide n_layers ({c.n_layers})")
+    if seq_len % (2 * layout.context if layout.context > 1 else 1):
+        raise ValueError(
+            f"context degree {layout.context} must divide seq_len ({seq_len}) into 2 x {layout.context} chunks (zigzag)"
+        )
+    per_step = layout.data * layout.micro_batch * layout.accumulation
+    if per_step != global_batch:
+        raise ValueError(
+            f"data {layout.data} x micro-batch {layout.micro_batch} x accumulation {layout.accumulation} = {per_step},"
+            f" not the global batch {global_batch}"
+        )
+    if layout.pipeline > 1 and layout.accumulation < layout.pipeline:
+        raise ValueError(
+            f"a pipeline of {layout.pipeline} stages needs at least {layout.pipeline} micro-batches per step,"
+            f" got {layout.accumulation}"
+        )
