@@ -17,9 +17,10 @@ what the course corrected, so that no text source says it again (tests/test_cons
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
-__all__ = ["CORRECTIONS", "Correction", "FACTS", "fact"]
+__all__ = ["CORRECTIONS", "Correction", "FACTS", "fact", "format_bits"]
 
 # FACTS[technique][field]: one sentence each, in the words every table uses. "shown" is where the course shows it.
 FACTS: dict[str, dict[str, str]] = {
@@ -151,6 +152,11 @@ FACTS: dict[str, dict[str, str]] = {
         "remedy": "mixed precision: bf16 autocast (fp16 + `GradScaler` where bf16 is missing)",
         "cost": "rounding; loss scaling for fp16",
         "shown": "activations halved (notebook 07); section 2 above",
+        # A format's precision in the two counts the course uses (notebook 06 §1): the stored mantissa bits (the
+        # field's width) and the significant bits (those and the implicit leading 1 of a normal number).
+        "fp32 bits": "8 exponent bits and 23 stored mantissa bits: 24 significant bits (notebook 06 §1)",
+        "fp16 bits": "5 exponent bits and 10 stored mantissa bits: 11 significant bits (notebook 06 §1)",
+        "bf16 bits": "8 exponent bits, fp32's range, and 7 stored mantissa bits: 8 significant bits (notebook 06 §1)",
     },
 }
 
@@ -164,6 +170,22 @@ def fact(technique: str, field: str) -> str:
     if field not in FACTS[technique]:
         raise KeyError(f"{technique!r} has no fact {field!r}; it has: {sorted(FACTS[technique])}")
     return FACTS[technique][field]
+
+
+def format_bits(name: str) -> tuple[int, int]:
+    """``(stored mantissa bits, significant bits)`` of ``"fp32"``, ``"fp16"`` or ``"bf16"``, read from its fact.
+
+    >>> format_bits("bf16")
+    (7, 8)
+    """
+    if not isinstance(name, str):
+        raise TypeError(f"format_bits(name) takes a string, got {type(name).__name__}")
+    text = fact("mixed precision", f"{name} bits")
+    stored = re.search(r"(\d+) stored mantissa bits", text)
+    significant = re.search(r"(\d+) significant bits", text)
+    if stored is None or significant is None:
+        raise ValueError(f"the fact {name!r} bits does not state both counts: {text!r}")
+    return int(stored.group(1)), int(significant.group(1))
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@
 - inside `with model.no_sync():` nothing is communicated (gradient accumulation): the next backward outside
   it all-reduces the accumulated sum.
 """
+
 import contextlib
 import weakref
 

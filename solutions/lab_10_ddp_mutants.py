@@ -56,4 +56,4 @@ MUTANTS = [
         "                pass\n",
         ("✗ gradients of the first step",),
     ),
-    ]
+]

@@ -21,6 +21,7 @@ It returns what the check compares with one process, on every rank (rank 0's is 
 - "params": {name: the whole parameter after the last step};
 - "losses": [the global batch's loss, for each step].
 """
+
 import argparse
 
 import torch
@@ -63,7 +64,7 @@ def train(args, rank, world):
                 net.set_requires_gradient_sync(last)
             context = net.no_sync() if args.dp == "ddp" and not last else torch.enable_grad()
             with context:
-                loss = loss_fn(net(x[k * size:(k + 1) * size]), y[k * size:(k + 1) * size]) / args.accum
+                loss = loss_fn(net(x[k * size : (k + 1) * size]), y[k * size : (k + 1) * size]) / args.accum
                 loss.backward()
             total += loss.detach()
         if step == 0:

@@ -5,14 +5,14 @@ from mutants import Mutant
 MUTANTS = [
     Mutant(
         "the micro-batch loss not divided by the number of micro-batches",
-        "y[k * size:(k + 1) * size]) / args.accum",
-        "y[k * size:(k + 1) * size])",
+        "y[k * size : (k + 1) * size]) / args.accum",
+        "y[k * size : (k + 1) * size])",
         ("✗ first-step gradients (ddp, accumulation 2, SGD)", "without dividing each loss"),
     ),
     Mutant(
         "never synchronizes under DDP (no_sync on every micro-batch)",
-        "context = net.no_sync() if args.dp == \"ddp\" and not last else torch.enable_grad()",
-        "context = net.no_sync() if args.dp == \"ddp\" else torch.enable_grad()",
+        'context = net.no_sync() if args.dp == "ddp" and not last else torch.enable_grad()',
+        'context = net.no_sync() if args.dp == "ddp" else torch.enable_grad()',
         ("✗ first-step gradients (ddp, accumulation 2, SGD)", "synchronize on the last micro-batch"),
     ),
     Mutant(
@@ -43,8 +43,8 @@ MUTANTS = [
     ),
     Mutant(
         "records this rank's shard of an FSDP2 gradient, not the whole",
-        "    return (t.full_tensor() if hasattr(t, \"full_tensor\") else t).detach().clone()",
-        "    return (t.to_local() if hasattr(t, \"to_local\") else t).detach().clone()",
+        '    return (t.full_tensor() if hasattr(t, "full_tensor") else t).detach().clone()',
+        '    return (t.to_local() if hasattr(t, "to_local") else t).detach().clone()',
         ("✗ first-step gradients (fsdp2, accumulation 2, clipping, AdamW)", "whole gradient"),
     ),
     Mutant(

@@ -48,6 +48,7 @@ os.makedirs("_runs", exist_ok=True)  # scratch folder for the files this noteboo
 - inside `with model.no_sync():` nothing is communicated (gradient accumulation): the next backward outside
   it all-reduces the accumulated sum.
 """
+
 import contextlib
 import weakref
 

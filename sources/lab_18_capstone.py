@@ -56,6 +56,7 @@ It returns what the check compares with one process, on every rank (rank 0's is 
 - "params": {name: the whole parameter after the last step};
 - "losses": [the global batch's loss, for each step].
 """
+
 import argparse
 
 import torch

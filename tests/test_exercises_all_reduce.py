@@ -154,9 +154,35 @@ def test_overlap_hook() -> None:
         param.grad.div_(dist.get_world_size())
         handles.append(dist.all_reduce(param.grad, async_op=True))
 
+    def asks_backend(param: torch.Tensor, handles: list, n: int) -> None:
+        if dist.get_backend() == "nccl":  # AVG on NCCL; gloo has no ReduceOp.AVG, so divide first there
+            handles.append(dist.all_reduce(param.grad, op=dist.ReduceOp.AVG, async_op=True))
+        else:
+            _divide_then_start(param, handles, n)
+
+    def with_future(param: torch.Tensor, handles: list, n: int) -> None:
+        param.grad.div_(n)
+        work = dist.all_reduce(param.grad, async_op=True)
+        work.get_future().then(lambda fut: fut.value())
+        handles.append(work)
+
+    def all_at_the_end(model: nn.Module, handles: list, world_size: int) -> None:
+        trainable = [p for p in model.parameters() if p.requires_grad]
+        ready: list[torch.Tensor] = []
+
+        def hook(param: torch.Tensor) -> None:  # waits for the last gradient, then starts every all-reduce
+            ready.append(param)
+            if len(ready) == len(trainable):
+                for p in trainable:
+                    _divide_then_start(p, handles, world_size)
+
+        for p in trainable:
+            p.register_post_accumulate_grad_hook(hook)
+
     assert_check(
         check_overlap_hook,
-        right=[_hooks(_divide_then_start), _hooks(_avg), _hooks(uses_get_world_size)],
+        right=[_hooks(_divide_then_start), _hooks(_avg), _hooks(uses_get_world_size)]
+        + [_hooks(asks_backend), _hooks(with_future)],
         right_says="as soon as it is ready",
         not_done=[..., _blank_hooks, _hooks(lambda p, h, n: _blank_hooks(None, h, n))],  # type: ignore[arg-type]
         wrong=[
@@ -169,6 +195,7 @@ def test_overlap_hook() -> None:
             (_hooks(twice), "averaged twice"),
             (_hooks(start_then_divide), "changed after its all-reduce started"),
             (_hooks(forgets_handles), "keep every handle"),
+            (all_at_the_end, "nothing overlaps backward"),
             (lambda model, handles, n: None, "no all-reduce was started"),
             (_hooks(lambda p, h, n: 1 / 0), "ZeroDivisionError"),
             ("hooks", "expected a function"),

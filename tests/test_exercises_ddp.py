@@ -37,6 +37,8 @@ def test_shard_indices() -> None:
             (lambda n, world, rank: list(range(n))[rank::world], "padded"),  # no padding
             (lambda n, world, rank: list(range(rank * (n // world), (rank + 1) * (n // world))), ""),
             (lambda n, world, rank: "abc", "list of ints"),
+            # right whenever there are at least as many samples as ranks, empty for the ranks beyond them
+            (lambda n, world, rank: [] if rank >= n else shard(n, world, rank), "never gets an empty shard"),
         ],
     )
 

@@ -37,8 +37,20 @@ def test_rank_bytes() -> None:
             (lambda p, n, s: 3 * p, "count 2 bytes"),
             (lambda p, n, s: "16", "return a number"),
             (lambda p, n, s: 1 / 0, "ZeroDivisionError"),
+            (_rounded_down, "rounds the shard down"),
+            (_not_rounded, "divides without rounding up"),
         ],
     )
+
+
+def _rounded_down(params: int, n: int, stage: str) -> int:
+    sharded = {"ddp": (0, 0, 0), "zero1": (0, 0, 1), "zero2": (0, 1, 1), "zero3": (1, 1, 1)}[stage]
+    return sum(b * (params // n if s else params) for b, s in zip((2, 2, 12), sharded))
+
+
+def _not_rounded(params: int, n: int, stage: str) -> float:
+    sharded = {"ddp": (0, 0, 0), "zero1": (0, 0, 1), "zero2": (0, 1, 1), "zero3": (1, 1, 1)}[stage]
+    return sum(b * (params / n if s else params) for b, s in zip((2, 2, 12), sharded))
 
 
 RIGHT = dict(zip(FIT_SCENARIOS, ["ddp", "zero1", "zero2", "zero3"]))
@@ -132,9 +144,36 @@ def test_reduce_scatter_step() -> None:
     def blank(*args: Any) -> Any:
         raise NotImplementedError
 
+    def waited(full_grad: torch.Tensor, n: int, reduce_dtype: torch.dtype, shard_dtype: torch.dtype) -> Any:
+        grad = full_grad.to(reduce_dtype)
+        shard = torch.empty(grad.numel() // n, dtype=reduce_dtype)
+        dist.reduce_scatter_tensor(shard, grad, async_op=True).wait()
+        return shard.div_(n).to(shard_dtype)
+
+    def never_waited(full_grad: torch.Tensor, n: int, reduce_dtype: torch.dtype, shard_dtype: torch.dtype) -> Any:
+        grad = full_grad.to(reduce_dtype)
+        shard = torch.zeros(grad.numel() // n, dtype=reduce_dtype)
+        dist.reduce_scatter_tensor(shard, grad, async_op=True)  # the handle is dropped: nothing waits
+        return shard.div_(n).to(shard_dtype)
+
+    def divided_before_cast(
+        full_grad: torch.Tensor, n: int, reduce_dtype: torch.dtype, shard_dtype: torch.dtype
+    ) -> Any:
+        grad = (full_grad / n).to(reduce_dtype)  # the division rounds in the compute dtype
+        shard = torch.empty(grad.numel() // n, dtype=reduce_dtype)
+        dist.reduce_scatter_tensor(shard, grad)
+        return shard.to(shard_dtype)
+
+    def output_of_other_dtype(
+        full_grad: torch.Tensor, n: int, reduce_dtype: torch.dtype, shard_dtype: torch.dtype
+    ) -> Any:
+        shard = torch.empty(full_grad.numel() // n, dtype=torch.float32)
+        dist.reduce_scatter_tensor(shard, full_grad)  # a bf16 input into an fp32 output
+        return shard.div_(n).to(shard_dtype)
+
     assert_check(
         check_reduce_scatter_step,
-        right=[_shard_gradient, with_avg, divide_first],
+        right=[_shard_gradient, with_avg, divide_first, waited],
         right_says="divide once",
         not_done=[..., blank, lambda *args: None],
         wrong=[
@@ -148,6 +187,9 @@ def test_reduce_scatter_step() -> None:
             (lambda g, n, r, s: [0.0] * (g.numel() // n), "should return a tensor"),
             (lambda g, n, r, s: torch.randn(g.numel() // n), "expected chunk 0"),
             (lambda g, n, r, s: _shard_gradient(g + torch.randn(g.shape).to(g.dtype), n, r, s), "run again"),
+            (divided_before_cast, "divided in torch.bfloat16 before the cast"),
+            (never_waited, "never waited for"),
+            (output_of_other_dtype, "two dtypes"),
         ],
     )
     assert not dist.is_initialized()

@@ -11,21 +11,13 @@ from torch import nn
 
 from ..allreduce_sim import parameter_server_bytes_formula, ring_bytes_formula
 from ..comm_model import AlphaBeta, predict_all_reduce
-from ..hand_ddp import bucket_assignment
+from ..ddp_buckets import bucket_assignment
 from ..validation import is_int
 from .core import NotDone, Wrong, as_number, call_learner, dict_answer, exercise, grads_of, is_placeholder
 from .simulated_ranks import AsyncAllReduce, SimulatedRankError
 
-__all__ = [
-    "check_ring_bytes",
-    "check_ring_schedule",
-    "check_collective_choice",
-    "check_ring_time",
-    "check_overlap_hook",
-    "check_bucket_boundaries",
-    "BUCKET_CASES",
-    "COLLECTIVE_TASKS",
-]
+__all__ = ["BUCKET_CASES", "COLLECTIVE_TASKS", "check_bucket_boundaries", "check_collective_choice"]
+__all__ += ["check_overlap_hook", "check_ring_bytes", "check_ring_schedule", "check_ring_time"]
 
 
 @exercise("ring traffic", todo="write ring_bytes(nbytes, n): the bytes each worker sends in a ring all-reduce")
@@ -204,6 +196,9 @@ def check_overlap_hook(add_overlap_hooks: Any) -> str:
     models = [copy.deepcopy(base) for _ in range(n)]
     handles: list[list[Any]] = [[] for _ in range(n)]
     sim = AsyncAllReduce(n)
+    # the check's own hooks, registered first so they run first: when each gradient becomes ready (rank 0)
+    for i, p in enumerate(q for q in models[0].parameters() if q.requires_grad):
+        p.register_post_accumulate_grad_hook(lambda _p, i=i: sim.ready.append(i) if sim.rank == 0 else None)
     with sim.patch():
         for r in range(n):
             sim.rank = r
@@ -211,6 +206,19 @@ def check_overlap_hook(add_overlap_hooks: Any) -> str:
         for r in range(n):
             sim.rank = r
             _run_learner(lambda m=models[r], r=r: _hook_loss(m, r).backward())
+    _check_launches(sim, models, handles, len(trainable))
+    try:
+        sim.resolve()
+    except SimulatedRankError as e:
+        raise Wrong(str(e)) from None
+    for r in range(n):
+        for h in handles[r]:
+            h.wait()
+    return _judge_overlap(sim, models, mean, n)
+
+
+def _check_launches(sim: AsyncAllReduce, models: list[Any], handles: list[list[Any]], trainable: int) -> None:
+    """How the hooks started the all-reduces: asynchronously, one per gradient, as each gradient became ready."""
     calls = [len(c) for c in sim.calls]
     if sim.blocking:
         raise Wrong(
@@ -228,8 +236,7 @@ def check_overlap_hook(add_overlap_hooks: Any) -> str:
             "parameter that requires grad, and start dist.all_reduce(param.grad, async_op=True) in it"
         )
     tied = models[0].emb.weight
-    tied_calls = sum(1 for t, _, _ in sim.calls[0] if t is tied.grad)
-    if tied_calls > 1:
+    if sum(1 for t, _, _ in sim.calls[0] if t is tied.grad) > 1:
         raise Wrong(
             "the tied weight (one tensor used by the embedding and by the head) was all-reduced twice: it got two "
             "hooks. Give each tensor one hook: model.parameters() lists a shared parameter once"
@@ -240,9 +247,9 @@ def check_overlap_hook(add_overlap_hooks: Any) -> str:
             "an all-reduce got a tensor other than param.grad (a copy, or the parameter itself): all-reduce "
             "param.grad in place, so that the averaged values land where the optimizer reads them"
         )
-    if calls[0] != len(trainable):
+    if calls[0] != trainable:
         raise Wrong(
-            f"{calls[0]} all-reduces for {len(trainable)} trainable parameters: each gradient must be all-reduced "
+            f"{calls[0]} all-reduces for {trainable} trainable parameters: each gradient must be all-reduced "
             "exactly once per backward"
         )
     if len(handles[0]) != calls[0] or any(not any(h is w for w in sim.works) for h in handles[0]):
@@ -250,13 +257,16 @@ def check_overlap_hook(add_overlap_hooks: Any) -> str:
             "keep every handle that dist.all_reduce(..., async_op=True) returns in `handles`: the step waits on "
             "them after backward, before optimizer.step()"
         )
-    try:
-        sim.resolve()
-    except SimulatedRankError as e:
-        raise Wrong(str(e)) from None
-    for r in range(n):
-        for h in handles[r]:
-            h.wait()
+    rank0 = sim.launch_points[: calls[0]]
+    if trainable > 1 and all(point >= trainable for point in rank0):
+        raise Wrong(
+            "every all-reduce started after the last gradient was ready (from one hook at the end of backward?): "
+            "nothing overlaps backward. Start each gradient's all-reduce from its own parameter's hook"
+        )
+
+
+def _judge_overlap(sim: AsyncAllReduce, models: list[Any], mean: list[torch.Tensor], n: int) -> str:
+    """The values after every handle was waited for: the mean over the ranks, divided once."""
     if sim.modified_after_launch:
         raise Wrong(
             "the gradient changed after its all-reduce started (dividing it afterwards?): until wait() returns the "

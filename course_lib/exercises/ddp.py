@@ -40,7 +40,7 @@ def check_global_rank(global_rank: Any) -> str:
     todo="write shard(n, world_size, rank) returning the indices DistributedSampler(shuffle=False) gives that rank",
 )
 def check_shard_indices(shard: Any) -> str:
-    for n, world in [(10, 2), (10, 3), (7, 4), (3, 4), (12, 3)]:
+    for n, world in [(10, 2), (10, 3), (7, 4), (3, 4), (2, 5), (1, 3), (12, 3)]:
         for rank in range(world):
             dataset: Any = range(n)  # the sampler needs only len() of its dataset: a range will do
             want: list[int] = list(DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=False))
@@ -51,7 +51,12 @@ def check_shard_indices(shard: Any) -> str:
                 raise Wrong(f"shard should return a list of ints, got {got!r}") from None
             if got != want:
                 hint = ""
-                if len(got) != len(want):
+                if not got:
+                    hint = (
+                        " - a rank never gets an empty shard: with fewer samples than ranks, the padding "
+                        "repeats samples so that every rank still runs the same number of steps"
+                    )
+                elif len(got) != len(want):
                     hint = (
                         f" - each rank gets ceil(n / world_size) = {len(want)} indices; "
                         "the short ones are padded by repeating from the start"

@@ -57,6 +57,15 @@ def check_rank_bytes(rank_bytes: Any) -> str:
         for other, value in wrong_k.items():
             if other != stage and math.isclose(got, value, rel_tol=1e-3):
                 raise Wrong(f"{call} returned what {other!r} keeps; {stage!r} shards a different set")
+        sharded_bytes = {"ddp": 0, "zero1": 12, "zero2": 14, "zero3": 16}[stage]  # per element, in the shard
+        shard = math.ceil(params / n)
+        for short, how in ((params // n, "rounds the shard down"), (params / n, "divides without rounding up")):
+            if params % n and math.isclose(got, want - sharded_bytes * (shard - short), rel_tol=1e-9):
+                raise Wrong(
+                    f"{call} = {got:,.0f} {how}: {params} elements over {n} ranks need shards of "
+                    f"ceil({params} / {n}) = {shard} elements (the flat buffer is padded), or some elements have "
+                    "no owner"
+                )
         raise Wrong(
             f"{call} returned {got:,.0f}: count 2 bytes of parameters, 2 of gradients "
             "and 12 of optimizer state per parameter, and divide the sharded ones by N"
@@ -176,6 +185,11 @@ def check_reduce_scatter_step(shard_gradient: Any) -> str:
         call = f"shard_gradient(<{n * shard_len} {str(compute_dtype)[6:]} values>, {n}, {reduce_dtype}, {shard_dtype})"
         got, sim = _simulate(shard_gradient, n, grads, reduce_dtype, shard_dtype)
         want, _ = _simulate(_reference_shard_gradient, n, grads, reduce_dtype, shard_dtype)
+        if sim.never_waited():
+            raise Wrong(
+                f"{call}: an asynchronous reduce-scatter (async_op=True) was never waited for: its output holds "
+                "nothing yet when it is read (a real backend writes it later); call .wait() on the handle first"
+            )
         for r, (mine, right) in enumerate(zip(got, want)):
             if not isinstance(mine, torch.Tensor):
                 raise Wrong(f"{call} should return a tensor (this rank's shard), got {type(mine).__name__}")
@@ -202,6 +216,12 @@ def check_reduce_scatter_step(shard_gradient: Any) -> str:
             if near(exact / n**2):
                 raise Wrong(f"{call}: the gradient is averaged twice (ReduceOp.AVG and a division, or two divisions)")
             if near(exact / n) and reduce_dtype != compute_dtype:
+                sent = sim.inputs[r][0].dtype if sim.inputs[r] else None
+                if sent == reduce_dtype:  # reduced in the right dtype: the rounding came before, in the division
+                    raise Wrong(
+                        f"{call}: close, but divided in {compute_dtype} before the cast: cast the gradient to "
+                        f"reduce_dtype ({reduce_dtype}) first, then reduce-scatter and divide there"
+                    )
                 raise Wrong(
                     f"{call}: close, but reduced in {compute_dtype}: cast the gradient to reduce_dtype "
                     f"({reduce_dtype}) before the reduce-scatter, so the sum over ranks is not rounded to bf16"

@@ -41,6 +41,7 @@ def patched_dist(rank_of: Any, world_size: int, **functions: Any) -> Iterator[No
         "get_rank": lambda group=None: rank_of(),
         "get_world_size": lambda group=None: world_size,
         "is_initialized": lambda: True,
+        "get_backend": lambda group=None: "gloo",  # what the real ranks of these checks would run
         **functions,
     }
     saved = {name: getattr(dist, name) for name in replacements}
@@ -58,10 +59,12 @@ def _is_op(op: Any, name: str) -> bool:
 
 
 class _Work:
-    """What ``all_reduce(..., async_op=True)`` returns: ``wait()`` is honest only after resolve()."""
+    """What ``all_reduce(..., async_op=True)`` returns: ``wait()`` is honest only after resolve(); ``get_future()``
+    completes then too (with the reduced tensor, as a real handle's future does)."""
 
-    def __init__(self, sim: AsyncAllReduce) -> None:
-        self.sim = sim
+    def __init__(self, sim: AsyncAllReduce, tensor: torch.Tensor) -> None:
+        self.sim, self.tensor = sim, tensor
+        self.future: torch.futures.Future[list[torch.Tensor]] = torch.futures.Future()
 
     def wait(self, timeout: Any = None) -> bool:
         if not self.sim.resolved:
@@ -70,6 +73,9 @@ class _Work:
 
     def is_completed(self) -> bool:
         return self.sim.resolved
+
+    def get_future(self) -> torch.futures.Future[list[torch.Tensor]]:
+        return self.future
 
 
 class AsyncAllReduce:
@@ -84,6 +90,8 @@ class AsyncAllReduce:
         self.modified_after_launch = False
         self.resolved = False
         self.works: list[_Work] = []
+        self.ready: list[int] = []  # the check appends a parameter's index when its gradient is ready
+        self.launch_points: list[int] = []
 
     def all_reduce(self, tensor: Any, op: Any = None, group: Any = None, async_op: bool = False) -> _Work | None:
         if not isinstance(tensor, torch.Tensor):
@@ -93,8 +101,9 @@ class AsyncAllReduce:
         if not async_op:
             self.blocking = True
             return None
-        work = _Work(self)
+        work = _Work(self, tensor)
         self.works.append(work)
+        self.launch_points.append(len(self.ready))  # how many gradients were ready when it started
         return work
 
     def patch(self) -> Any:
@@ -121,6 +130,8 @@ class AsyncAllReduce:
                 with torch.no_grad():
                     t.copy_(total.to(t.dtype))
         self.resolved = True
+        for work in self.works:
+            work.future.set_result([work.tensor])
 
 
 _SCATTER_NAMES = ("reduce_scatter_single", "reduce_scatter_tensor", "reduce_scatter")
@@ -136,6 +147,9 @@ class ReplayedReduceScatter:
         self.inputs: list[list[torch.Tensor]] = [[] for _ in range(world_size)]
         self.call_index = 0
         self.used: set[str] = set()
+        self.async_call = False
+        self.pending: _PendingWork | None = None
+        self.works: list[Any] = []
 
     def start_rank(self, rank: int) -> None:
         self.rank, self.call_index = rank, 0
@@ -163,25 +177,33 @@ class ReplayedReduceScatter:
             with torch.no_grad():
                 output.copy_(total)
             return
+        if output.dtype != flat_input.dtype:
+            raise SimulatedRankError(
+                f"the output is {output.dtype} and the input {flat_input.dtype}: a real backend refuses tensors of two "
+                "dtypes in one collective (gloo aborts on it); reduce-scatter into an output of the input's dtype, "
+                "then cast"
+            )
         if flat_input.numel() != output.numel() * self.world_size:
             raise SimulatedRankError(
                 f"reduce-scatter's input must have world_size x the output's elements: got {flat_input.numel()} "
                 f"and {output.numel()}"
             )
+        value = total.view(self.world_size, -1)[self.rank].view_as(output)
+        if self.async_call:  # written when the handle is waited for, as a real backend completes it
+            self.pending = _PendingWork(self, output, value)
+            return
         with torch.no_grad():
-            output.copy_(total.view(self.world_size, -1)[self.rank].view_as(output))
+            output.copy_(value)
 
     def reduce_scatter_single(
         self, output: torch.Tensor, input: torch.Tensor, op: Any = None, group: Any = None, async_op: bool = False
     ) -> _DoneWork | None:
-        self._reduce("reduce_scatter_single", output, input.reshape(-1), op)
-        return _DoneWork() if async_op else None
+        return self._call("reduce_scatter_single", output, input.reshape(-1), op, async_op)
 
     def reduce_scatter_tensor(
         self, output: torch.Tensor, input: torch.Tensor, op: Any = None, group: Any = None, async_op: bool = False
     ) -> _DoneWork | None:
-        self._reduce("reduce_scatter_tensor", output, input.reshape(-1), op)
-        return _DoneWork() if async_op else None
+        return self._call("reduce_scatter_tensor", output, input.reshape(-1), op, async_op)
 
     def reduce_scatter(
         self,
@@ -191,16 +213,45 @@ class ReplayedReduceScatter:
         group: Any = None,
         async_op: bool = False,
     ) -> _DoneWork | None:
-        self._reduce("reduce_scatter", output, torch.cat([t.reshape(-1) for t in input_list]), op)
-        return _DoneWork() if async_op else None
+        return self._call("reduce_scatter", output, torch.cat([t.reshape(-1) for t in input_list]), op, async_op)
 
     def all_reduce(self, tensor: torch.Tensor, op: Any = None, group: Any = None, async_op: bool = False) -> Any:
         self._reduce("all_reduce", tensor, tensor.reshape(-1).clone(), op)
         return _DoneWork() if async_op else None
 
+    def _call(self, name: str, output: torch.Tensor, flat: torch.Tensor, op: Any, async_op: bool) -> Any:
+        self.async_call, self.pending = async_op, None
+        self._reduce(name, output, flat, op)
+        if not async_op:
+            return None
+        work = self.pending if self.pending is not None else _DoneWork()
+        self.works.append(work)
+        return work
+
+    def never_waited(self) -> int:
+        """How many asynchronous reduce-scatters of the replay were never waited for (their output never written)."""
+        return sum(1 for w in self.works if isinstance(w, _PendingWork) and not w.done)
+
     def patch(self) -> Any:
         fns = {name: getattr(self, name) for name in (*_SCATTER_NAMES, "all_reduce")}
         return patched_dist(lambda: self.rank, self.world_size, **fns)
+
+
+class _PendingWork:
+    """An asynchronous reduce-scatter of the replay: its output is written only when ``wait()`` is called."""
+
+    def __init__(self, sim: ReplayedReduceScatter, output: torch.Tensor, value: torch.Tensor) -> None:
+        self.output, self.value, self.done = output, value.detach().clone(), False
+
+    def wait(self, timeout: Any = None) -> bool:
+        if not self.done:
+            with torch.no_grad():
+                self.output.copy_(self.value)
+            self.done = True
+        return True
+
+    def is_completed(self) -> bool:
+        return self.done
 
 
 class _DoneWork:

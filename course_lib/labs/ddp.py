@@ -241,6 +241,6 @@ def _communication_checks(results: Sequence[dict[str, Any]], bucket_bytes: list[
     return checks
 
 
-def check_ddp_lab(solution: str | Path = "_runs/lab_ddp.py", *, timeout: float = 120.0) -> LabResult:
+def check_ddp_lab(solution: str | Path = "_runs/lab_ddp.py", *, timeout: float | None = None) -> LabResult:
     """Run ``solution``'s ``BucketedDDP`` on 2 processes against ``DistributedDataParallel`` (see the module)."""
     return run_lab(LAB, solution, "course_lib.labs.ddp:harness", evaluate, nprocs=2, timeout=timeout)

@@ -11,6 +11,7 @@ directly and are not recorded.
 from __future__ import annotations
 
 import functools
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -28,8 +29,10 @@ _RECORDED = (
     "all_reduce",
     "all_gather",
     "all_gather_into_tensor",
+    "all_gather_single",
     "reduce_scatter",
     "reduce_scatter_tensor",
+    "reduce_scatter_single",
     "broadcast",
     "send",
     "recv",
@@ -46,7 +49,7 @@ class Call:
     """One recorded collective."""
 
     op: str
-    nbytes: int
+    nbytes: int  # the tensor handed in: what an all-to-all sends (its input), the buffer of other collectives
     async_op: bool
     in_backward: bool  # issued while backward ran (from a hook)
     step: int  # the harness's step counter when it was issued
@@ -82,28 +85,47 @@ class CollectiveRecorder:
     def __init__(self) -> None:
         self.calls: list[Call] = []
         self.step = 0
+        self._depth = threading.local()  # > 0 inside a recorded call, on this thread
+        self._depth.value = 0
 
     def _wrap(self, name: str, fn: Any) -> Any:
         @functools.wraps(fn)
         def recorded(*args: Any, **kwargs: Any) -> Any:
+            depth = getattr(self._depth, "value", 0)
+            if depth:  # called by another recorded function (send calls isend): counted once, there
+                return fn(*args, **kwargs)
             async_op = bool(kwargs.get("async_op", False)) or name in ("isend", "irecv")
-            call = Call(name, _nbytes(args[0]) if args else 0, async_op, in_backward(), self.step)
+            sent = args[1] if name in ("all_to_all", "all_to_all_single") and len(args) > 1 else (args or [None])[0]
+            call = Call(name, _nbytes(sent), async_op, in_backward(), self.step)
             self.calls.append(call)
-            work = fn(*args, **kwargs)
+            self._depth.value = depth + 1
+            try:
+                work = fn(*args, **kwargs)
+            finally:
+                self._depth.value = depth
             return _RecordedWork(work, call) if work is not None and async_op else work
 
         return recorded
 
     @contextmanager
     def installed(self) -> Iterator[CollectiveRecorder]:
-        saved = {name: getattr(dist, name) for name in _RECORDED if hasattr(dist, name)}
+        """Wrap the functions in ``torch.distributed`` and in ``distributed_c10d`` alike: ``P2POp`` accepts only the
+        module's own ``isend``/``irecv``, so both names must hold the same wrapper for ``batch_isend_irecv``."""
+        import torch.distributed.distributed_c10d as c10d
+
+        modules = (dist, c10d)
+        saved = {(m, name): getattr(m, name) for m in modules for name in _RECORDED if hasattr(m, name)}
         try:
-            for name, fn in saved.items():
-                setattr(dist, name, self._wrap(name, fn))
+            for name in _RECORDED:
+                if hasattr(dist, name):
+                    wrapped = self._wrap(name, getattr(dist, name))
+                    for m in modules:
+                        if hasattr(m, name):
+                            setattr(m, name, wrapped)
             yield self
         finally:
-            for name, fn in saved.items():
-                setattr(dist, name, fn)
+            for (m, name), fn in saved.items():
+                setattr(m, name, fn)
 
     def of(self, op: str, step: int | None = None) -> list[Call]:
         """The recorded calls of one operation (of one step, if given)."""

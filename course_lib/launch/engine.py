@@ -187,35 +187,7 @@ def run_processes(
             procs.append(proc)
             guard(proc.pid)  # each process leads its own group (its own session)
             threading.Thread(target=_reader, args=(i, proc.stdout, q), daemon=True).start()
-        open_streams = len(procs)
-        first_failure: float | None = None
-        all_exited: float | None = None
-        while True:
-            try:
-                idx, text = q.get(timeout=0.05)
-                if text is None:
-                    open_streams -= 1
-                else:
-                    label, body = _label(text, labels[idx], rank_offsets[idx])
-                    lines.append((label, body))
-                    printer.line(label, body)
-            except queue.Empty:
-                pass
-            now = time.monotonic()
-            codes = [p.poll() for p in procs]
-            exited += [i for i, c in enumerate(codes) if c is not None and i not in exited]
-            if first_failure is None and any(c not in (None, 0) for c in codes):
-                first_failure = now
-            if all(c is not None for c in codes):
-                all_exited = all_exited if all_exited is not None else now
-                if open_streams == 0 or now - all_exited > _DRAIN_S:
-                    break
-            if first_failure is not None and now - first_failure > _GRACE_S:
-                reason = "failed"
-                break
-            if now - start > timeout:
-                reason = "timeout"
-                break
+        reason = _watch(procs, q, labels, rank_offsets, lines, printer, exited, start, timeout)
     finally:
         _kill(procs, launch_id)
         for p in procs:
@@ -332,3 +304,51 @@ def _failure_error(
         tail = "\n".join(f"[{lab}] {t}" for lab, t in lines[-10:])
         msg += f" Last output:\n{tail}"
     return LaunchError(msg, reason="failed", rank=rank_number(culprit), traceback=tb, result=result)
+
+
+def _watch(
+    procs: list[Any],
+    q: queue.Queue[tuple[int, str | None]],
+    labels: list[str],
+    rank_offsets: list[int],
+    lines: list[tuple[str, str]],
+    printer: Echo,
+    exited: list[int],
+    start: float,
+    timeout: float,
+) -> str:
+    """Read and print the processes' lines until the job ends; "" (finished), "failed" or "timeout".
+
+    ``lines`` and ``exited`` (indices, in the order the processes were seen to exit) are filled in place.
+    """
+    open_streams = len(procs)
+    first_failure: float | None = None
+    all_exited: float | None = None
+    reason = ""
+    while True:
+        try:
+            idx, text = q.get(timeout=0.05)
+            if text is None:
+                open_streams -= 1
+            else:
+                label, body = _label(text, labels[idx], rank_offsets[idx])
+                lines.append((label, body))
+                printer.line(label, body)
+        except queue.Empty:
+            pass
+        now = time.monotonic()
+        codes = [p.poll() for p in procs]
+        exited.extend(i for i, c in enumerate(codes) if c is not None and i not in exited)
+        if first_failure is None and any(c not in (None, 0) for c in codes):
+            first_failure = now
+        if all(c is not None for c in codes):
+            all_exited = all_exited if all_exited is not None else now
+            if open_streams == 0 or now - all_exited > _DRAIN_S:
+                break
+        if first_failure is not None and now - first_failure > _GRACE_S:
+            reason = "failed"
+            break
+        if now - start > timeout:
+            reason = "timeout"
+            break
+    return reason

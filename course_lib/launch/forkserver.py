@@ -63,6 +63,7 @@ PRELOAD = (
     "torch",
     "torch.distributed",
     "torch.distributed.nn",
+    "torch.distributed.optim",
     "torch._dynamo",
     "torch.distributed.tensor",
     "torch.nn.parallel",

@@ -86,49 +86,16 @@ def run_ranks(
     ``r`` (``torch.cuda.set_device`` and ``init_process_group(device_id=...)``, before ``fn`` runs);
     it needs one GPU per rank and is refused otherwise. ``backend="nccl"`` needs ``device="cuda"``.
     """
-    nprocs = check_positive_int("nprocs", nprocs)
-    if backend not in ("gloo", "nccl", "mpi"):
-        raise ValueError(f"backend must be 'gloo', 'nccl' or 'mpi', got {backend!r}")
-    device = check_device(device)
-    if backend == "nccl" and device != "cuda":
-        raise ValueError("backend='nccl' runs collectives between GPUs: pass device='cuda' (one GPU per rank)")
-    if device == "cuda":
-        from ..device import gpu_count
-
-        have = gpu_count()
-        if nprocs > have:
-            raise ValueError(
-                f"device='cuda' binds one GPU per rank: {nprocs} ranks need {nprocs} GPUs, this machine has {have}"
-                " (two ranks on one GPU is what NCCL refuses as 'Duplicate GPU detected')"
-            )
-    if init_method not in ("env", "tcp", "none"):
-        raise ValueError(f"init_method must be 'env', 'tcp' or 'none', got {init_method!r}")
-    if isinstance(args, (str, bytes)) or not isinstance(args, Sequence):
-        raise TypeError("args must be a tuple or list of extra arguments for fn")
+    nprocs = _check_job(nprocs, backend, device, init_method, args)
     timeout = check_timeout(timeout)
-    module, name, path = _target_spec(fn)
+    _target_spec(fn)  # refused here, in this process, if a fresh process could not import it
     master_port = rendezvous_port(master_port)
     try:
         payload = pickle.dumps(tuple(args))
     except Exception as e:  # noqa: BLE001 - say what could not be pickled
         raise TypeError(f"args must be picklable to reach the new processes: {e}") from e
     with tempfile.TemporaryDirectory(prefix="course_spawn_") as tmp:
-        spec = {
-            "module": module,
-            "name": name,
-            "path": path,
-            "payload": payload,
-            "backend": backend,
-            "device": device,
-            "init_method": init_method,
-            "world_size": nprocs,
-            "port": master_port,
-            "dir": tmp,
-            "sys_path": [str(Path.cwd()), *[p for p in sys.path if p]],
-            "timeout": timeout,
-        }
-        spec_file = Path(tmp) / "spec.pkl"
-        spec_file.write_bytes(pickle.dumps(spec))
+        spec_file = _write_spec(tmp, fn, payload, backend, device, init_method, nprocs, master_port, timeout)
         boot = "from course_lib.launch.worker import worker_main; worker_main()"
         commands = [[sys.executable, "-c", boot, str(spec_file), str(rank)] for rank in range(nprocs)]
         # On Linux a CPU job's ranks are forks of the fork server, which has imported torch already
@@ -154,3 +121,59 @@ def run_ranks(
             results.append(pickle.loads(out.read_bytes()))
         result.results = results
         return results
+
+
+def _check_job(nprocs: Any, backend: Any, device: Any, init_method: Any, args: Any) -> int:
+    """run_ranks's own arguments, checked; the number of processes."""
+    nprocs = check_positive_int("nprocs", nprocs)
+    if backend not in ("gloo", "nccl", "mpi"):
+        raise ValueError(f"backend must be 'gloo', 'nccl' or 'mpi', got {backend!r}")
+    device = check_device(device)
+    if backend == "nccl" and device != "cuda":
+        raise ValueError("backend='nccl' runs collectives between GPUs: pass device='cuda' (one GPU per rank)")
+    if device == "cuda":
+        from ..device import gpu_count
+
+        have = gpu_count()
+        if nprocs > have:
+            raise ValueError(
+                f"device='cuda' binds one GPU per rank: {nprocs} ranks need {nprocs} GPUs, this machine has {have}"
+                " (two ranks on one GPU is what NCCL refuses as 'Duplicate GPU detected')"
+            )
+    if init_method not in ("env", "tcp", "none"):
+        raise ValueError(f"init_method must be 'env', 'tcp' or 'none', got {init_method!r}")
+    if isinstance(args, (str, bytes)) or not isinstance(args, Sequence):
+        raise TypeError("args must be a tuple or list of extra arguments for fn")
+    return nprocs
+
+
+def _write_spec(
+    tmp: str,
+    fn: Any,
+    payload: bytes,
+    backend: str,
+    device: str,
+    init_method: str,
+    nprocs: int,
+    port: int,
+    timeout: float,
+) -> Path:
+    """The job's description for its workers (course_lib.launch.worker reads it), written to ``tmp/spec.pkl``."""
+    module, name, path = _target_spec(fn)
+    spec = {
+        "module": module,
+        "name": name,
+        "path": path,
+        "payload": payload,
+        "backend": backend,
+        "device": device,
+        "init_method": init_method,
+        "world_size": nprocs,
+        "port": port,
+        "dir": tmp,
+        "sys_path": [str(Path.cwd()), *[p for p in sys.path if p]],
+        "timeout": timeout,
+    }
+    spec_file = Path(tmp) / "spec.pkl"
+    spec_file.write_bytes(pickle.dumps(spec))
+    return spec_file

@@ -18,10 +18,7 @@ def worker_main() -> None:
 
     Internal: ``run_ranks`` starts each child with ``from course_lib.launch.worker import worker_main; worker_main()``.
     """
-    import importlib
-    import importlib.util
     import traceback
-    from datetime import timedelta
 
     spec_file, rank_s = sys.argv[1], sys.argv[2]
     rank = int(rank_s)
@@ -39,19 +36,7 @@ def worker_main() -> None:
         if p not in sys.path:
             sys.path.append(p)
     try:
-        if spec["path"] is not None:
-            mod = sys.modules.get(spec["module"])
-            if mod is None or getattr(mod, "__file__", None) != spec["path"]:
-                ispec = importlib.util.spec_from_file_location(spec["module"], spec["path"])
-                assert ispec is not None and ispec.loader is not None
-                mod = importlib.util.module_from_spec(ispec)
-                sys.modules[spec["module"]] = mod
-                ispec.loader.exec_module(mod)
-        else:
-            mod = importlib.import_module(spec["module"])
-        fn: Any = mod
-        for part in spec["name"].split("."):
-            fn = getattr(fn, part)
+        fn = _load_function(spec)
         args = pickle.loads(spec["payload"])
         import torch.distributed as dist
 
@@ -59,25 +44,12 @@ def worker_main() -> None:
         # ``group=group.WORLD`` as a default argument, evaluated at import. DDP imports that module
         # lazily (through torch._dynamo); imported after init_process_group, it would hold the
         # default group for good, and destroy_process_group() below could not free it.
+        # torch.distributed.optim's ZeroRedundancyOptimizer module does the same (its _broadcast_object).
         import torch.distributed.nn  # noqa: F401
+        import torch.distributed.optim  # noqa: F401
 
         group = spec["init_method"] != "none"
-        import torch
-
-        device_id = None
-        if spec["device"] == "cuda":
-            device_id = torch.device("cuda", rank)  # one GPU per rank: LOCAL_RANK == rank on this one machine
-            torch.cuda.set_device(device_id)
-        if group:
-            url = "env://" if spec["init_method"] == "env" else f"tcp://127.0.0.1:{spec['port']}"
-            dist.init_process_group(
-                spec["backend"],
-                init_method=url,
-                rank=rank,
-                world_size=ws,
-                timeout=timedelta(seconds=max(spec["timeout"], 1.0)),
-                device_id=device_id,
-            )
+        _start_group(spec, rank, ws)
         try:
             value = fn(rank, ws, *args)
         except BaseException:
@@ -110,3 +82,47 @@ def worker_main() -> None:
         # After a failure, skip interpreter teardown: a peer may be gone and a gloo thread stuck in
         # its collective; the error is recorded and the exit code says the rest.
         os._exit(1)
+
+
+def _load_function(spec: dict[str, Any]) -> Any:
+    """The job's function, from its file (loaded once per process) or its module."""
+    import importlib
+    import importlib.util
+
+    if spec["path"] is not None:
+        mod = sys.modules.get(spec["module"])
+        if mod is None or getattr(mod, "__file__", None) != spec["path"]:
+            ispec = importlib.util.spec_from_file_location(spec["module"], spec["path"])
+            assert ispec is not None and ispec.loader is not None
+            mod = importlib.util.module_from_spec(ispec)
+            sys.modules[spec["module"]] = mod
+            ispec.loader.exec_module(mod)
+    else:
+        mod = importlib.import_module(spec["module"])
+    fn: Any = mod
+    for part in spec["name"].split("."):
+        fn = getattr(fn, part)
+    return fn
+
+
+def _start_group(spec: dict[str, Any], rank: int, world_size: int) -> None:
+    """Bind this rank's GPU (``device="cuda"``) and open the default process group (unless ``init_method="none"``)."""
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+
+    device_id = None
+    if spec["device"] == "cuda":
+        device_id = torch.device("cuda", rank)  # one GPU per rank: LOCAL_RANK == rank on this one machine
+        torch.cuda.set_device(device_id)
+    if spec["init_method"] != "none":
+        url = "env://" if spec["init_method"] == "env" else f"tcp://127.0.0.1:{spec['port']}"
+        dist.init_process_group(
+            spec["backend"],
+            init_method=url,
+            rank=rank,
+            world_size=world_size,
+            timeout=timedelta(seconds=max(spec["timeout"], 1.0)),
+            device_id=device_id,
+        )
