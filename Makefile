@@ -32,7 +32,7 @@ CHROMIUM ?= /usr/bin/chromium
 export COURSE_LIB_STRICT_TEARDOWN := 1
 NPM_STAMP := node_modules/.package-lock.json
 
-.PHONY: help venv venv-learner lab test check static lint lint-sources test-lib test-notebooks test-portable test-gpu-visible test-load test-extra test-browser test-slurm test-learner-install execute sync generated footprint slides html lock benchmarks clean
+.PHONY: help venv venv-learner lab test check static lint lint-sources test-lib test-notebooks test-portable test-gpu-visible test-load test-extra test-browser test-slurm test-learner-install execute sync generated footprint slides html lock benchmarks clean student-edition instructor-edition editions grade grade-demo
 
 help:
 	@echo "make lab        - create $(VENV), install the pinned learner environment, open JupyterLab in notebooks/"
@@ -57,6 +57,10 @@ help:
 	@echo "make generated  - rewrite what is generated from course.toml and course_lib.facts (README, guide, tables)"
 	@echo "make footprint NB=09 - what belongs to a notebook (NB=ring: to every notebook about the ring)"
 	@echo "make lock       - regenerate the lock files from fresh installs of pyproject.toml (learner, dev)"
+	@echo "make student-edition    - _editions/student: the notebooks, the labs as handed out (nbgrader), course_lib"
+	@echo "make instructor-edition - _editions/instructor: the nbgrader course (solutions, hidden tests), the guide"
+	@echo "make grade SUBMISSIONS=dir - grade the labs handed in: _grading/grades.csv, _grading/feedback/ (docs/classroom.md)"
+	@echo "make grade-demo - grade six sample students (right, wrong, blank, hanging, hostile) and print the scores"
 
 # Two environments in one venv: the learner set (requirements.lock: what the notebooks and JupyterLab need)
 # for `make lab`, and the developer extras on top (requirements-dev.lock: tests, nbval, lint, types,
@@ -118,8 +122,8 @@ check: static
 # and `make check` share, in seconds. `make lint` adds every example in course_lib's docstrings, run as a doctest;
 # `make check` runs those and the unit tests in one pytest process.
 static: $(DEV_STAMP)
-	$(BIN)/ruff check course_lib scripts tests benchmarks
-	$(BIN)/ruff format --check course_lib scripts tests benchmarks
+	$(BIN)/ruff check course_lib scripts tests benchmarks solutions
+	$(BIN)/ruff format --check course_lib scripts tests benchmarks solutions
 	$(BIN)/mypy course_lib
 	$(if $(filter 1,$(LINT_SOURCES)),$(BIN)/ruff check --config ruff-sources.toml sources)
 
@@ -230,6 +234,32 @@ generated: $(DEV_STAMP)
 # What belongs to a notebook (NB=09, or a word such as NB=ring): the files to touch when changing what it teaches.
 footprint: $(DEV_STAMP)
 	@$(BIN)/python -m course_tools.manifest --footprint "$(NB)"
+
+# The classroom editions (docs/classroom.md), derived with nbgrader from the same files as the self-study course.
+student-edition: $(DEV_STAMP)
+	$(BIN)/python -m course_tools.classroom student
+instructor-edition: $(DEV_STAMP)
+	$(BIN)/python -m course_tools.classroom instructor
+editions: student-edition instructor-edition
+
+# Grade a folder of submissions (one folder per student, the lab notebooks in it) into _grading/: nbgrader's
+# gradebook, grades.csv, feedback per student. LAB_TIMEOUT: seconds per launch of a lab's job; CELL_TIMEOUT: any
+# other cell; DISK_MB: what a notebook may write.
+SUBMISSIONS ?=
+GRADES ?= _grading
+LAB_TIMEOUT ?= 120
+CELL_TIMEOUT ?= 60
+DISK_MB ?= 512
+grade: $(DEV_STAMP)
+	$(if $(SUBMISSIONS),,$(error SUBMISSIONS=dir: the folder with one folder per student))
+	test -f _editions/instructor/nbgrader/gradebook.db || $(MAKE) --no-print-directory instructor-edition
+	env -u COURSE_LIB_STRICT_TEARDOWN $(BIN)/python -m course_tools.grading "$(SUBMISSIONS)" --out $(GRADES) \
+	  --lab-timeout $(LAB_TIMEOUT) --cell-timeout $(CELL_TIMEOUT) --disk-mb $(DISK_MB)
+grade-demo: editions
+	rm -rf _grading-demo
+	$(BIN)/python -m course_tools.grading_samples _grading-demo/submissions --secret $(CURDIR)/solutions/lab_10_ddp.py
+	$(MAKE) --no-print-directory grade SUBMISSIONS=_grading-demo/submissions GRADES=_grading-demo/grades \
+	  LAB_TIMEOUT=90 CELL_TIMEOUT=20 DISK_MB=64
 
 benchmarks: $(DEV_STAMP)
 	@for b in benchmarks/*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done

@@ -225,8 +225,13 @@ LAB_SETTINGS = {
 }
 
 
-def start_jupyterlab(tmp: Path, log: Path) -> tuple[subprocess.Popen[bytes], Lab]:
+def start_jupyterlab(
+    tmp: Path, log: Path, notebooks: Path | None = None, extra_env: dict[str, str] | None = None
+) -> tuple[subprocess.Popen[bytes], Lab]:
     """A JupyterLab server on a copy of the notebooks in ``tmp``, answering; guarded by this process's guardian.
+
+    ``notebooks``: the folder to copy them from (default: the course's ``notebooks/``); ``extra_env``: more
+    environment for the server and its kernels.
 
     The server runs in a session of its own, so that stopping it stops its kernels; the guardian
     (``course_lib.launch.guardian``) kills it, and every kernel it started (they carry this process's mark in
@@ -236,7 +241,7 @@ def start_jupyterlab(tmp: Path, log: Path) -> tuple[subprocess.Popen[bytes], Lab
     # The notebooks alone: the server needs nothing else, and notebooks/_runs holds what nbval's kernels wrote
     # (scripts, checkpoints, logs), possibly still being written.
     root.mkdir()
-    for notebook in sorted((ROOT / "notebooks").glob("*.ipynb")):
+    for notebook in sorted((notebooks or ROOT / "notebooks").glob("*.ipynb")):
         shutil.copy2(notebook, root / notebook.name)
     settings = tmp / "settings"
     for name, values in LAB_SETTINGS.items():
@@ -250,6 +255,7 @@ def start_jupyterlab(tmp: Path, log: Path) -> tuple[subprocess.Popen[bytes], Lab
         JUPYTER_RUNTIME_DIR=str(tmp / "runtime"),
         IPYTHONDIR=str(tmp / "ipython"),
         PYTHONUNBUFFERED="1",
+        **(extra_env or {}),
     )
     env[PARENT_ENV] = str(os.getpid())  # the guardian's sweep finds the server and its kernels by this mark
     cmd = [
