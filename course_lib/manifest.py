@@ -190,5 +190,9 @@ def written_file(stem: str, filename: str) -> str:
 
 
 def course_map(notebooks: list[Notebook] | None = None) -> str:
-    """Notebook 00's map of the course: one line per notebook, stem and summary (backticks dropped)."""
-    return "\n".join(f"{n.stem:<34} {n.summary.replace('`', '')}" for n in notebooks or course())
+    """Notebook 00's map of the course: one line per notebook, stem and title (backticks dropped).
+
+    Titles, not the longer summaries: the whole map stays under 4,000 characters, which some notebook viewers cut
+    a cell's output at (README's table carries the summaries).
+    """
+    return "\n".join(f"{n.stem:<34} {n.title.replace('`', '')}" for n in notebooks or course())

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from course_lib.facts import fact
-from course_lib.manifest import ROOT, Notebook, course
+from course_lib.manifest import ROOT, Notebook, course, labs
 
 __all__ = [
     "TABLES",
@@ -130,6 +130,15 @@ def lecture_plan(notebooks: list[Notebook] | None = None) -> str:
     return "\n".join(rows)
 
 
+def labs_table() -> str:
+    """The labs, in course order: where each belongs, its time, what the learner writes and against what."""
+    rows = ["| Lab | After | Time | What you write, and what it is checked against |", "|---|---|---|---|"]
+    rows += [f"| `{lab.stem}` | {lab.after[:2]} | {lab.minutes} min | {lab.summary} |" for lab in labs()]
+    hours = sum(lab.minutes for lab in labs()) / 60
+    rows += ["", f"About **{hours:.1f} hours** of labs in all."]
+    return "\n".join(rows)
+
+
 def teaching_notes(notebooks: list[Notebook] | None = None) -> str:
     """The instructor guide's notes, one per notebook: how its session is cut and taught."""
     return "\n\n".join(f"### {n.number} · {n.title}\n\n{n.teach}" for n in notebooks or course())
@@ -141,8 +150,12 @@ _BLOCK = re.compile(r"(<!-- BEGIN generated: (?P<name>[\w-]+) -->\n)(?P<body>.*?
 def generated_blocks() -> dict[Path, dict[str, str]]:
     """For each file with generated blocks: the block names and what they must contain."""
     blocks = {
-        ROOT / "README.md": {"notebooks": readme_table()},
-        ROOT / "docs" / "instructor_guide.md": {"lecture-plan": lecture_plan(), "teaching-notes": teaching_notes()},
+        ROOT / "README.md": {"notebooks": readme_table(), "labs": labs_table()},
+        ROOT / "docs" / "instructor_guide.md": {
+            "lecture-plan": lecture_plan(),
+            "labs": labs_table(),
+            "teaching-notes": teaching_notes(),
+        },
     }
     for n in course():
         source = ROOT / "sources" / f"{n.stem}.py"

@@ -2,7 +2,7 @@
 """
 # 00 · Start here: how this course works
 
-**PyTorch training internals, from the Tensor to multi-node DDP** is a course you *run*. Every claim in the text is followed by code that shows it; every number in the text is printed by a cell you run, or names its source (a paper, a specification, a benchmark of this repository); and everything runs on a laptop CPU with 2 cores. Cells that need a GPU come alive where one exists and say what they skipped where it does not.
+**PyTorch training internals, from the Tensor to multi-node DDP** is a course you *run*. Every claim in the text is followed by code that shows it; every number in the text is printed by a cell you run, or names its source (a paper, a specification, a vendor's datasheet); and everything runs on a laptop CPU with 2 cores. Cells that need a GPU come alive where one exists and say what they skipped where it does not.
 
 By the end of this notebook you will be able to:
 - check that your environment has what the course needs;
@@ -16,10 +16,10 @@ This notebook assumes: you can run Python in Jupyter and have seen `torch.tensor
 """
 ## 1. Your environment
 
-The first cell reports what this machine has. Its output differs from machine to machine (that is why the test suite does not compare it); the cell after it checks what the course actually needs. Two lines of the report use words that come back often:
+The first cell reports what this machine has. Its output differs from machine to machine; the cell after it checks what the course actually needs. Two lines of the report use words that come back often:
 
 - **CPU kernels** names the set of vector instructions PyTorch's own kernels use on this CPU: `AVX512` (instructions that work on 512 bits, 16 float32 numbers, at once), `AVX2` (their 256-bit predecessor, which most laptops have), or `DEFAULT` (the baseline kernels, which assume none of these extensions and run on any CPU of its architecture).
-- **gloo** is the communication library through which PyTorch processes send each other tensors over the CPU and the network; the distributed notebooks (from 09 on) run on it. Between NVIDIA GPUs its counterpart is **NCCL** (NVIDIA's collective communication library), which notebook 09 §3 compares with gloo.
+- **gloo** is the communication library through which PyTorch processes send each other tensors over the CPU and the network; the distributed notebooks (from 09 on) run on it. Between NVIDIA GPUs its counterpart is **NCCL** (NVIDIA's collective communication library), which notebook 11 §7 compares with gloo.
 """
 
 # %% slideshow={"slide_type": "-"} tags=["nbval-ignore-output"]
@@ -42,7 +42,7 @@ print(f"Environment OK: PyTorch >= {MIN_TORCH} with torch.distributed and the gl
 """
 ### Which of your numbers will match, and which will differ
 
-The outputs committed in these notebooks were recorded on 2 cores of an AMD EPYC server CPU with AVX-512, including its AVX512-BF16 instructions (which multiply 16-bit `bfloat16` numbers natively; notebook 06 takes `bfloat16` apart), and without AMX (Intel's Advanced Matrix Extensions, matrix units for `bfloat16` and 8-bit tiles that some Xeons have), using PyTorch's `AVX512` kernels, with the CPU build of PyTorch 2.13.0 (notebook 18 was last executed on an Intel Xeon with AVX-512 and AMX, where every notebook's committed outputs also pass); the report above shows what your machine has. Kernels, thread counts and allocators change the last bits of floats and the size of temporary buffers from one CPU to another, so the course prints three kinds of number, and the test suite checks every notebook again under PyTorch's portable kernels with one thread, under AVX2 kernels (a typical laptop's), with two (simulated) CUDA GPUs visible, and on a machine whose every core is busy:
+The outputs you see in these notebooks came from one machine, and yours is another. Kernels (`AVX512`, `AVX2`, `DEFAULT`), thread counts and allocators change the last bits of floats and the size of temporary buffers from one CPU to another; two CPU features also change the speed of 16-bit arithmetic (notebook 07 §5): AVX512-BF16 instructions, which multiply 16-bit `bfloat16` numbers natively (notebook 06 takes `bfloat16` apart), and AMX (Intel's Advanced Matrix Extensions, matrix units for `bfloat16` and 8-bit tiles that some Xeons have). So the course prints three kinds of number:
 
 - **a relation**, printed as one (`allclose: True, largest difference < 1e-6`): the same on every correct machine;
 - **exact by construction** (byte counts, bit patterns, counts, seeded random integers): the same to the character;
@@ -82,7 +82,7 @@ The first call of an operation in a process pays one-time costs on top of its wo
 """
 ## 2. Every claim is shown by running code
 
-A sentence such as *"PyTorch 2.x tensors track gradients only when asked"* is always followed by a cell that checks it. Most checks are an `assert`: if a future PyTorch changes the behaviour, the course's test suite fails and the text gets fixed.
+A sentence such as *"PyTorch 2.x tensors track gradients only when asked"* is always followed by a cell that checks it. Most checks are an `assert`: if a future PyTorch changes the behaviour, the cell fails instead of printing a claim that is no longer true.
 """
 
 # %% slideshow={"slide_type": "fragment"}
@@ -94,7 +94,7 @@ print("claim checked:", x.requires_grad, w.requires_grad)
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-Every notebook seeds its random generators once at the top with `seed_everything`, so that a second run prints the same numbers, on your machine and in CI (all but the numbers after a `~`, which §1 explained).
+Every notebook seeds its random generators once at the top with `seed_everything`, so that a second run prints the same numbers, on your machine as in the committed notebook (all but the numbers after a `~`, which §1 explained).
 """
 
 # %% slideshow={"slide_type": "fragment"}
@@ -140,8 +140,8 @@ if requires_gpu("a matrix multiply on the GPU"):
 
 On a machine with a CUDA GPU, everything outside those guarded cells still runs on the CPU and prints what the committed notebooks show (the `~` numbers aside). That is a rule of the course, not luck:
 
-- **CPU jobs stay on the CPU.** The distributed notebooks start processes with `course_lib.launch`, which hides every GPU from them (`CUDA_VISIBLE_DEVICES=""`) unless a cell asks for one, and their scripts take the device as an argument (`--device cpu` by default) instead of choosing CUDA because one is visible. (CI checks this: it runs every notebook with a CPU-only PyTorch made to report two GPUs, and every cell outside the guarded ones must print exactly the same.)
-- **The GPU path is one switch.** Start JupyterLab with the environment variable `COURSE_DEVICE=cuda` (`COURSE_DEVICE=cuda make lab`) and the training scripts of notebook 10 (sections 2-4), 11 (section 5) and 13 (sections 2-4 and 6) run on your GPUs with NCCL instead: one process per GPU (a single process on a 1-GPU machine), each bound to its GPU by `LOCAL_RANK`, with deterministic kernels where a check compares two runs bit for bit. Their printed numbers then differ from the committed ones (other kernels, other timings); their checks still hold. The other distributed notebooks keep their jobs on the CPU and use the GPU only in guarded cells; the training scripts of notebooks 16 and 18 take `--device cuda` when you launch them yourself.
+- **CPU jobs stay on the CPU.** The distributed notebooks start processes with `course_lib.launch`, which hides every GPU from them (`CUDA_VISIBLE_DEVICES=""`) unless a cell asks for one, and their scripts take the device as an argument (`--device cpu` by default) instead of choosing CUDA because one is visible.
+- **The GPU path is one switch.** Start JupyterLab with the environment variable `COURSE_DEVICE=cuda` (`COURSE_DEVICE=cuda jupyter lab notebooks/`) and the training scripts of notebook 10 (sections 2-4), 11 (section 5) and 13 (sections 2-4 and 6) run on your GPUs with NCCL instead: one process per GPU (a single process on a 1-GPU machine), each bound to its GPU by `LOCAL_RANK`, with deterministic kernels where a check compares two runs bit for bit. Their printed numbers then differ from the committed ones (other kernels, other timings); their checks still hold. The other distributed notebooks keep their jobs on the CPU and use the GPU only in guarded cells; the training scripts of notebooks 16 and 18 take `--device cuda` when you launch them yourself.
 - **On a Mac with Apple silicon**, `torch.accelerator` reports the GPU (`mps`) to every process, and nothing hides it as `CUDA_VISIBLE_DEVICES=""` hides a CUDA GPU. The course's jobs still run on the CPU (the device is an argument of every script), but notebook 11 §6's probe then prints an accelerator where this notebook shows none, and code that picks "the" accelerator by itself may pick `mps`.
 - **Determinism is an opt-in.** `seed_everything(0)` only seeds the random generators (Python's, NumPy's, PyTorch's on the CPU and every GPU): on the CPU that is all the course needs to print the same numbers twice. `seed_everything(0, deterministic=True)` also asks for deterministic kernels (`torch.use_deterministic_algorithms`, cuDNN without autotuning, `CUBLAS_WORKSPACE_CONFIG`): use it on a GPU when you need bit-equal reruns, and know that every timing after it measures the deterministic kernels, which PyTorch's [reproducibility notes](https://pytorch.org/docs/stable/notes/randomness.html) warn may be slower.
 """
@@ -190,7 +190,7 @@ print("sum of 0..99 =", total)
 """
 ## 7. The map of the course
 
-Each notebook builds on the ones before it. The distributed notebooks (from 09 on) launch real processes that talk to each other over `gloo`, on your CPU.
+Each notebook builds on the ones before it, one line each below (README's table adds a one-line summary of each). The distributed notebooks (from 09 on) launch real processes that talk to each other over `gloo`, on your CPU.
 """
 
 # %% slideshow={"slide_type": "fragment"}
@@ -219,7 +219,7 @@ The course was built from four blog posts in Chinese, written for older versions
 | **the multi-GPU post** | 详解如何使用Pytorch进行多卡训练 | A detailed guide to multi-GPU training with PyTorch | a complete DDP example, and a "model parallel" example |
 | **the cluster post** | no title in the copy used; it opens: 如何使用PyTorch在GPU叢集上設定分散式神經網路訓練 | (untitled) how to set up distributed neural-network training on a GPU cluster with PyTorch | splitting a model across GPUs, gradient accumulation, DataParallel, DDP, multi-node launching, collectives for logging, `SyncBatchNorm` |
 
-A notebook that runs a post's code or checks one of its claims names the post this way (for example notebook 08 §3, "The cluster post's accumulation loop, run as written"). They are called "posts", never "seeds": in this course a seed is what `seed_everything(0)` sets.
+A notebook that runs a post's code or checks one of its claims names the post this way (for example notebook 08 §3, "The cluster post's accumulation loop, run as written").
 """
 
 # %% [markdown] slideshow={"slide_type": "slide"}
@@ -278,6 +278,5 @@ check_gpu_guard(ran)
 
 - PyTorch documentation: [Reproducibility](https://pytorch.org/docs/stable/notes/randomness.html) — what seeding does and does not guarantee.
 - PyTorch documentation: [CUDA semantics](https://pytorch.org/docs/stable/notes/cuda.html) — devices and the default device.
-- [nbval](https://nbval.readthedocs.io/) — how the course's notebooks are tested cell by cell.
 - [RISE for JupyterLab](https://github.com/jupyterlab-contrib/rise) — notebooks as live slides.
 """

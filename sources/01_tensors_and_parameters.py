@@ -39,7 +39,7 @@ A tensor carries, besides its values:
 | `grad_fn` | the backward function of the operation that produced it, or `None` |
 | `is_leaf` | `True` exactly when `grad_fn is None` |
 
-Older write-ups (including this course's source post) spell the second one `required_grad`. That name does not exist, and the typo fails **silently**: a Python tensor accepts any new attribute, so the line below runs, and nothing is tracked.
+Older write-ups (the Tensor post among them) spell the second one `required_grad`. That name does not exist, and the typo fails **silently**: a Python tensor accepts any new attribute, so the line below runs, and nothing is tracked.
 """
 
 # %% slideshow={"slide_type": "fragment"}
@@ -70,7 +70,7 @@ for name, v in tensors.items():
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-The source post says a tensor is a leaf "in two cases: the parameters `W` and the inputs `x`". That is incomplete. The rule is simpler: **a tensor is a leaf exactly when it has no `grad_fn`**. That covers every tensor you create yourself (with or without `requires_grad`), and also the result of an operation on tensors that do not require grad, such as `x_scaled`: autograd recorded nothing, so it is a leaf too.
+The Tensor post says a tensor is a leaf "in two cases: the parameters `W` and the inputs `x`". That is incomplete. The rule is simpler: **a tensor is a leaf exactly when it has no `grad_fn`**. That covers every tensor you create yourself (with or without `requires_grad`), and also the result of an operation on tensors that do not require grad, such as `x_scaled`: autograd recorded nothing, so it is a leaf too.
 """
 
 # %% slideshow={"slide_type": "fragment"}
@@ -189,7 +189,7 @@ assert isinstance(m.weight, nn.Parameter)  # still a Parameter after the move
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-The source post says `model.cuda()` moves every Parameter to the GPU. That is true, and buffers move too; plain attributes do not. On a machine with a GPU the next cell shows it; a forward pass would then fail with a device mismatch on `plain`.
+The Tensor post says `model.cuda()` moves every Parameter to the GPU. That is true, and buffers move too; plain attributes do not. On a machine with a GPU the next cell shows it; a forward pass would then fail with a device mismatch on `plain`.
 """
 
 # %% slideshow={"slide_type": "fragment"}

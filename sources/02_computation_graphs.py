@@ -114,7 +114,7 @@ for n in (1, 3, 5):
 """
 ## 2. `c = a * b` with a constant `b`: what `MulBackward0` saves and computes
 
-The source post's example: `a` requires grad, `b` (all 3s) does not. For `c = a * b`, the chain rule gives `∂L/∂a = ∂L/∂c · b` and `∂L/∂b = ∂L/∂c · a`. Only the first is needed, and it needs **`b`**, not `a`. So autograd saves `b` alone. Built-in backward nodes expose what they saved as `_saved_<name>` (`self` is the first operand, `other` the second); `saved_tensors_of` reads them.
+The Tensor post's example: `a` requires grad, `b` (all 3s) does not. For `c = a * b`, the chain rule gives `∂L/∂a = ∂L/∂c · b` and `∂L/∂b = ∂L/∂c · a`. Only the first is needed, and it needs **`b`**, not `a`. So autograd saves `b` alone. Built-in backward nodes expose what they saved as `_saved_<name>` (`self` is the first operand, `other` the second); `saved_tensors_of` reads them.
 """
 
 # %% slideshow={"slide_type": "fragment"}
@@ -141,7 +141,7 @@ assert set(saved_tensors_of(c2.grad_fn)) == {"self", "other"}
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-A backward node is callable. Given the incoming gradient `∂L/∂c` (here all ones) it returns one gradient per input of the forward operation. The source post says `MulBackward` computes the gradients of `a` *and* `b`; in fact it returns `None` for `b`, which needs none.
+A backward node is callable. Given the incoming gradient `∂L/∂c` (here all ones) it returns one gradient per input of the forward operation. The Tensor post says `MulBackward` computes the gradients of `a` *and* `b`; in fact it returns `None` for `b`, which needs none.
 """
 
 # %% slideshow={"slide_type": "fragment"}
@@ -197,7 +197,7 @@ assert torch.equal(lin.weight.grad, torch.zeros(1, 3))
 """
 ## 4. `backward()` frees what the graph saved
 
-The source post says the graph is freed after backward to save memory. More precisely, `backward()` releases the **saved tensors** of every node it runs through, as soon as it is done with them. A second `backward()` through the same nodes then fails, and the saved slots read as `freed`:
+The Tensor post says the graph is freed after backward to save memory. More precisely, `backward()` releases the **saved tensors** of every node it runs through, as soon as it is done with them. A second `backward()` through the same nodes then fails, and the saved slots read as `freed`:
 """
 
 # %% slideshow={"slide_type": "fragment"}

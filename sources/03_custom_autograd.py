@@ -78,7 +78,7 @@ The source material for this part writes Swish like this (reproduced in substanc
 
 
 # %% slideshow={"slide_type": "fragment"}
-class SeedSwish(torch.autograd.Function):          # as in the Tensor post, with the deprecated accessor
+class PostSwish(torch.autograd.Function):          # as in the Tensor post, with the deprecated accessor
     @staticmethod
     def forward(ctx, i):
         result = i * torch.sigmoid(i)
@@ -95,7 +95,7 @@ class SeedSwish(torch.autograd.Function):          # as in the Tensor post, with
 x = torch.linspace(-3, 3, 7, requires_grad=True)
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
-    SeedSwish.apply(x).sum().backward()
+    PostSwish.apply(x).sum().backward()
 for w in caught:
     print(f"{w.category.__name__}: {w.message}")
 assert any(issubclass(w.category, DeprecationWarning) and "saved_tensors" in str(w.message) for w in caught)
@@ -111,7 +111,7 @@ x = torch.linspace(-3, 3, 7, requires_grad=True)
 with warnings.catch_warnings():
     warnings.simplefilter("error", DeprecationWarning)
     with expect_error(DeprecationWarning, match="saved_tensors"):
-        SeedSwish.apply(x).sum().backward()
+        PostSwish.apply(x).sum().backward()
 
 # %% [markdown] slideshow={"slide_type": "fragment"}
 """
@@ -265,7 +265,7 @@ with expect_error(GradcheckError, match="Jacobian mismatch"):
 """
 ### Three ways to compute Swish agree
 
-Autograd's own `x * torch.sigmoid(x)`, the built-in `F.silu` and our Function give the same values and the same gradients. The course also keeps a second, deliberate copy in `course_lib.activations`, written in the modern style that §8 teaches (`forward` without `ctx`, plus `setup_context`) and used by this notebook's exercise checks; the cell asserts that it agrees with what we just wrote, so the two cannot drift apart.
+Autograd's own `x * torch.sigmoid(x)`, the built-in `F.silu` and our Function give the same values and the same gradients. So does the library's Swish in `course_lib.activations`, written in the modern style that §8 teaches (`forward` without `ctx`, plus `setup_context`): it is the one this notebook's exercise checks use, and the cell shows that it computes exactly what we just wrote.
 """
 
 # %% slideshow={"slide_type": "fragment"}
@@ -519,7 +519,7 @@ print(f"the two custom Functions, 8 against 7 operations: ~{recompute / ms['cust
 
 # %% [markdown] slideshow={"slide_type": "fragment"}
 """
-So the recompute variant is slower than plain autograd and `F.silu` (both relations asserted) because it runs more operations, not because recomputing is expensive in itself: `F.silu` recomputes the same sigmoid and still beats it, and memory-hungry plain autograd beats it with fewer, partly fused operations. The one-operation gap between the two custom Functions is real work, but small enough that on a shared machine the timings may rank them either way, so the cell prints that ratio without asserting an order. Nor does the cell assert that `F.silu` is the fastest: under PyTorch's portable kernels (one of the CPUs `make test-portable` simulates), which evaluate each sigmoid without vector instructions, the time follows the number of sigmoids more than the number of operations, and plain autograd can beat `F.silu`, whose `silu` and `silu_backward` each evaluate one. The memory column never moves. Where activation memory limits the batch size (on a GPU, typically), paying one recomputed sigmoid to halve this layer's memory is usually the better deal, which is why `F.silu` works this way, fused into one kernel so that the recomputation costs little.
+So the recompute variant is slower than plain autograd and `F.silu` (both relations asserted) because it runs more operations, not because recomputing is expensive in itself: `F.silu` recomputes the same sigmoid and still beats it, and memory-hungry plain autograd beats it with fewer, partly fused operations. The one-operation gap between the two custom Functions is real work, but small enough that on a shared machine the timings may rank them either way, so the cell prints that ratio without asserting an order. Nor does the cell assert that `F.silu` is the fastest: under PyTorch's portable kernels (the `DEFAULT` kernels of notebook 00 §1, which assume no vector extension), which evaluate each sigmoid without vector instructions, the time follows the number of sigmoids more than the number of operations, and plain autograd can beat `F.silu`, whose `silu` and `silu_backward` each evaluate one. The memory column never moves. Where activation memory limits the batch size (on a GPU, typically), paying one recomputed sigmoid to halve this layer's memory is usually the better deal, which is why `F.silu` works this way, fused into one kernel so that the recomputation costs little.
 
 Gradient checkpointing (`torch.utils.checkpoint`, notebook 04) applies the same idea to whole blocks of layers: keep only the block's input, and run its forward again during backward. It is built from the tools of this notebook. The Tensor post's `CheckpointFunction` (still in `torch.utils.checkpoint`, used when you pass `use_reentrant=True`) is an `autograd.Function` whose `forward` runs the block under `no_grad`, so nothing inside is saved, and whose `backward` re-runs it with grad enabled. The variant PyTorch now recommends, `use_reentrant=False`, is built on `saved_tensors_hooks` instead, the same hooks `SavedTensorMeter` listens to.
 """
@@ -894,7 +894,9 @@ with expect_error(NotImplementedError, match="jvp"):
 """
 ### Opaque kernels that must work with `torch.compile`: `torch.library.custom_op`
 
-`torch.compile`'s front end, Dynamo, reads Python: it follows an `autograd.Function`'s `forward` operation by operation (it even traces NumPy calls). What it cannot read is a compiled kernel, a C++ or CUDA extension or a Triton kernel launched by hand. Below, a function marked `torch.compiler.disable` stands for such a kernel. Called from a Function's `forward`, it stops a `fullgraph=True` compilation (without `fullgraph`, the whole Function would run eagerly, outside the compiled graph). Since PyTorch 2.4 the route for such a kernel is to make it an **operator**: `torch.library.custom_op` registers the function, `register_fake` says what shape and dtype its output has without running it (what the compiler traces with), and `register_autograd` attaches a backward in the same `setup_context` + `backward` form as above (here `SwishModern`'s own). `torch.library.opcheck` tests the registration, including under the compiler's tracing; `torch.compile(..., fullgraph=True)` then compiles through the operator (`aot_eager`: trace and run, no code generation):
+This subsection looks ahead: notebook 05 §3 takes `torch.compile` apart and notebook 17 uses it for training, so skip it on a first read if the terms below are new. Four of them are enough here. `torch.compile(fn)` returns a compiled version of `fn`; its front end, **Dynamo**, reads `fn`'s Python and captures the PyTorch operations it runs as a graph; a **backend** then runs that graph (`backend="aot_eager"` traces the graph's backward too and runs both with PyTorch's ordinary kernels: no code generation, so no C++ compiler needed); **`fullgraph=True`** asks for one graph or an error, where the default would quietly run what Dynamo cannot capture as ordinary Python (a *graph break*). The error is `torch._dynamo.exc.Unsupported`, a class from a private module (`torch._dynamo`), caught here by that name only to show it; it subclasses `RuntimeError`, the public type your own code would catch.
+
+Dynamo reads Python: it follows an `autograd.Function`'s `forward` operation by operation (it even traces NumPy calls). What it cannot read is a compiled kernel, a C++ or CUDA extension or a Triton kernel launched by hand. Below, a function marked `torch.compiler.disable` stands for such a kernel. Called from a Function's `forward`, it stops a `fullgraph=True` compilation (without `fullgraph`, the whole Function would run eagerly, outside the compiled graph). Since PyTorch 2.4 the route for such a kernel is to make it an **operator**: `torch.library.custom_op` registers the function, `register_fake` says what shape and dtype its output has without running it (what the compiler traces with), and `register_autograd` attaches a backward in the same `setup_context` + `backward` form as above (here `SwishModern`'s own). `torch.library.opcheck` tests the registration, including under the compiler's tracing; `torch.compile(..., fullgraph=True)` then compiles through the operator (`aot_eager`: trace and run, no code generation):
 """
 
 
@@ -910,7 +912,9 @@ class SwishOpaque(SwishModern):             # the autograd.Function route: same 
         return opaque_swish(x)
 
 
-with expect_error(torch._dynamo.exc.Unsupported, match="disable"):
+from course_lib.torch_private import dynamo_unsupported_error  # torch._dynamo.exc.Unsupported
+
+with expect_error(dynamo_unsupported_error(), match="disable"):
     torch.compile(lambda v: SwishOpaque.apply(v).sum(), backend="aot_eager", fullgraph=True)(x64)
 
 

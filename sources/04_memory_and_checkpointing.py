@@ -245,7 +245,7 @@ del big
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-`tracemalloc` traces Python's allocator, not PyTorch's; `torch.cpu` has no counterpart of `torch.cuda.max_memory_allocated`. What works on CPU is the profiler: with `profile_memory=True`, `torch.profiler` records every call to the allocator as an event carrying its size, positive for an allocation and negative for a free. Adding the sizes up in time order gives the memory in use at each moment; its maximum is the peak. Reading those sizes needs one non-public detail: the public `prof.events()` does not carry them, so `course_lib.memory.allocation_events(prof)` reads the profiler's private record (`prof.profiler.kineto_results`) and returns plain `(time, bytes)` pairs. It is the only place the course touches that record, and a test fails with a clear message if a PyTorch release renames it. The running sum is then ordinary arithmetic, here by hand and checked against `measure_peak`:
+`tracemalloc` traces Python's allocator, not PyTorch's; `torch.cpu` has no counterpart of `torch.cuda.max_memory_allocated`. What works on CPU is the profiler: with `profile_memory=True`, `torch.profiler` records every call to the allocator as an event carrying its size, positive for an allocation and negative for a free. Adding the sizes up in time order gives the memory in use at each moment; its maximum is the peak. Reading those sizes needs one non-public detail: the public `prof.events()` does not carry them, so `course_lib.memory.allocation_events(prof)` reads the profiler's private record (`prof.profiler.kineto_results`) and returns plain `(time, bytes)` pairs. It is the one place the course touches that private record (the PyTorch profiler's public API has no allocation sizes in 2.13), so if a PyTorch release renames it, only `allocation_events` needs to change, and it raises with a clear message instead of returning wrong numbers. The running sum is then ordinary arithmetic, here by hand and checked against `measure_peak`:
 """
 
 # %% slideshow={"slide_type": "-"}
@@ -390,7 +390,9 @@ assert torch_peaks[False, False] < four.peak_bytes and 4 * RNG_BYTES < torch_pea
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-Where the extra fractions come from: the reentrant `checkpoint` is our `NaiveCheckpoint` plus one saved RNG state per call (notebook 05 §1.1), 10.18 + 4 × 0.62 = 12.65 activations, to the byte. The non-reentrant one is leaner without RNG states (9.14), but its RNG states add 4.77 states' worth, not a whole number. The peak is a maximum over time, and the RNG states move it to another moment of the backward. To see which, we list the allocations alive at the peak: in the allocator's event list up to the peak, an allocation of a size counts +1 and a free of that size −1.
+What to take from these lines: the reentrant `checkpoint` is our `NaiveCheckpoint` plus one saved RNG state per call (notebook 05 §1.1), 10.18 + 4 × 0.62 = 12.65 activations, to the byte; the non-reentrant one is leaner (9.14 without RNG states). An RNG state is 5,056 bytes whatever the model, so at real scale it is negligible.
+
+*An optional detail, skip it on a first read:* why do the non-reentrant form's RNG states add 4.77 states' worth, not a whole number? Because a peak is a maximum over time, and the states move it to another moment of the backward. The next cell lists the allocations alive at each peak (in the allocator's event list up to the peak, an allocation of a size counts +1 and a free of that size −1).
 """
 
 
@@ -428,7 +430,7 @@ assert rest[False] - rest[True] == last_segment_grads
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-The same activations are alive at both peaks; what differs is *when*. Backward recomputes the last segment first, then the one before it, and each segment's stored RNG state is freed once its backward is done. With RNG states, the peak falls in the first recomputation, the last segment's: all 4 stored states are still alive, plus a fifth that the recomputation takes to put the generator back afterwards (it saves the current state, restores the stored one, runs the segment, and restores the current one). Without RNG states, the peak falls one segment later, while the third segment is recomputed: by then the last segment's parameter gradients exist, 1,152 bytes the earlier moment does not hold. With the states, that later moment holds one state fewer (3 stored + 1), which outweighs the 1,152 bytes. So the states add 5 states' worth minus those gradients: 4.77.
+The same activations are alive at both peaks; what differs is *when*. With RNG states the peak comes during the first recomputation (the last segment's), when all 4 stored states are alive plus a fifth, the generator's current state, kept to restore it afterwards. Without them it comes one segment later, when the last segment's parameter gradients (1,152 bytes) also exist. So the states add 5 states' worth minus those gradients: 4.77.
 
 Checkpointing the whole chain as *one* block does not help at all: in backward it recomputes all 16 activations at once, while also holding the block's output gradient, one activation more than the plain step. The gain comes from *several* checkpointed pieces: with four, at most 4 inputs are stored and 4 blocks recomputed at a time (section 4 finds the best number). Note also what the meter cannot see: it counts what is saved, and the recomputation happens during backward. Inside PyTorch's checkpoint the meter sees nothing at all in backward, which is why this notebook measures peaks with the allocator:
 """
@@ -472,7 +474,7 @@ with expect_error(ValueError, match="Unexpected keyword arguments"):
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-Passing `use_reentrant` is still optional in PyTorch 2.13, and the silent default is still the *reentrant* form. Both the warning and `checkpoint`'s docstring announce an exception from version 2.9 on; on 2.13 it is still a warning. Always pass it explicitly.
+Passing `use_reentrant` is still optional in PyTorch 2.13. What a call without it does, as the cell below shows: it warns, then runs the *reentrant* form. The warning and `checkpoint`'s docstring both announce an exception "in 2.9", a promise that 2.13 has not kept; a later release may keep it, and then the same call raises. So the behaviour of a call without the argument depends on the version, while a call with it does the same thing in every version: always pass it, `use_reentrant=False`.
 """
 
 # %% slideshow={"slide_type": "-"}
@@ -654,7 +656,7 @@ assert rng_part == k and 0 < rest_k < 5  # k - 1 stored states, and one more whi
 r"""
 ### Peak against depth: slope 1 versus slope ½
 
-Now $\sqrt N$ segments at every depth, against no checkpointing. On log-log axes a power law $N^a$ is a line of slope $a$. (`benchmarks/checkpoint_memory.py` goes deeper, to $N = 1024$.)
+Now $\sqrt N$ segments at every depth, against no checkpointing. On log-log axes a power law $N^a$ is a line of slope $a$.
 """
 
 # %% slideshow={"slide_type": "-"}
@@ -734,12 +736,12 @@ assert overhead > 2 * flop_share
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-On this tiny chain (8×8 weights) the time overhead is far above the third that the arithmetic predicts: each `checkpoint` call has a fixed cost (saving the RNG state, installing hooks, bookkeeping in Python) that dwarfs a 256×8 matrix product. On layers with real arithmetic the fixed cost fades, but not all the way to a third. `benchmarks/checkpoint_memory.py` times the same step on 64 blocks of 128-wide layers at batch 1024 and explains the overhead term by term, each term measured apart from the checkpointed step; both runs recorded in `benchmarks/results/checkpoint_memory.txt` measured +58 %, against +29 % of extra arithmetic. The largest term in both runs of `benchmarks/checkpoint_memory.py` is that time is not FLOPs: a backward took only 1.1 forwards there, not 2 (`tanh` is dear to compute and its derivative, $1 - y^2$, cheap), so the recomputed forwards are a larger share of the step, +41 to +42 %. The rest, in the same recorded runs of `benchmarks/checkpoint_memory.py`, is Python: every tensor saved in a checkpointed block passes three times through saved-tensor hooks (saved, saved again when recomputed, unpacked), +2 to +9 %, and the calls' fixed costs add +5 to +8 %; the terms move between runs on a shared machine, and their sum came within 10 points of the measurement.
+On this tiny chain (8×8 weights) the time overhead is far above the third that the arithmetic predicts: each `checkpoint` call has a fixed cost (saving the RNG state, installing hooks, bookkeeping in Python) that dwarfs a 256×8 matrix product. On layers with real arithmetic the fixed cost fades, but the overhead still stays above the arithmetic's share, for two reasons. Time is not FLOPs: in these blocks `tanh` is dear to compute and its derivative, $1 - y^2$, cheap, so a backward can cost less than two forwards in time, and the recomputed forwards are then a larger share of the step than of its FLOPs. And every tensor saved in a checkpointed block passes three times through saved-tensor hooks (saved, saved again when recomputed, unpacked), Python work that plain autograd does not do. To see both, run `thread_times` above on a `deep_chain` with wider layers and a larger batch.
 """
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 r"""
-**Against the paper.** Chen et al. (2016) split an $n$-layer chain into $\sqrt n$ segments, store only the segment boundaries, and recompute each segment in backward: memory $O(\sqrt n)$ for one extra forward pass; a recursive version reaches $O(\log n)$ memory at $O(n \log n)$ compute. They report a 1,000-layer residual network on ImageNet going from 48 GB to 7 GB. Our measurement shows the same law: the plain peak grows with slope 1, the $\sqrt N$ peak with slope ½, and the minimum over segments is at $\sqrt N$. Our constant factor is about 2 activations per $\sqrt N$ (stored inputs *and* one recomputed segment), plus a few activations of gradients and, in PyTorch, an RNG state per segment. The arithmetic overhead is exactly the paper's one extra forward (minus the last segment); the measured time overhead on this tiny chain is dominated by per-call bookkeeping, and the benchmark measures it on wider layers.
+**Against the paper.** Chen et al. (2016) split an $n$-layer chain into $\sqrt n$ segments, store only the segment boundaries, and recompute each segment in backward: memory $O(\sqrt n)$ for one extra forward pass; a recursive version reaches $O(\log n)$ memory at $O(n \log n)$ compute. They report a 1,000-layer residual network on ImageNet going from 48 GB to 7 GB. Our measurement shows the same law: the plain peak grows with slope 1, the $\sqrt N$ peak with slope ½, and the minimum over segments is at $\sqrt N$. Our constant factor is about 2 activations per $\sqrt N$ (stored inputs *and* one recomputed segment), plus a few activations of gradients and, in PyTorch, an RNG state per segment. The arithmetic overhead is exactly the paper's one extra forward (minus the last segment); the measured time overhead on this tiny chain is dominated by per-call bookkeeping.
 """
 
 # %% [markdown] slideshow={"slide_type": "slide"}
@@ -903,7 +905,7 @@ r"""
 - A step's memory is parameters + gradients + optimizer state (0 for SGD, 1× for momentum, 2× plus a 4-byte step counter per tensor for Adam) + activations; only the activations grow with batch and depth, and they dominate at large batch (81 % of the CNN's step at batch 256). Around them: the optimizer step's temporaries (on the CPU, Adam's default is the per-tensor loop; `foreach`, the default on GPUs, needs temporaries the size of all parameters), autocast's cast copies, and on GPUs the CUDA context, the allocator's cache and DDP's buckets.
 - Saved-tensor hooks count what is kept; the *peak* needs the allocator: `torch.profiler(profile_memory=True)` events on CPU, `torch.cuda.max_memory_allocated` on GPU (`course_lib.memory`). The peak is a maximum over time, the moment of the step when the most is alive, and checkpointing can move that moment.
 - Checkpointing keeps a block's inputs and recomputes its forward in backward. Use `use_reentrant=False`, and always pass it: the silent default is still `True` in 2.13, although an exception was announced for 2.9. Each call also stores the CPU RNG state, 5,056 bytes.
-- `checkpoint_sequential` counts children and never checkpoints its last segment. The peak is smallest near $k = \sqrt N$ segments, and with $\sqrt N$ segments it grows as $N^{0.5}$ instead of $N^{1}$ (fitted slopes 0.476 and 0.960). The price is just under one extra forward pass: 29.2 % more matrix-product FLOPs. In time it costs more: on section 4's 8-wide chain, per-call bookkeeping dominates and the time overhead is more than twice that (section 4 prints this machine's figure); on 128-wide layers `benchmarks/checkpoint_memory.py` recorded +58 %.
+- `checkpoint_sequential` counts children and never checkpoints its last segment. The peak is smallest near $k = \sqrt N$ segments, and with $\sqrt N$ segments it grows as $N^{0.5}$ instead of $N^{1}$ (fitted slopes 0.476 and 0.960). The price is just under one extra forward pass: 29.2 % more matrix-product FLOPs. In time it costs more: on section 4's 8-wide chain, per-call bookkeeping dominates and the time overhead is more than twice that (section 4 prints this machine's figure); on wider layers the fixed cost fades, but time is still not FLOPs.
 - A CNN with a checkpointed block learns exactly what the plain one learns. Checkpointing one dominant block barely moves its peak, because backward brings the block's activations back at the moment of the peak: checkpointing pays when the memory is spread over many similar blocks.
 """
 

@@ -334,12 +334,13 @@ Plain checkpointing is all or nothing for a block: every tensor it would save is
 
 Recomputing a matrix product costs much more than recomputing a GELU, while their outputs are the same size. *Selective* activation checkpointing (SAC) decides op by op: `torch.utils.checkpoint.create_selective_checkpoint_contexts(policy)` builds the pair of contexts for `context_fn` (section 1.2's hook again), and the policy is a function called for every operation in the forward, `policy(ctx, op, *args, **kwargs)`, returning a `CheckpointPolicy`: `MUST_SAVE`/`PREFER_SAVE` to keep the output, `MUST_RECOMPUTE`/`PREFER_RECOMPUTE` to drop it (`MUST_` tells `torch.compile` not to overrule the choice).
 
-How can a context see "every operation"? Through a **`TorchDispatchMode`**: a context manager whose `__torch_dispatch__` method PyTorch calls for each ATen operation (`aten.addmm`, `aten.tanh`, ...) that runs while it is active, instead of running it; the method decides what to do and usually runs the operation itself. It sits below autograd, so it sees the operations a module is made of, and in backward it sees the backward's operations and any recomputation, not Python calls. A tiny one, which prints what runs, in forward and then in backward:
+How can a context see "every operation"? Through a **`TorchDispatchMode`** (imported from `torch.utils._python_dispatch`, a private module, although PyTorch's guide to extending it describes the class; 2.13 has no public import path): a context manager whose `__torch_dispatch__` method PyTorch calls for each ATen operation (`aten.addmm`, `aten.tanh`, ...) that runs while it is active, instead of running it; the method decides what to do and usually runs the operation itself. It sits below autograd, so it sees the operations a module is made of, and in backward it sees the backward's operations and any recomputation, not Python calls. A tiny one, which prints what runs, in forward and then in backward:
 """
 
 # %% slideshow={"slide_type": "-"}
-from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+
+from course_lib.torch_private import TorchDispatchMode  # torch.utils._python_dispatch's class (private module)
 
 
 class ListOps(TorchDispatchMode):
@@ -454,14 +455,24 @@ assert offload_source.count("non_blocking") == 2 and "stream" not in offload_sou
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-Overlapping the copies with compute takes a second CUDA stream for them, and events that order them against the compute stream. torchtune's `OffloadActivations` ([torchtune documentation](https://docs.pytorch.org/torchtune/stable/generated/torchtune.training.OffloadActivations.html)) does that with the same saved-tensor hooks; and 2.13's `CheckpointPolicy` has `MUST_CPU_OFFLOAD`/`PREFER_CPU_OFFLOAD`, with which an SAC policy asks `torch.compile`'s partitioner to offload chosen outputs, behind the flag `torch._functorch.config.enable_activation_offloading` (marked for testing; `activation_offload_separate_stream` adds the second stream). Eager selective checkpointing treats those two as recompute, as its source in `torch/utils/checkpoint.py` shows. Offloading pays when the activations are large and the copies can hide behind compute; checkpointing pays when the arithmetic is cheap.
+Overlapping the copies with compute takes a second CUDA stream for them, and events that order them against the compute stream. torchtune's `OffloadActivations` ([torchtune documentation](https://docs.pytorch.org/torchtune/stable/generated/torchtune.training.OffloadActivations.html)) does that with the same saved-tensor hooks, and is the route to use today. (PyTorch 2.13 also has the beginning of a compiler route, not shown here and not for use yet: `CheckpointPolicy` lists `MUST_CPU_OFFLOAD`/`PREFER_CPU_OFFLOAD`, but eager selective checkpointing treats them as recompute, and `torch.compile` offloads only behind `torch._functorch.config.enable_activation_offloading`, a private flag of a private module, marked in its source as for testing; no public API replaces it yet.) Offloading pays when the activations are large and the copies can hide behind compute; checkpointing pays when the arithmetic is cheap.
 """
 
 # %% [markdown] slideshow={"slide_type": "slide"}
 """
 ## 3. Checkpointing under `torch.compile`
 
-`torch.compile(fn)` has two stages that matter here. **Dynamo** reads the Python bytecode and captures the tensor operations as an *FX graph* (`torch.fx.Graph`: a plain list of nodes, each one call of a function with its arguments and result, which a program can read, print and rewrite; the lists printed below are its nodes); **AOTAutograd** traces that graph together with its backward into one *joint* graph, then *partitions* it into a forward graph and a backward graph, deciding which intermediate tensors the forward saves for the backward. A backend then compiles both graphs: Inductor generates fused kernels; `aot_eager` runs the two graphs with ordinary eager kernels, which shows the structure without a C++ compiler and in a second rather than tens. This section uses `aot_eager`.
+`torch.compile(fn)` turns `fn` into graphs and runs them. This section needs five terms, in the order they act (notebook 17 uses the same ones for training):
+
+| term | what it is |
+|---|---|
+| **Dynamo** | the front end: reads `fn`'s Python bytecode and captures the tensor operations it runs |
+| **FX graph** | what Dynamo captures (`torch.fx.Graph`): a plain list of nodes, each one call of a function with its arguments and result; the lists printed below are its nodes |
+| **AOTAutograd** | traces the FX graph together with its backward into one *joint* graph |
+| **partitioner** | cuts the joint graph into a forward graph and a backward graph, and so decides which tensors the forward saves for the backward (§3.2) |
+| **backend** | runs the two graphs: **Inductor**, the default, generates fused kernels; **`aot_eager`** runs them with PyTorch's ordinary kernels, which shows the structure without a C++ compiler and in a second rather than tens |
+
+This section uses `aot_eager`. Two more names appear once each and are explained where they do: the higher-order operator `tag_activation_checkpoint` (§3.1) and the partitioner's name, `min_cut_rematerialization_partition` (§3.2).
 
 ### 3.1 Dynamo captures `checkpoint` whole
 
@@ -493,12 +504,13 @@ assert captured["graph"][0] == "tag_activation_checkpoint" and captured["wrap_bo
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-The whole checkpointed block became one node, a *higher-order operator* `tag_activation_checkpoint`: an operator that takes a function (here a subgraph, the block's own graph `wrap_body_0`) as an argument, as Python's `map` takes a function, so that the compiler sees the block whole and can decide what to do with it. Nothing of checkpoint's Python code (its hooks, its RNG handling) runs inside the compiled function: AOTAutograd marks the body's operations "recompute" and its partitioner puts them into the backward graph. Catching the two graphs with `aot_autograd`'s `fw_compiler` and `bw_compiler` shows it:
+The whole checkpointed block became one node, a *higher-order operator* `tag_activation_checkpoint`: an operator that takes a function (here a subgraph, the block's own graph `wrap_body_0`) as an argument, as Python's `map` takes a function, so that the compiler sees the block whole and can decide what to do with it. Nothing of checkpoint's Python code (its hooks, its RNG handling) runs inside the compiled function: AOTAutograd marks the body's operations "recompute" and its partitioner puts them into the backward graph. Catching the two graphs with `aot_autograd`'s `fw_compiler` and `bw_compiler` shows it (`aot_autograd` comes from a private module, `torch._dynamo.backends.common`, the helper PyTorch's own guide to writing a backend uses; there is no public one. `torch.compiler.reset()`, used from here on, is public: it forgets what was compiled, so that the next call compiles again):
 """
 
 # %% slideshow={"slide_type": "-"}
 from functorch.compile import make_boxed_func, min_cut_rematerialization_partition
-from torch._dynamo.backends.common import aot_autograd
+
+from course_lib.torch_private import aot_autograd  # torch._dynamo.backends.common.aot_autograd (private)
 
 
 def aot_graphs(fn, *args):
@@ -556,7 +568,7 @@ def saved_by(fn):
     return meter.count, meter.bytes, out
 
 
-torch._dynamo.reset()
+torch.compiler.reset()
 pm_rows = {"eager": saved_by(pointwise_after_matmul)}
 for backend in ("aot_eager_default_partitioner", "aot_eager"):  # the same graphs, two partitioners
     compiled = torch.compile(pointwise_after_matmul, backend=backend)
@@ -574,7 +586,7 @@ print("gradients: equal within 1e-5 in all three")
 """
 Eager saves what each operation asks for: the product's output (for `sin` and for `cos`), `sin` and `cos` of it (for the product rule) and the ReLU's output, 4 activations; the default partitioner saves what the backward graph reads, the same 4. The min-cut partitioner saves 2, the product's output and the ReLU's output, and recomputes `sin` and `cos` in the backward graph. Inductor fuses that recomputation into the backward's own kernels, so on a GPU, where such operations are limited by memory traffic rather than arithmetic, it is almost free.
 
-**The activation-memory budget.** `torch._functorch.config.activation_memory_budget` (default 1.0) asks the partitioner to recompute more, down to a fraction of the activations it would otherwise save, choosing what to recompute by estimated cost. That choice is a *knapsack problem*: from items that each have a value and a weight, pick the set of greatest value that fits a capacity; here the items are the tensors the forward could save, the capacity is the budget's share of their bytes, and the value of saving one is the recomputation time it spares. A budget of 0 recomputes everything it can. On two products with `tanh`:
+**The activation-memory budget.** `torch._functorch.config.activation_memory_budget` (default 1.0), a setting in a private module (note the underscore: it may change without a deprecation; PyTorch has no public name for it in 2.13), asks the partitioner to recompute more, down to a fraction of the activations it would otherwise save, choosing what to recompute by estimated cost. That choice is a *knapsack problem*: from items that each have a value and a weight, pick the set of greatest value that fits a capacity; here the items are the tensors the forward could save, the capacity is the budget's share of their bytes, and the value of saving one is the recomputation time it spares. A budget of 0 recomputes everything it can. On two products with `tanh`:
 """
 
 
@@ -583,13 +595,13 @@ def two_layers(x, w1, w2):
     return torch.tanh(torch.tanh(x @ w1) @ w2)
 
 
-import torch._functorch.config as functorch_config
+from course_lib.torch_private import functorch_config  # torch._functorch.config.patch, a private setting
 
 w2_pm = torch.randn(64, 64, requires_grad=True)
 budget_rows = {}
 for budget in (1.0, 0.5, 0.0):
-    torch._dynamo.reset()
-    with functorch_config.patch(activation_memory_budget=budget):
+    torch.compiler.reset()
+    with functorch_config(activation_memory_budget=budget):
         compiled = torch.compile(two_layers, backend="aot_eager")
         compiled(x_pm, w_pm, w2_pm)
         with SavedTensorMeter(exclude=[x_pm, w_pm, w2_pm]) as meter:
@@ -600,7 +612,7 @@ for budget in (1.0, 0.5, 0.0):
 reference = torch.autograd.grad(two_layers(x_pm, w_pm, w2_pm).sum(), (x_pm, w_pm, w2_pm))
 assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(grads_b, reference))
 assert budget_rows[1.0] > budget_rows[0.5] > budget_rows[0.0]
-torch._dynamo.reset()
+torch.compiler.reset()
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
@@ -614,7 +626,7 @@ AOTAutograd works on *functional* graphs, without in-place updates of a module's
 """
 
 # %% slideshow={"slide_type": "-"}
-torch._dynamo.reset()
+torch.compiler.reset()
 bn_ckpt_block = bn_block()
 bn_graphs = aot_graphs(lambda t: checkpoint(bn_ckpt_block, t, use_reentrant=False), torch.randn(64, WIDTH))
 for kind in ("forward", "backward"):
@@ -624,7 +636,7 @@ print("num_batches_tracked after the step:", int(bn_ckpt_block[1].num_batches_tr
 assert [bn_graphs[k].count("_native_batch_norm_legit_functional") for k in ("forward", "backward")] == [1, 1]
 assert [bn_graphs[k].count("copy_") for k in ("forward", "backward")] == [3, 0]  # running_mean, running_var, the counter
 assert int(bn_ckpt_block[1].num_batches_tracked) == 1
-torch._dynamo.reset()
+torch.compiler.reset()
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
@@ -641,7 +653,7 @@ for label, momentum, forward in [("checkpoint", 0.1, ckpt_forward),
                                  ("momentum fix", checkpoint_momentum(0.1), ckpt_forward),
                                  ("checkpoint_bn_safe", 0.1, checkpoint_bn_safe)]:
     for mode in ("eager", "compiled"):
-        torch._dynamo.reset()
+        torch.compiler.reset()
         fwd = forward if mode == "eager" else torch.compile(forward, backend="aot_eager")
         bn = run_steps(bn_block(momentum), 10, fwd)
         match = torch.allclose(bn.running_mean, ref_bn.running_mean, atol=1e-6) and torch.allclose(bn.running_var, ref_bn.running_var, atol=1e-6)
@@ -655,19 +667,22 @@ for label in ("checkpoint", "momentum fix", "checkpoint_bn_safe"):
     wrong = [mode for mode in ("eager", "compiled") if mode not in right]
     print(f"{label:18s}: running statistics right {' and '.join(right)}" + (f", wrong {wrong[0]}" if wrong else ""))
 block = bn_block()
-with expect_error(torch._dynamo.exc.BackendCompilerFailed, match="must generate a tuple of two `TorchDispatchMode`s",
+from course_lib.torch_private import backend_compiler_failed_error
+
+# BackendCompilerFailed is a RuntimeError from a private module, named here only to show the error
+with expect_error(backend_compiler_failed_error(), match="must generate a tuple of two `TorchDispatchMode`s",
                   quiet=True) as caught:
     torch.compile(lambda t: checkpoint(block, t, use_reentrant=False, context_fn=bn_safe_context_fn(block)),
                   backend="aot_eager")(torch.randn(8, WIDTH))
 reason = next(line for line in str(caught.error).splitlines() if "TorchDispatchMode" in line)
 print(f"the eager guard, compiled: {type(caught.error).__name__}: {reason.strip()}")
-torch._dynamo.reset()
+torch.compiler.reset()
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
 Only the guard is right in both modes, and it never changes the module. That the plain checkpoint is right when compiled is no reason to rely on it: the same code updates twice whenever it runs eagerly: the day someone runs the model uncompiled to debug it, say.
 
-**What Inductor adds, and what you get without a compiler.** `torch.compile`'s default backend, Inductor, takes the same two graphs and generates fused kernels: Triton on GPUs, C++ with OpenMP on CPUs, which needs a working C++ compiler. The fusion is what makes the partitioner's recomputation nearly free. Its first compilation is slow, so it is not run here, to keep the notebook under a minute. `benchmarks/compile_time.py` compiles a small checkpointed step (4 blocks `Linear(64, 64)` + GELU) in a fresh process with an empty cache; in its recorded run (`benchmarks/results/compile_time.txt`, on this course's 2-core machine) the whole process used 29.17 CPU-seconds with Inductor, 7.33 with `aot_eager` and 4.86 running the step eagerly, `import torch` included in each: compiling with Inductor cost about 24 CPU-seconds. The wait grows when the machine is shared: that run's first Inductor call took 83.22 s of wall time, with a load average of 10 to 15 on the 2 cores (`benchmarks/compile_time.py` prints it). Without a compiler, `backend="aot_eager"` runs everything in this section: Dynamo's capture, AOTAutograd's joint graph, the partitioner and the memory it saves; only the fused kernels, and so the speed, are missing.
+**What Inductor adds, and what you get without a compiler.** `torch.compile`'s default backend, Inductor, takes the same two graphs and generates fused kernels: Triton on GPUs, C++ with OpenMP on CPUs, which needs a working C++ compiler. The fusion is what makes the partitioner's recomputation nearly free. Its first compilation generates and compiles that code, which takes far longer than `aot_eager`'s trace, even for a small step, so this notebook does not run it. To see the cost on your machine, compile a small step with `torch.compile(step)` in a fresh process and time its first call against its second. Without a compiler, `backend="aot_eager"` runs everything in this section: Dynamo's capture, AOTAutograd's joint graph, the partitioner and the memory it saves; only the fused kernels, and so the speed, are missing.
 """
 
 # %% [markdown] slideshow={"slide_type": "slide"}
@@ -734,14 +749,17 @@ if requires_gpu("a memory snapshot of a checkpointed training step, for pytorch.
     import tempfile
     from pathlib import Path
 
-    torch.cuda.memory._record_memory_history(max_entries=100_000)
+    # torch.cuda.memory's _record_memory_history, _dump_snapshot, _snapshot: documented, underscored
+    from course_lib.torch_private import dump_memory_snapshot, memory_snapshot, record_memory_history
+
+    record_memory_history(max_entries=100_000)
     snap_chain = deep_chain(64, 256).cuda()
     xs_gpu = torch.randn(4096, 256, device="cuda", requires_grad=True)
     checkpoint_sequential(snap_chain, 8, xs_gpu, use_reentrant=False).sum().backward()
     snapshot_path = Path(tempfile.gettempdir()) / "05_checkpointed_step.pickle"
-    torch.cuda.memory._dump_snapshot(str(snapshot_path))
-    snapshot = torch.cuda.memory._snapshot()
-    torch.cuda.memory._record_memory_history(enabled=None)  # stop recording
+    dump_memory_snapshot(str(snapshot_path))
+    snapshot = memory_snapshot()
+    record_memory_history(enabled=None)  # stop recording
     n_events = sum(len(trace) for trace in snapshot["device_traces"])
     print(f"{n_events} allocator events recorded; snapshot written to {snapshot_path}: open it at https://pytorch.org/memory_viz")
     assert snapshot_path.stat().st_size > 0 and n_events > 0
@@ -758,7 +776,7 @@ Checkpointing trades memory for compute; spend it where it buys the most:
 - **Blocks of a repeated structure, about $\sqrt N$ of them.** For a stack of identical layers (a Transformer, a ResNet stage), checkpoint each layer or group of layers; the memory minimum is near $\sqrt N$ segments and the cost is about one extra forward. Notebook 14 §3 measures what one transformer block keeps for backward, and what full and selective checkpointing change there.
 - **Mind the last segment and the head.** `checkpoint_sequential` leaves the last segment plain; the loss and head are usually cheap to keep.
 - **Always `use_reentrant=False`**, keep `preserve_rng_state=True` when there is randomness inside, and keep BatchNorm statistics out of the recomputation: `checkpoint_bn_safe` (a recompute guard through `context_fn`, right eager and compiled), or keep BatchNorm outside checkpointed blocks, or use a normalisation without running statistics (LayerNorm, GroupNorm). Do not change the momentum: that fix holds in eager mode only.
-- **Offload when the copies can hide behind compute**: `save_on_cpu` trades transfers for recomputation, but in 2.13 it copies on the compute stream (section 2.2); overlap takes a second stream (torchtune's `OffloadActivations`) or the compiler's offload policies.
+- **Offload when the copies can hide behind compute**: `save_on_cpu` trades transfers for recomputation, but in 2.13 it copies on the compute stream (section 2.2); overlap takes a second stream (torchtune's `OffloadActivations`); the compiler's offload policies are still behind a private testing flag in 2.13.
 """
 
 # %% [markdown] slideshow={"slide_type": "slide"}

@@ -18,7 +18,7 @@ This notebook assumes: notebooks 01–02 (tensors, autograd, `backward`). You kn
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-**Setup.** One seed for the whole notebook. Every tensor here is small, so PyTorch runs on one thread: for tensors this size, splitting work between threads costs more than it saves, and one thread keeps timings steady on a busy 2-core machine.
+**Setup.** One seed for the whole notebook. Every tensor here is small, so PyTorch runs on one thread: for tensors this size, splitting work between threads costs more than it saves, and one thread keeps timings steady on a busy machine.
 """
 
 # %% slideshow={"slide_type": "-"}
@@ -46,15 +46,15 @@ A floating-point number is stored as a **sign** bit, an **exponent** field *e* a
 
 $$(-1)^{s} \cdot 2^{\,e - \text{bias}} \cdot \left(1 + \frac{m}{2^{M}}\right),$$
 
-where *M* is the number of mantissa bits. When the exponent field is all zeros the number is *subnormal*: $(-1)^s \cdot 2^{1-\text{bias}} \cdot m / 2^M$ — no implicit leading 1, so it trades precision for reaching closer to zero. An exponent field of all ones means inf (m = 0) or NaN.
+where *M* is the number of **stored mantissa bits**, the width of the field. A normal number's value also has the implicit leading 1, which is not stored: it has $M + 1$ **significant bits**. The course always says which of the two it counts: "7 stored mantissa bits" and "8 significant bits" are the same fact about bf16. When the exponent field is all zeros the number is *subnormal*: $(-1)^s \cdot 2^{1-\text{bias}} \cdot m / 2^M$ — no implicit leading 1, so it trades precision for reaching closer to zero. An exponent field of all ones means inf (m = 0) or NaN.
 
-| format | bits | exponent | mantissa | what it is for |
-|---|---|---|---|---|
-| fp32 (`torch.float32`) | 32 | 8 | 23 | the default |
-| fp16 (`torch.float16`) | 16 | 5 | 10 | IEEE half: precise, narrow range |
-| bf16 (`torch.bfloat16`) | 16 | 8 | 7 | "brain float": fp32's range, little precision |
+| format | bits | exponent | stored mantissa bits | significant bits | what it is for |
+|---|---|---|---|---|---|
+| fp32 (`torch.float32`) | 32 | 8 | 23 | 24 | the default |
+| fp16 (`torch.float16`) | 16 | 5 | 10 | 11 | IEEE half: precise, narrow range |
+| bf16 (`torch.bfloat16`) | 16 | 8 | 7 | 8 | "brain float": fp32's range, little precision |
 
-The limits come from `torch.finfo`; `course_lib.float_formats.float_format` adds the bit layout and the smallest subnormal, which `finfo` does not report.
+The limits come from `torch.finfo`; `course_lib.float_formats.float_format` adds the bit layout (its "mantissa" is the stored field) and the smallest subnormal, which `finfo` does not report.
 """
 
 # %% slideshow={"slide_type": "fragment"}
@@ -97,7 +97,7 @@ for v in (1.0, -2.5, 0.1, 65504.0, 6.1e-5, 3e-7):
 """
 ### A widespread mistake about fp16's range, and the true limits by experiment
 
-The Tensor post (one of the course's source posts, notebook 00 §8) says fp16's range is "[-65504, -66504]" and that numbers below "2^-24" become 0. The first is a typo (both ends negative; the upper end is **+65504**); the second is imprecise: 2^-24 ≈ 5.96e-8 is the **smallest subnormal**, the smallest *normal* number is 2^-14 ≈ 6.10e-5, and the values that round to zero are those **at or below** *half* the smallest subnormal, 2^-25 (2^-25 itself lies exactly halfway between 0 and 2^-24, and a tie rounds to the neighbour whose last bit is even, which is 0). Between 2^-24 and 2^-14 numbers survive but with fewer and fewer significant bits.
+The Tensor post (notebook 00 §8) says fp16's range is "[-65504, -66504]" and that numbers below "2^-24" become 0. The first is a typo (both ends negative; the upper end is **+65504**); the second is imprecise: 2^-24 ≈ 5.96e-8 is the **smallest subnormal**, the smallest *normal* number is 2^-14 ≈ 6.10e-5, and the values that round to zero are those **at or below** *half* the smallest subnormal, 2^-25 (2^-25 itself lies exactly halfway between 0 and 2^-24, and a tie rounds to the neighbour whose last bit is even, which is 0). Between 2^-24 and 2^-14 numbers survive but with fewer and fewer significant bits.
 """
 
 # %% slideshow={"slide_type": "fragment"}
@@ -199,11 +199,14 @@ assert (torch.tensor(1024.0, dtype=torch.float16) + 0.4).item() == 1024.0   # a 
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-**Accumulation.** Adding many small numbers one by one into an fp16 accumulator stalls: once the running sum is large, each new term is below half the gap and is lost. Summing 0.1 four thousand times (true answer 409.6):
+**Accumulation.** Adding many small numbers one by one into an fp16 accumulator stalls: once the running sum is large, each new term is below half the gap and is lost. Here 4,096 copies of 0.1 are summed. The inputs are fp16, and 0.1 is not an fp16 number: it is stored as 0.0999756 (§1 decoded its bits), so the exact sum of these inputs is 4,096 × 0.0999756 = 409.5, not 409.6. The cell prints both:
 """
 
 # %% slideshow={"slide_type": "fragment"}
 values = torch.full((4096,), 0.1, dtype=torch.float16)
+exact = values.double().sum().item()   # the same fp16 inputs, summed in float64: exact here
+print(f"0.1 in fp16 is {values[0].item():.7f}; the exact sum of the {len(values)} inputs is {exact}, not 409.6")
+assert exact == 409.5
 acc16 = torch.zeros((), dtype=torch.float16)
 acc32 = torch.zeros((), dtype=torch.float32)
 for v in values:                 # a naive loop: the accumulator has the values' precision
@@ -437,7 +440,7 @@ class HandScaler:
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-Now the proof that it is the same algorithm as PyTorch's. Three copies of a model train on the same batches with three scalers: ours, `course_lib.loss_scaling.DynamicLossScaler` (the course's second, deliberate copy of the same algorithm, kept equal to ours by this test), and `torch.amp.GradScaler("cpu")`. At a few steps we inject an overflow (an inf in one gradient, as fp16 would produce). A short `growth_interval=3` makes growth visible. We record, per step, the scale used and whether the weights moved.
+Now the proof that it is the same algorithm as PyTorch's. Three copies of a model train on the same batches with three scalers: ours, `course_lib.loss_scaling.DynamicLossScaler` (the library's version of the same algorithm, which rejects nonsensical settings with a clear error, as shown below), and `torch.amp.GradScaler("cpu")`. At a few steps we inject an overflow (an inf in one gradient, as fp16 would produce). A short `growth_interval=3` makes growth visible. We record, per step, the scale used and whether the weights moved.
 """
 
 # %% slideshow={"slide_type": "fragment"}
@@ -824,7 +827,7 @@ So mixed precision with master weights holds exactly as many bytes of model stat
 """
 ## Summary
 
-- fp16 has 5 exponent and 10 mantissa bits: range **[-65504, 65504]**, smallest normal 2^-14 ≈ 6.1e-5, smallest subnormal 2^-24 ≈ 5.96e-8; values at or below 2^-25 round to 0 (2^-25 is a tie, rounded to even: 0). Both figures draw their zero line from that one constant. bf16 has fp32's range with 7 mantissa bits (eps 2^-7).
+- fp16 has 5 exponent and 10 stored mantissa bits (11 significant): range **[-65504, 65504]**, smallest normal 2^-14 ≈ 6.1e-5, smallest subnormal 2^-24 ≈ 5.96e-8; values at or below 2^-25 round to 0 (2^-25 is a tie, rounded to even: 0). Both figures draw their zero line from that one constant. bf16 has fp32's range with 7 stored mantissa bits, 8 significant (eps 2^-7).
 - fp16 breaks training by overflow (inf/NaN), underflow of small gradients (39 % of a trained MLP's activation gradients in section 3), lost updates when `lr * grad` is below half a gap, and stalled fp16 accumulators.
 - Weight gradients sum over the batch and sit far above activation gradients (about 2^13 times larger here, section 4), so unscaled fp16 loses few of them in this shallow MLP; shrink the gradients and the loss grows fast, which is why fp16 always uses a scale.
 - Loss scaling shifts gradients into range; the dynamic rule (skip and halve the scale on inf/NaN, double it after `growth_interval` clean steps) is a few lines, and `torch.amp.GradScaler` makes exactly the same decisions. Call `scaler.unscale_(optimizer)` before clipping or inspecting gradients; save `scaler.state_dict()` in checkpoints; call `scheduler.step()` only when the optimizer really stepped, which is when `update()` did not lower the scale.

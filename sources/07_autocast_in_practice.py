@@ -249,11 +249,74 @@ The Tensor post introduces NVIDIA Apex's `amp.initialize(model, optimizer, opt_l
 | O3 | pure fp16, "a speed baseline" | `model.half()`: with Adam the loss is NaN after the first update (notebook 06 §5) |
 """
 
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+### The single-machine post's Apex example, and its order bug
+
+Apex asked for one call in the right place: `amp.initialize(model, optimizer)` after the model **and the optimizer** exist, and before the model is wrapped in `DistributedDataParallel` ([apex.amp](https://nvidia.github.io/apex/amp.html)). The single-machine post's DDP-with-Apex script gets the first half wrong. Its lines, in order:
+
+```python
+model = ...
+model, optimizer = amp.initialize(model, optimizer)
+model = DistributedDataParallel(model, device_ids=[args.local_rank])
+
+optimizer = optim.SGD(model.parameters())
+```
+
+`amp.initialize` receives `optimizer` before the optimizer is created, so the script stops with a `NameError` before its first step. (Its imports never bring in `amp` either, a second `NameError` waiting behind the first.) Apex is not installed here, so the cell runs the post's four lines with stand-ins of our own: `amp.initialize` is a function that returns its two arguments unchanged, and `DistributedDataParallel` one that returns the model. Neither is Apex or DDP; they are there only so that what fails is the order. Then the corrected order, with the same stand-ins:
+"""
+
+# %% slideshow={"slide_type": "fragment"}
+from types import SimpleNamespace
+
+STAND_INS = {
+    "amp": SimpleNamespace(initialize=lambda model, optimizer, **opts: (model, optimizer)),  # a stand-in, not Apex
+    "DistributedDataParallel": lambda model, device_ids=None: model,                     # a stand-in, not DDP
+    "nn": nn, "optim": torch.optim, "args": SimpleNamespace(local_rank=0),
+}
+POST_ORDER = """
+model = nn.Linear(4, 2)
+model, optimizer = amp.initialize(model, optimizer)
+model = DistributedDataParallel(model, device_ids=[args.local_rank])
+optimizer = optim.SGD(model.parameters(), lr=0.1)
+"""
+FIXED_ORDER = """
+model = nn.Linear(4, 2)
+optimizer = optim.SGD(model.parameters(), lr=0.1)                     # 1. the optimizer exists
+model, optimizer = amp.initialize(model, optimizer, opt_level="O1")   # 2. then Apex patches both
+model = DistributedDataParallel(model, device_ids=[args.local_rank])  # 3. then DDP wraps the model
+"""
+with expect_error(NameError, match="'optimizer' is not defined"):
+    exec(POST_ORDER, dict(STAND_INS))       # a fresh namespace: nothing defined before these lines
+fixed = dict(STAND_INS)
+exec(FIXED_ORDER, fixed)
+print("the corrected order runs: optimizer, then amp.initialize, then DistributedDataParallel ->",
+      type(fixed["optimizer"]).__name__)
+
+# %% [markdown] slideshow={"slide_type": "fragment"}
+"""
+Today's equivalent has no initialization call, so there is no order to get wrong: `torch.autocast` wraps the forward (O1's per-op casting), `torch.amp.GradScaler` the backward and the step (O1's loss scaling), and the model and optimizer are built as in an fp32 script, DDP included (notebook 10). One fp16 step on the CPU:
+"""
+
+# %% slideshow={"slide_type": "fragment"}
+model = nn.Linear(4, 2)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+scaler = torch.amp.GradScaler("cpu")                    # O1's dynamic loss scaling (bf16 would need none)
+x, y = torch.randn(8, 4), torch.randint(0, 2, (8,))
+with torch.autocast("cpu", dtype=torch.float16):        # O1's per-op casting
+    logits = model(x)
+    loss = F.cross_entropy(logits, y)
+scaler.scale(loss).backward()                           # backward outside the region (section 1)
+scaler.step(optimizer)
+scaler.update()
+print(f"logits {logits.dtype}, loss {loss.dtype}, weight and its gradient {model.weight.dtype}, {model.weight.grad.dtype}")
+assert logits.dtype == torch.float16 and loss.dtype == model.weight.grad.dtype == torch.float32
+
 # %% [markdown] slideshow={"slide_type": "slide"}
 """
 ## 3. bf16 versus fp16: range versus precision, and who needs a scaler
 
-bf16 keeps fp32's 8 exponent bits and keeps only 7 mantissa bits. It covers the same range as fp32, but its gap at 1.0 is 2^-7 = 0.0078, eight times coarser than fp16's:
+bf16 keeps fp32's 8 exponent bits and only 7 stored mantissa bits (8 significant bits with the implicit leading 1, notebook 06 §1). It covers the same range as fp32, but its gap at 1.0 is 2^-7 = 0.0078, eight times coarser than fp16's:
 """
 
 # %% slideshow={"slide_type": "fragment"}
@@ -377,7 +440,7 @@ assert activations_ratio == 0.5 and 0.55 < total_ratio < 0.7 and loss16.bytes ==
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-The activations that the matmuls and ReLUs save are exactly halved (0.500), and that is the only part that is: the total is 0.623 of fp32's bytes, for two reasons. Autocast saves the bf16 *copies* of the weights it made for the matmuls (new tensors, not the fp32 parameters), and the loss's inputs are fp32 (cross-entropy is on autocast's fp32 list). For **this MLP on the CPU**, with larger batches the activations dominate and the total approaches 0.5; `benchmarks/mixed_precision.py` shows it for a wider model and two batch sizes.
+The activations that the matmuls and ReLUs save are exactly halved (0.500), and that is the only part that is: the total is 0.623 of fp32's bytes, for two reasons. Autocast saves the bf16 *copies* of the weights it made for the matmuls (new tensors, not the fp32 parameters), and the loss's inputs are fp32 (cross-entropy is on autocast's fp32 list). For **this MLP on the CPU**, the weight copies do not grow with the batch while the activations do, so with larger batches the activations dominate and the total approaches 0.5.
 
 The limit of 0.5 is not universal. **On CUDA**, autocast runs `softmax`, `log_softmax`, `layer_norm` and the other ops of its fp32 list (section 1) in fp32, so they save fp32 tensors for backward, and the next matmul saves its own low-precision copy of their output. Take attention's score matrix, often a transformer's largest activation: the softmax saves its output, and the matmul with the values saves it again as its input. This CPU cannot run CUDA autocast, but it can count the bytes each rule saves per score element, applying CUDA's rule by hand (softmax in fp32, the matmul in bf16):
 """
@@ -450,20 +513,24 @@ if requires_gpu("peak GPU memory of a training step, fp32 vs bf16 autocast"):
 """
 ## 5. Speed: it depends on the hardware
 
-Mixed precision is fast where the hardware has units for 16-bit math: NVIDIA tensor cores (Volta and later for fp16, Ampere and later for bf16), or CPUs with AVX512-BF16 or AMX. A CPU with only AVX2 has no bf16 arithmetic: PyTorch converts to fp32 and back. So we measure, on this machine: a small matrix product and a larger one, where bf16 units have enough work to pay off, then a training step. Each line prints the time relative to fp32 and the verdict on this CPU, "about the same" within 25 % of fp32's time (a busy machine moves a ratio that much); the committed outputs are those of the machine that recorded them (its hardware flags are the second line), and yours may differ, so the tests do not compare these two cells. Where the CPU has bf16 units, the cell also asserts that the larger bf16 product takes less time than fp32's:
+Mixed precision is fast where the hardware has units for 16-bit math: NVIDIA tensor cores (Volta and later for fp16, Ampere and later for bf16), or CPUs with AVX512-BF16 or AMX. A CPU with only AVX2 has no bf16 arithmetic: PyTorch converts to fp32 and back. So we measure, on this machine: a small matrix product and a larger one, where bf16 units have enough work to pay off, then a training step. The versions being compared are timed in alternation, round after round, and each keeps its fastest round: a busy spell on a shared machine then slows all of them alike, instead of the one that happened to run during it. Each line prints the time, the rate in GFLOP/s (a product of two n×n matrices is 2n³ operations), the ratio to fp32 and the verdict on this CPU: "about the same" within 25 % of fp32's time (a busy machine moves a ratio that much). These outputs come from the machine that ran them, whose bf16 hardware the second line names; compare yours with it. Where the CPU has bf16 units, the cell also asserts that the larger bf16 product takes less time than fp32's:
 """
 
 # %% slideshow={"slide_type": "fragment"} tags=["nbval-ignore-output"]
 import time
 
 
-def best_time(fn, repeat=3, number=10):
-    best = math.inf
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        for _ in range(number):
-            fn()
-        best = min(best, (time.perf_counter() - t0) / number)
+def best_times(fns, rounds=5, number=10):
+    """The fastest per-call time of each fn, the fns interleaved round by round: a busy spell slows them all alike."""
+    for fn in fns.values():
+        fn()                                     # warm-up
+    best = {name: math.inf for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            for _ in range(number):
+                fn()
+            best[name] = min(best[name], (time.perf_counter() - t0) / number)
     return best
 
 
@@ -476,33 +543,40 @@ def verdict(ratio):
     return f"x~{ratio:.2f} the fp32 time: {'faster' if ratio < 1 else 'slower'} than fp32 here"
 
 
+from course_lib.torch_private import onednn_bf16_supported  # torch.ops.mkldnn._is_mkldnn_bf16_supported (private)
+
 try:
     flags = set(open("/proc/cpuinfo").read().split())
 except OSError:
     flags = set()
-bf16_units = bool(flags & {"avx512_bf16", "amx_bf16"}) and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+bf16_units = bool(flags & {"avx512_bf16", "amx_bf16"}) and onednn_bf16_supported()
 print(f"verdicts: 'about the same' for a time within {BAND - 1:.0%} of fp32's either way")
 print("CPU capability used by PyTorch:", torch.backends.cpu.get_cpu_capability())
 print("bf16/fp16 hardware flags:", sorted(flags & {"avx512_bf16", "amx_bf16", "avx512_fp16", "amx_fp16"}) or "none",
-      "| oneDNN bf16 support:", torch.ops.mkldnn._is_mkldnn_bf16_supported())
+      "| oneDNN bf16 support:", onednn_bf16_supported())
 matmul_ratio = {}
 for n, dtypes, number in ((128, (torch.bfloat16, torch.float16), 10), (512, (torch.bfloat16,), 3)):
     a32, b32 = torch.randn(n, n), torch.randn(n, n)
-    t32 = best_time(lambda: a32 @ b32, repeat=5, number=number)
-    print(f"{n}x{n} matmul torch.float32 : ~{t32 * 1e6:.0f} us")
+    products = {torch.float32: lambda a=a32, b=b32: a @ b}
     for dt in dtypes:
         if n > 128 and not bf16_units:       # emulated bf16 at this size: seconds, and the AVX2 cell below says it
             print(f"{n}x{n} matmul {dt}: skipped, no bf16 units (emulated, it would take seconds)")
             continue
-        a, b = a32.to(dt), b32.to(dt)
-        matmul_ratio[n, dt] = best_time(lambda: a @ b, repeat=5, number=number) / t32
-        print(f"{n}x{n} matmul {str(dt):<15}: {verdict(matmul_ratio[n, dt])}")
+        products[dt] = lambda a=a32.to(dt), b=b32.to(dt): a @ b
+    times = best_times(products, rounds=5, number=number)
+    for dt, t in times.items():
+        rate = f"~{t * 1e6:.0f} us, ~{2 * n**3 / t / 1e9:.0f} GFLOP/s"
+        if dt == torch.float32:
+            print(f"{n}x{n} matmul {str(dt):<15}: {rate}")
+        else:
+            matmul_ratio[n, dt] = t / times[torch.float32]
+            print(f"{n}x{n} matmul {str(dt):<15}: {rate}, {verdict(matmul_ratio[n, dt])}")
 if bf16_units:
     assert matmul_ratio[512, torch.bfloat16] < 1
 
 
 # %% slideshow={"slide_type": "fragment"} tags=["nbval-ignore-output"]
-def step_time(autocast_dtype):
+def training_step(autocast_dtype):
     model = mlp(width=256)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     xb, yb = X[:128], Y[:128]
@@ -514,16 +588,17 @@ def step_time(autocast_dtype):
         loss.backward()
         optimizer.step()
 
-    return best_time(step, repeat=3, number=3)
+    return step
 
 
-s32, s16 = step_time(None), step_time(torch.bfloat16)
+steps = best_times({"fp32": training_step(None), "bf16": training_step(torch.bfloat16)}, rounds=5, number=3)
+s32, s16 = steps["fp32"], steps["bf16"]
 print(f"training step (MLP 64-256-256-10, batch 128): fp32 ~{s32 * 1e3:.2f} ms, bf16 autocast ~{s16 * 1e3:.2f} ms")
 print(f"bf16 autocast training step: {verdict(s16 / s32)}")
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-And an AVX2-only CPU, a typical laptop without bf16 units, simulated on this one: a new Python process with PyTorch's AVX2 kernels, oneDNN and MKL capped at AVX2, one thread (the settings `make test-portable` uses). Capped at AVX2, oneDNN reports no bf16 support, so PyTorch runs bf16 matmuls with its own fallback loop, as on a typical AVX2 machine. The ratio depends on the machine (`~`); the lesson is its size, and its direction:
+And an AVX2-only CPU, a typical laptop without bf16 units, simulated on this one: a new Python process with PyTorch's AVX2 kernels, oneDNN and MKL capped at AVX2 by environment variables, one thread. Capped at AVX2, oneDNN reports no bf16 support, so PyTorch runs bf16 matmuls with its own fallback loop, as on a typical AVX2 machine. The ratio depends on the machine (`~`); the lesson is its size, and its direction:
 """
 
 # %% slideshow={"slide_type": "fragment"}
@@ -534,6 +609,7 @@ import sys
 AVX2_ENV = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2", "OMP_NUM_THREADS": "1"}
 probe = """
 import math, time, torch
+from course_lib.torch_private import onednn_bf16_supported
 def best(fn):
     fn()
     times = []
@@ -542,7 +618,7 @@ def best(fn):
     return min(times)
 a, b = torch.randn(128, 128), torch.randn(128, 128)
 a16, b16 = a.bfloat16(), b.bfloat16()
-print(torch.backends.cpu.get_cpu_capability(), torch.ops.mkldnn._is_mkldnn_bf16_supported(), best(lambda: a16 @ b16) / best(lambda: a @ b))
+print(torch.backends.cpu.get_cpu_capability(), onednn_bf16_supported(), best(lambda: a16 @ b16) / best(lambda: a @ b))
 """
 run = subprocess.run([sys.executable, "-c", probe], env=os.environ | AVX2_ENV, capture_output=True, text=True, timeout=120)
 capability, onednn_bf16, ratio = run.stdout.split()
@@ -555,7 +631,7 @@ else:
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-Read your own numbers. With bf16 units (AVX512-BF16, AMX) the larger bf16 product takes a fraction of fp32's time, while at 128x128 there is too little work to amortise the conversions and the gain is small or absent. A whole training step of this small MLP gains less still, or nothing, since it adds casts and keeps fp32 work (the loss, the optimizer): on a CPU with AVX512-BF16 but no AMX, such as the one that recorded these outputs, its ratio lands on either side of 1 from run to run, which is why the verdict has a band. Without them, as in the simulated AVX2 run, bf16 is far behind fp32 and autocast makes training much slower. The memory saving of section 4 holds on every CPU (on a GPU, mind section 4's note on CUDA's fp32 ops). `benchmarks/mixed_precision.py` measures memory and step time for a wider model and two batch sizes.
+Read your own numbers. With bf16 units (AVX512-BF16, AMX) the larger bf16 product takes a fraction of fp32's time, while at 128x128 there is too little work to amortise the conversions and the gain is small or absent. A whole training step of this small MLP gains less still, or nothing, since it adds casts and keeps fp32 work (the loss, the optimizer): on a CPU with AVX512-BF16 but no AMX its ratio lands on either side of 1 from run to run, which is why the verdict has a band. Without them, as in the simulated AVX2 run, bf16 is far behind fp32 and autocast makes training much slower. The memory saving of section 4 holds on every CPU (on a GPU, mind section 4's note on CUDA's fp32 ops).
 
 A note on the Tensor post's picture of tensor cores ("one matrix multiply per clock, versus one multiply per clock for a CUDA core"): it is the right idea, loosely put. A CUDA core performs one scalar fused multiply-add per clock; a tensor core performs a small matrix multiply-accumulate per clock (4x4x4 on Volta, larger tiles on later GPUs), with fp16/bf16 inputs and fp32 accumulation, the paper's "multiply in fp16, add in fp32".
 
@@ -572,7 +648,7 @@ if requires_gpu("matmul throughput: fp32, TF32, fp16, bf16 on tensor cores"):
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-**TF32: the defaults, and the controls to use now.** On Ampere and later GPUs, fp32 matmuls and convolutions may run on tensor cores in TF32: fp32's 8 exponent bits with 10 mantissa bits, fp32 accumulation, fp16-like input precision at several times fp32's throughput ([PyTorch's CUDA semantics notes](https://pytorch.org/docs/stable/notes/cuda.html#tensorfloat-32-tf32-on-ampere-and-later-devices)). Out of the box PyTorch treats the two differently: **convolutions use TF32 by default** (cuDNN's `torch.backends.cudnn.conv.fp32_precision` is `"tf32"`, and the legacy `torch.backends.cudnn.allow_tf32` is `True`), **matmuls do not** (`torch.backends.cuda.matmul.fp32_precision` is `"none"`: it follows `torch.get_float32_matmul_precision()`, whose default `"highest"` means full fp32). The portable switch for matmuls is `torch.set_float32_matmul_precision("high")`. Since 2.9 (2.13 here) each backend also has its own `fp32_precision`, `"ieee"` or `"tf32"`; `course_lib.timing.matmul_tflops` (the cell above) sets that one. The documentation says the old `allow_tf32` flags will be deprecated, and mixing them with the new settings makes PyTorch refuse to report the precision. These are global flags, so they can be read and set on this CPU (where they change nothing), and restored:
+**TF32: the defaults, and the controls to use now.** On Ampere and later GPUs, fp32 matmuls and convolutions may run on tensor cores in TF32: fp32's 8 exponent bits with 10 stored mantissa bits (fp16's), fp32 accumulation, fp16-like input precision at several times fp32's throughput ([PyTorch's CUDA semantics notes](https://pytorch.org/docs/stable/notes/cuda.html#tensorfloat-32-tf32-on-ampere-and-later-devices)). Out of the box PyTorch treats the two differently: **convolutions use TF32 by default** (cuDNN's `torch.backends.cudnn.conv.fp32_precision` is `"tf32"`, and the legacy `torch.backends.cudnn.allow_tf32` is `True`), **matmuls do not** (`torch.backends.cuda.matmul.fp32_precision` is `"none"`: it follows `torch.get_float32_matmul_precision()`, whose default `"highest"` means full fp32). The portable switch for matmuls is `torch.set_float32_matmul_precision("high")`. Since 2.9 (2.13 here) each backend also has its own `fp32_precision`, `"ieee"` or `"tf32"`; `course_lib.timing.matmul_tflops` (the cell above) sets that one. The documentation says the old `allow_tf32` flags will be deprecated, and mixing them with the new settings makes PyTorch refuse to report the precision. These are global flags, so they can be read and set on this CPU (where they change nothing), and restored:
 """
 
 # %% slideshow={"slide_type": "fragment"}

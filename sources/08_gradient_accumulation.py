@@ -30,7 +30,7 @@ from course_lib.saved_tensors import SavedTensorMeter, format_bytes
 from course_lib.seeding import seed_everything
 
 seed_everything(0)
-torch.set_num_threads(1)   # one thread: timings are steadier on a shared 2-core machine
+torch.set_num_threads(1)   # one thread: timings are steadier on a shared machine
 train, test = digits()
 X, Y = train.flat(), train.y
 print(f"digits: {len(train)} training and {len(test)} test images, {X.shape[1]} pixels each, 10 classes")
@@ -149,7 +149,7 @@ assert abs((cases["mean loss, not divided"][0].norm() / cases["mean loss, not di
 """
 ## 3. The cluster post's accumulation loop, run as written
 
-One of the course's source posts gives this loop (reformatted; the logic is untouched). Its two claims are right: divide the loss by the number of accumulation steps *if the loss is averaged*, and reset the gradients once before the loop and after every `optimizer.step()`, never at the top of every iteration.
+The cluster post gives this loop (reformatted; the logic is untouched). Its two claims are right: divide the loss by the number of accumulation steps *if the loss is averaged*, and reset the gradients once before the loop and after every `optimizer.step()`, never at the top of every iteration.
 
 We run it on the digits with `TARGET_BATCH_SIZE, BATCH_FIT_IN_MEMORY = 256, 32`, the post's numbers.
 """
@@ -368,7 +368,7 @@ Both per-micro-batch means are wrong, by a sizeable fraction of the gradient, in
 
 ### Across ranks: all-reduce the token count
 
-DDP (notebooks 09 and 10) averages the gradients of the ranks: the step uses `(g_0 + g_1) / 2` for 2 ranks. If each rank's loss is the mean over *its* tokens, that is the global token mean only when every rank has the same number of tokens. The fix is the same rule one level up: all-reduce the token count, so every rank divides its *sum* of token losses by the global count, and multiplies by the world size (DDP's average divides by it).
+Three words from notebook 09, ahead of time. Data-parallel training runs one process per device; each process is a **rank** (numbered 0, 1, ...), and their number is the **world size**. `all_reduce(t, SUM)` is a *collective*: every rank calls it with its own tensor `t`, and afterwards every rank holds the sum of all of them (notebook 09 §3 runs it on real processes). DDP (notebooks 09 and 10) averages the gradients of the ranks: the step uses `(g_0 + g_1) / 2` for 2 ranks. If each rank's loss is the mean over *its* tokens, that is the global token mean only when every rank has the same number of tokens. The fix is the same rule one level up: all-reduce the token count, so every rank divides its *sum* of token losses by the global count, and multiplies by the world size (DDP's average divides by it).
 
 Processes arrive in notebook 09, so here we compute the two ranks' arithmetic exactly, in one process: each rank is its own copy of the model with its half of the sequences (and 2 micro-batches of accumulation), `all_reduce(count, SUM)` is the sum of the two counts, and DDP's gradient is the average of the two ranks' `.grad` (notebook 10 shows, on real gloo processes, that a DDP step is exactly the step on that average).
 """

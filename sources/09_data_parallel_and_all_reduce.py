@@ -44,7 +44,7 @@ from course_lib.launch import run_ranks, run_script
 from course_lib.seeding import seed_everything
 
 seed_everything(0)
-torch.set_num_threads(1)   # one thread: steadier timings on a shared 2-core machine
+torch.set_num_threads(1)   # one thread: steadier timings on a shared machine
 train, test = digits()
 os.makedirs("_runs", exist_ok=True)  # scratch folder for the scripts this notebook writes (git ignores it)
 print(f"digits: {len(train)} training images")
@@ -376,9 +376,9 @@ plt.show()
 """
 Bytes are not the whole story. The ring needs `2(N-1)` steps one after the other, and each step pays the network's latency, so for small messages or very many workers it loses to tree-shaped algorithms. NCCL picks ring or tree per message size; gloo has several all-reduce algorithms too. "DDP uses ring all-reduce", as the source post says, is a good mental model, not a precise description: DDP calls the backend's `all_reduce`, and the backend chooses.
 
-### "Effective batch size": what the source post mixed up
+### "Effective batch size": what the Tensor post mixed up
 
-The post says that with a parameter server "the effective batch size is the batch size" but with ring all-reduce "the effective batch is batch × 5" (for 5 GPUs). The communication algorithm has nothing to do with it: both compute the same average of the same gradients. What differs is the API convention: `DataParallel` splits **one** batch across the GPUs (global batch = the batch you pass), while with `DistributedDataParallel` each process loads **its own** batch (global batch = per-process batch × N). Below, 4 workers with 32 digits each: ring and parameter server give the same averaged gradient, and it equals the gradient of one batch of 128.
+The Tensor post says that with a parameter server "the effective batch size is the batch size" but with ring all-reduce "the effective batch is batch × 5" (for 5 GPUs). The communication algorithm has nothing to do with it: both compute the same average of the same gradients. What differs is the API convention: `DataParallel` splits **one** batch across the GPUs (global batch = the batch you pass), while with `DistributedDataParallel` each process loads **its own** batch (global batch = per-process batch × N). Below, 4 workers with 32 digits each: ring and parameter server give the same averaged gradient, and it equals the gradient of one batch of 128.
 """
 
 
@@ -406,9 +406,9 @@ print(f"{per_worker[0].numel()} gradient numbers: ring average == parameter-serv
 
 A function defined in a notebook cell cannot run in a freshly started process (the new process cannot import the notebook), so the worker code is written to a file with `%%writefile`, into `_runs/` (git ignores it), and launched with `course_lib.launch.run_ranks`. What it does, since the rest of the course relies on it:
 
-- `run_ranks("file.py:fn", nprocs=N, args=...)` starts `N` new processes (on Linux, forks of a helper process that has imported PyTorch once, the idea of Python's `forkserver` start method; elsewhere, or with `COURSE_LIB_FORKSERVER=0`, fresh interpreters). A fresh interpreter first imports torch, and DDP's constructor imports `torch._dynamo` too: `benchmarks/launch_startup.py` timed a two-rank DDP step at 5.11 s and 9.20 CPU-seconds per launch that way, against 0.40 s and 0.58 CPU-seconds as forks (`benchmarks/results/launch_startup.txt`, this course's 2-core machine). Each one gets the environment variables that `torch.distributed`'s `env://` initialization reads (`MASTER_ADDR=127.0.0.1`, `MASTER_PORT` set to a port that was free a moment ago, `RANK`, `WORLD_SIZE`), calls `dist.init_process_group("gloo")`, imports `file.py` and calls `fn(rank, world_size, *args)`; then it tears the group down (`barrier`, `destroy_process_group`) and sends `fn`'s return value back (pickled). `run_ranks` returns the list of values in rank order. (It is not `torch.multiprocessing.spawn`, which calls `fn(i, *args)`, leaves the process group to `fn` and returns nothing: notebook 10 uses that one.)
+- `run_ranks("file.py:fn", nprocs=N, args=...)` starts `N` new processes (on Linux, forks of a helper process that has imported PyTorch once, the idea of Python's `forkserver` start method; elsewhere, or with `COURSE_LIB_FORKSERVER=0`, fresh interpreters). A fresh interpreter first imports torch, and DDP's constructor imports `torch._dynamo` too: seconds of CPU time per process before any work, which a fork of a process that has already imported them does not pay. Each one gets the environment variables that `torch.distributed`'s `env://` initialization reads (`MASTER_ADDR=127.0.0.1`, `MASTER_PORT` set to a port that was free a moment ago, `RANK`, `WORLD_SIZE`), calls `dist.init_process_group("gloo")`, imports `file.py` and calls `fn(rank, world_size, *args)`; then it tears the group down (`barrier`, `destroy_process_group`) and sends `fn`'s return value back (pickled). `run_ranks` returns the list of values in rank order. (It is not `torch.multiprocessing.spawn`, which calls `fn(i, *args)`, leaves the process group to `fn` and returns nothing: notebook 10 uses that one.)
 - The processes see **no GPU** (`CUDA_VISIBLE_DEVICES=""`): these are CPU jobs, and on a machine with GPUs they stay CPU jobs and print what you see here. `device="cuda"` is the opt-in: one GPU per rank, bound before `fn` runs.
-- While they run, it shows each rank's printed lines (grouped by rank in a notebook, so the committed output does not depend on which process printed first).
+- While they run, it shows each rank's printed lines (grouped by rank in a notebook, so the output does not depend on which process printed first).
 - It never leaves a process behind: after `timeout` seconds, or as soon as one rank fails, it kills every process it started and raises `LaunchError`, naming the rank that failed and quoting its traceback, or, on a timeout, each rank's last printed line. Section 4 uses that to show a deadlock without hanging the notebook.
 
 Notebook 10 runs the same kind of worker under `torchrun`, PyTorch's own launcher.
@@ -670,7 +670,7 @@ for row in ring_results[0]:
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-The course keeps a second copy of this ring in `course_lib.collectives` for the benchmark; the worker above ran both on every rank and the cell asserted that they give the same sums and send the same bytes. How fast is it? `benchmarks/all_reduce.py` times that copy against `dist.all_reduce` on gloo for several sizes with 2 and 4 processes. On a 2-core machine the processes share the cores, so the times say more about the machine than about the algorithms; the byte counts are exact.
+The library's version of this ring, `course_lib.collectives.ring_all_reduce`, which section 5 times against `dist.all_reduce`, gives the same sums and sends the same bytes: the worker above ran both on every rank, and the cell asserted it. How fast is it? Section 5 answers with a model of time per message, fitted to measurements; the byte counts above are exact, while times on a machine whose processes share the cores say as much about the machine as about the algorithms.
 """
 
 # %% [markdown] slideshow={"slide_type": "slide"}
@@ -720,7 +720,7 @@ for n in (2, 3, 4, 8, 16):
 
 The worker below times, for message sizes from 4 bytes to 4 MiB: one message (half of a ping-pong between ranks 0 and 1), one exchange, `dist.all_reduce`, course_lib's copy of section 4's ring, and a parameter server (`course_lib.collectives` has it, written with `send`/`recv`). It also all-reduces, one after the other, the buckets DDP would make for a 2.1 M-parameter MLP. DDP's rule, which section 6 builds by hand: the gradients in reverse order of the parameters, whole tensors, a bucket closed as soon as it holds at least its cap; with the default `bucket_cap_mb=25` (MiB) the cap is 1 MiB for the first bucket and 25 MiB for the others, while a `bucket_cap_mb` you pass caps every bucket. (That is DDP's steady state: its very first step puts every gradient in one bucket and then rebuilds the buckets in the order the gradients arrived, notebook 11 §3.2.)
 
-Each time is the fastest single call over 5 rounds of all sizes (after a warm-up round), with up to 20 calls per size and round: a call that had to wait for a core, because other work holds the machine, only takes longer, so the quickest call is what the link and the software cost. We use 2 ranks: this machine has 2 cores, and with more processes than cores a message also waits for its receiver to be scheduled, so `α` would measure the operating system's scheduler. With 2 ranks the tree and the parameter server are the same algorithm (one message to rank 0, one back), so only the second is measured.
+Each time is the fastest single call over 5 rounds of all sizes (after a warm-up round), with up to 20 calls per size and round: a call that had to wait for a core, because other work holds the machine, only takes longer, so the quickest call is what the link and the software cost. We use 2 ranks, no more than a 2-core laptop has cores: with more processes than cores a message also waits for its receiver to be scheduled, so `α` would measure the operating system's scheduler. With 2 ranks the tree and the parameter server are the same algorithm (one message to rank 0, one back), so only the second is measured.
 """
 
 # %% slideshow={"slide_type": "-"}
@@ -865,7 +865,7 @@ Small messages cost about `α` whatever their size; above `α·β` bytes (printe
 
 ### Predicted against measured
 
-The predictions use only the two fitted lines and the table of steps. Your measured times (after `~`) depend on the machine and on what else it runs; the cell asserts a generous relation: for each algorithm, the measured time is within a factor of 8 of the prediction on average over the sizes (geometric mean), and likewise for DDP's buckets. The margin is for busy machines: there a process also waits for a core to be free, at every message, and gloo's own `all_reduce`, which hands each call to a worker thread, suffers most. The factors of the machine that recorded these outputs, a 2-core machine shared with many other jobs, are printed after `~`; on an idle machine expect them closer to 1.
+The predictions use only the two fitted lines and the table of steps. Your measured times (after `~`) depend on the machine and on what else it runs; the cell asserts a generous relation: for each algorithm, the measured time is within a factor of 8 of the prediction on average over the sizes (geometric mean), and likewise for DDP's buckets. The margin is for busy machines: there a process also waits for a core to be free, at every message, and gloo's own `all_reduce`, which hands each call to a worker thread, suffers most. The factors are printed after `~`: on a machine shared with many other jobs they are large, and on an idle machine you can expect them closer to 1.
 """
 
 # %% slideshow={"slide_type": "fragment"}
@@ -1136,7 +1136,7 @@ print(f"{slots} weight and bias slots get a gradient, but the tied weight fills 
 """
 All three stages compute exactly DDP's training, and from step 2 on they send exactly DDP's messages: one all-reduce per trainable tensor for stages 1 and 2 (DDP with `bucket_cap_mb=0` does the same), and the 3 buckets for stage 3. The frozen bias is never sent, and the tied weight is sent once (7 slots, 6 tensors, 6 messages: the last line above). DDP's step 1 differs, as promised: one bucket of everything, before its rebuild.
 
-`course_lib.hand_ddp.HandDDP` is the course's canonical copy of these stages, with what a reusable version needs on top (a `no_sync()` for accumulation, DDP's buffer broadcast before forwards, its default first-bucket cap, a log of every collective, a timeline for the next section). The same launch trained it too; it must agree with ours, in values and in messages:
+`course_lib.hand_ddp.HandDDP` is the library's version of these stages, the one the next section measures, with what a reusable version needs on top (a `no_sync()` for accumulation, DDP's buffer broadcast before forwards, its default first-bucket cap, a log of every collective, a timeline for the next section). The same launch trained it too; it must agree with ours, in values and in messages:
 """
 
 # %% slideshow={"slide_type": "fragment"}
@@ -1238,7 +1238,7 @@ plt.show()
 """
 Read the chart from left to right: the blue forward, then the orange backward, last layer first. A step takes longer than its simulated compute: add the wait after backward, the layers' real math and the hooks' copies, and on a busy machine the time the processes wait for a core (the gaps between the bars). With overlap, each green all-reduce starts as soon as its layer's backward is done and runs under the next layer's backward; only the last bucket's (the first layer's) is left when backward ends. Without overlap, all four wait for the end of backward and run one after the other.
 
-The whole step's saving, printed last, is another matter on a machine as busy as the one that recorded these outputs: smaller than the wait's, and not reliably there. The two processes share two cores with other work, so a step's time moves by tens of milliseconds from one step to the next; and the copies into the buckets (`torch.cat`) and gloo's own copying need those cores too, so with overlap the gaps between the backward layers grow (compare the two charts). On a GPU the copies are kernels, NCCL moves the bytes over its own links, and overlap pays in full. `benchmarks/ddp_overlap.py` measures the spread of both savings over many runs.
+The whole step's saving, printed last, is another matter on a busy machine: smaller than the wait's, and not reliably there. The two processes share two cores with other work, so a step's time moves by tens of milliseconds from one step to the next; and the copies into the buckets (`torch.cat`) and gloo's own copying need those cores too, so with overlap the gaps between the backward layers grow (compare the two charts). On a GPU the copies are kernels, NCCL moves the bytes over its own links, and overlap pays in full.
 """
 
 # %% [markdown] slideshow={"slide_type": "slide"}
@@ -1286,7 +1286,7 @@ check_ring_time(ring_time)
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-**3.** Stage 2 of section 6, from memory. Write `add_overlap_hooks(model, handles, world_size)`: give every parameter that needs one a hook that, as soon as its gradient is ready, averages it once and starts its all-reduce without waiting, keeping the handle in `handles`. The check runs your hooks on 3 simulated ranks, on a model with a frozen weight and a tied one, and waits on your handles as a training step would.
+**3.** Stage 2 of section 6, from memory. Write `add_overlap_hooks(model, handles, world_size)`: give every parameter that needs one a hook that, as soon as its gradient is ready, averages it once and starts its all-reduce without waiting, keeping the handle in `handles`. The check runs your hooks on 3 simulated ranks, on a model with a frozen weight and a tied one, and waits on your handles as a training step would. *Simulated ranks*: this kernel has no process group, so for the length of the check, `dist.all_reduce`, `dist.get_rank` and `dist.get_world_size` are replaced by stand-ins. Your hooks run once per rank, one rank after the other, on three copies of the model; each `all_reduce` call is recorded with the tensor you handed it (as it was at the call, as a backend reads it) and returns a handle; once all three ranks have run, the stand-in writes the sum into each rank's tensor, as the real collective would, and the check compares the averages with the true ones. So call the collective exactly as a real script does (`dist.all_reduce(grad, async_op=True)`); to debug, print inside your hook: each line is one rank's call.
 """
 
 

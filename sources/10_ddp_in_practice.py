@@ -56,6 +56,8 @@ One file, written by the next cell so you can read all of it. It is launcher-agn
 
 What to look for, in order: **device and backend, chosen by an argument** (`--device cpu`, the default, trains on CPU processes over gloo; `--device cuda` binds each process to the GPU numbered by its `LOCAL_RANK` and uses NCCL); **seeding**; **rank-0-only I/O behind `dist.barrier()`** (rank 0 "downloads" the data, the others wait, then all read it); **`DistributedSampler`** and **`set_epoch`**; **metrics summed with `all_reduce`** (every rank must call it); the **checkpoint** written by rank 0 and loaded by everyone with `torch.load(map_location=device, weights_only=True)`; a final check that the parameters are **equal on every rank**. `log()` prefixes each line with `[rankN]:` so the launcher can sort the output by rank.
 
+**One line is not DDP practice.** The import marked `WORKAROUND` (`import torch.distributed.nn` before `init_process_group`) works around a defect of PyTorch 2.13 that can crash a gloo job at exit; skip it on a first read, §10.2 explains it, and a script for a PyTorch without the defect drops it. Every other line is the practice to keep.
+
 **It assumes a shared filesystem.** Rank 0 writes the data and the checkpoint, and every rank reads them: that works on one machine (every launch in this notebook, the two "nodes" of section 5 included) and on a cluster whose nodes share a filesystem (NFS, Lustre, ...). On nodes with local disks only, the ranks of node 1 would not find the files. Notebook 11 §5's script does without: the first process of each node (`LOCAL_RANK == 0`) prepares that node's copy of the data, and rank 0 alone reads the checkpoint and sends it to every rank with `dist.broadcast_object_list`.
 """
 
@@ -704,7 +706,7 @@ assert len(r0["buckets"][0.05][0]) == 4 and len(r0["buckets"][0.5][0]) == 2 and 
 """
 Why 4 buckets for a 0.83 MiB model at `bucket_cap_mb=0.05`, and not 0.83 / 0.05 ≈ 17? Because tensors go in whole: each of the four weight matrices is larger than the 52,428-byte cap on its own, so each closes a bucket, and the biases ride along. The explicit cap applies to the first bucket too, so the 1 MiB first bucket of the default does not appear here; and the table shows the buckets from step 2 on, after DDP's rebuild (notebook 11 §3.2 prints every step).
 
-What 2 cores allow: the two processes share two cores with their own compute, so the overlap DDP buys on GPUs (communication over the network while the GPU computes) has little to overlap with here, and each extra bucket is one more small message. On this machine the timing differences between rows are within the noise (other work on the same two cores moves them by tens of percent from run to run), which is why the cell asserts only the bucket sizes, which are exact. Notebook 09 §6 measures overlap on a simulated device instead. On GPUs with NCCL the default (25 MiB, first bucket 1 MiB) is the usual choice, and `no_sync` saves one all-reduce of the whole gradient per skipped micro-batch. `benchmarks/ddp_step.py` measures 1 versus 2 processes and more bucket sizes.
+What the step times measure, and what they cannot. Each is the median of 10 steps on rank 0, and the three models ran one after the other, on two processes that share the cores with their own compute and with whatever else the machine runs. Two things separate the rows, and one run cannot tell them apart: the number of messages (with 4 buckets a step pays an all-reduce's fixed cost, notebook 09 §5's `α`, and a wake-up of gloo's threads four times; with 1 bucket, once), and the load on the machine while each row ran, which a row measured during a busy spell carries in full. So a gap between rows, even a large one, suggests the cost of messages without measuring it; the cell asserts only the bucket sizes, which are exact. A fair comparison alternates the settings step by step, so that every setting sees the same load: notebook 09 §6.1 measures overlap that way, on a simulated device. The accumulation line has the same limit: 4 all-reduces against 1 per step, measured one mode after the other. The overlap DDP buys on GPUs (communication over the network while the GPU computes) has little to overlap with here, since communication and compute share the same cores. On GPUs with NCCL the default (25 MiB, first bucket 1 MiB) is the usual choice, and `no_sync` saves one all-reduce of the whole gradient per skipped micro-batch.
 """
 
 # %% [markdown] slideshow={"slide_type": "slide"}
@@ -732,7 +734,7 @@ def get_reduced_loss(loss, dest_rank):
 
 def cluster_post_logging(rank, world_size):
     loss = torch.tensor(float(rank + 1))
-    if rank == 0:  # as in the seed: only rank 0 calls reduce -> waits forever
+    if rank == 0:  # as in the cluster post: only rank 0 calls reduce -> waits forever
         return get_reduced_loss(loss, 0).item()
     time.sleep(60)  # the other ranks skip the reduce and go on training (stand-in: 60 s of work)
     return None

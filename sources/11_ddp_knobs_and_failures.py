@@ -59,6 +59,8 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from course_lib.torch_private import set_group_timeout  # torch.distributed's private _set_pg_timeout
+
 
 def net():
     torch.manual_seed(0)
@@ -125,7 +127,7 @@ def timeline(rank, x):
     # rank 0 alone again: its forward waits for rank 1, which never comes. That hang is the lesson, and
     # only here does a short timeout bound it (a private helper that changes a group's timeout; the
     # public API sets it when the group is made). Rank 1 is already waiting in the barrier below.
-    dist.distributed_c10d._set_pg_timeout(timedelta(seconds=1.5), group)
+    set_group_timeout(timedelta(seconds=1.5), group)
     forward((0,), False, "eval")
     if rank == 0:
         with torch.no_grad():
@@ -177,7 +179,7 @@ Read the rows against the rule (a forward broadcasts when the previous forward r
 - rows 1 and 2: the first evaluation forward after a training step broadcasts, although it runs in `eval()` mode and under `no_grad`; both ranks took part, so it returned;
 - row 3: a second `no_grad` forward in a row does **not** broadcast, so rank 0 alone gets through (this is the exception a validation loop sees from its second batch on);
 - row 4: the next forward with gradients does not broadcast either (the previous one ran under `no_grad`); the buffers are broadcast again at the forward after it;
-- row 5: rank 0 alone, right after a training step: the broadcast waits for rank 1, which is elsewhere. Only here does the job shorten the group's timeout, to 1.5 s, so the hang ends in an error; every other row ran with the default timeout, so a process descheduled for seconds changes no outcome;
+- row 5: rank 0 alone, right after a training step: the broadcast waits for rank 1, which is elsewhere. Only here does the job shorten the group's timeout, to 1.5 s (with a private function, section 4.2 says which and what to use instead), so the hang ends in an error; every other row ran with the default timeout, so a process descheduled for seconds changes no outcome;
 - row 6: `ddp.module` has no collective at all.
 
 With the default timeout of 30 minutes (section 4.2 prints it) row 5 would sit for half an hour. The fixes: evaluate through **`ddp.module`** (the wrapped model: no collective at all) on the rank that evaluates, or evaluate through the DDP model on **every** rank (each on its shard of the validation set, metrics summed with `all_reduce` as in 10). A rank-0-only `torch.save(ddp.module.state_dict())` is safe: saving is not a forward.
@@ -472,18 +474,20 @@ Exactly one gradient-sized copy saved (866,344 bytes here; 4 bytes per parameter
 
 ### 3.2 How buckets are formed
 
-The same hook lists each bucket's size at each step. Three rules explain every number (the bucket assignment is `dist._compute_bucket_assignment_by_size`, and the rebuild is in DDP's C++ reducer):
+The same hook lists each bucket's size at each step. Three rules explain every number (the bucket assignment is `dist._compute_bucket_assignment_by_size`, a private function, read here only to compare; the rebuild is in DDP's C++ reducer; PyTorch has no public API for either):
 
 1. **Step 1 uses a single bucket** holding every gradient (unless `find_unused_parameters=True`): DDP does not yet know the order in which backward produces the gradients, and a wrong guess could make a bucket wait.
 2. **After step 1 the buckets are rebuilt** in the order the gradients actually arrived (the last layer first), and kept from then on.
-3. Gradients go into a bucket **whole**, and a bucket is closed as soon as its size **reaches** the cap; so a bucket can exceed the cap by up to one tensor. With the default `bucket_cap_mb=25`, the **first** bucket's cap is `dist._DEFAULT_FIRST_BUCKET_BYTES` = 1 MiB, so that the last layers' gradients, ready first, go out early instead of waiting in a 25 MiB bucket. When you pass `bucket_cap_mb` yourself, there is no special first bucket: every bucket, the first included, is capped at your value.
+3. Gradients go into a bucket **whole**, and a bucket is closed as soon as its size **reaches** the cap; so a bucket can exceed the cap by up to one tensor. With the default `bucket_cap_mb=25`, the **first** bucket's cap is `dist._DEFAULT_FIRST_BUCKET_BYTES` (a private constant) = 1 MiB, so that the last layers' gradients, ready first, go out early instead of waiting in a 25 MiB bucket. When you pass `bucket_cap_mb` yourself, there is no special first bucket: every bucket, the first included, is capped at your value.
 
 Notebook 09 §5 states the steady state: whole tensors in reverse order, a bucket closed once it holds at least its cap, 1 MiB for the first bucket and 25 MiB for the others under the default `bucket_cap_mb`, a cap you pass applying to every bucket, and a first step with one bucket before the rebuild. The rules below take each part apart, with the counts that need them.
 """
 
 # %% slideshow={"slide_type": "-"}
 bk = bucket_reports[0]["buckets"]
-print("first-bucket cap with the default bucket_cap_mb:", dist._DEFAULT_FIRST_BUCKET_BYTES, "bytes")
+from course_lib.torch_private import ddp_first_bucket_bytes  # torch.distributed._DEFAULT_FIRST_BUCKET_BYTES
+
+print("first-bucket cap with the default bucket_cap_mb:", ddp_first_bucket_bytes(), "bytes")
 for (width, cap), rep in bk.items():
     total = sum(rep["param_bytes"])
     print(f"width {width}, {total / 2**20:.2f} MiB of parameters, bucket_cap_mb={cap if cap else '25 (default)'}:")
@@ -492,7 +496,7 @@ for (width, cap), rep in bk.items():
 assert all(len(rep["steps"][0]) == 1 for rep in bk.values())  # rule 1
 assert all(rep["steps"][1] == rep["steps"][2] for rep in bk.values())  # rule 2: rebuilt once, then kept
 big, largest = bk[(512, None)]["steps"][1], max(bk[(512, None)]["param_bytes"])
-assert len(big) == 2 and big[0] >= dist._DEFAULT_FIRST_BUCKET_BYTES > big[0] - largest  # rule 3: 1 MiB, by < 1 tensor
+assert len(big) == 2 and big[0] >= ddp_first_bucket_bytes() > big[0] - largest  # rule 3: 1 MiB, by < 1 tensor
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
@@ -522,7 +526,7 @@ for cap in (0.05, 0.5):
 """
 ### 3.3 Communication hooks: compressing the all-reduce
 
-A **communication hook** replaces what DDP does with each bucket (the default: all-reduce it and divide by the world size). The built-in `fp16_compress_hook` casts the bucket to float16 before the all-reduce and back after: **half the bytes on the wire**, at the price of rounding every averaged gradient to 11 significant bits (notebook 06). `bf16_compress_hook` does the same with bfloat16 (8 bits of mantissa, float32's range) but refuses to register without CUDA and NCCL; on this CPU the job registers a six-line hook of its own that does what the built-in does. The job counts the bytes that reach `dist.all_reduce` and compares the gradients with the exact float32 ones:
+A **communication hook** replaces what DDP does with each bucket (the default: all-reduce it and divide by the world size). The built-in `fp16_compress_hook` casts the bucket to float16 before the all-reduce and back after: **half the bytes on the wire**, at the price of rounding every averaged gradient to 11 significant bits (notebook 06). `bf16_compress_hook` does the same with bfloat16 (8 significant bits, 7 of them stored; float32's range) but refuses to register without CUDA and NCCL; on this CPU the job registers a six-line hook of its own that does what the built-in does. The job counts the bytes that reach `dist.all_reduce` and compares the gradients with the exact float32 ones:
 """
 
 # %% slideshow={"slide_type": "-"}
@@ -538,7 +542,7 @@ assert hk["float32 (default)"][1] == 0 and 0 < hk["fp16_compress_hook"][1] < hk[
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-Half the bytes, gradients within a fraction of a percent; bf16's error is about ten times fp16's (3 fewer mantissa bits: 2³ = 8 times the rounding step), but fp16 can overflow or underflow where bf16, with float32's range, cannot. Compression pays where the network, not the compute, limits the step (many nodes over Ethernet); within one NVLink node it rarely does. Other built-in hooks: PowerSGD (low-rank compression, `ddp_comm_hooks.powerSGD_hook`) and hooks that only change which process group reduces.
+Half the bytes, gradients within a fraction of a percent; bf16's error is about ten times fp16's (3 fewer significant bits: 2³ = 8 times the rounding step), but fp16 can overflow or underflow where bf16, with float32's range, cannot. Compression pays where the network, not the compute, limits the step (many nodes over Ethernet); within one NVLink node it rarely does. Other built-in hooks: PowerSGD (low-rank compression, `ddp_comm_hooks.powerSGD_hook`) and hooks that only change which process group reduces.
 """
 
 # %% [markdown] slideshow={"slide_type": "slide"}
@@ -551,7 +555,7 @@ Half the bytes, gradients within a fraction of a percent; bf16's error is about 
 
 ### 4.2 Finding a hang
 
-- **Timeouts.** Every collective waits at most the process group's `timeout` (`init_process_group(..., timeout=timedelta(...))`, also per group in `new_group`). The default for gloo is **30 minutes** (printed below; NCCL's is shorter, section 7): a hang looks like a frozen job for half an hour, then an error. This notebook shortens the timeout to a second or two only for the one collective whose hang is the lesson, so that the hang ends in an error; every collective that all ranks do take keeps the default, so no outcome here depends on how busy the machine is.
+- **Timeouts.** Every collective waits at most the process group's `timeout` (`init_process_group(..., timeout=timedelta(...))`, also per group in `new_group`). The default for gloo is **30 minutes** (printed below; NCCL's is shorter, section 7): a hang looks like a frozen job for half an hour, then an error. This notebook shortens the timeout to a second or two only for the one collective whose hang is the lesson, so that the hang ends in an error; every collective that all ranks do take keeps the default, so no outcome here depends on how busy the machine is. It does so with `dist.distributed_c10d._set_pg_timeout`, a **private** function (the underscore: it can change or go without notice) that changes the timeout of a group that already exists; the public API sets a timeout only when a group is made, `init_process_group(timeout=...)` or `dist.new_group(timeout=...)`, and that is what your own scripts should use.
 - **`dist.monitored_barrier(timeout=...)`** (gloo only): rank 0 waits for each other rank in turn and, if one does not arrive, **names it**. Put it where a hang is suspected.
 - **`TORCH_DISTRIBUTED_DEBUG`**: `INFO` makes DDP name unused parameters (section 2.1); `DETAIL` also wraps every collective of a process group in a check that all ranks call the **same** collective on tensors of the same shape, and reports the mismatch instead of hanging or corrupting. It costs an extra collective per collective: for debugging only. Which route to take in PyTorch 2.13 is decided by a bug, shown in the box after the job: DDP cannot be built on a group that `DETAIL` checks. So with DDP use `INFO`; to check collectives you call yourself, turn `DETAIL` on for a group of their own with `dist.set_debug_level` (the job below does), or set the environment variable in a script without DDP.
 - On GPUs, NCCL has more: `NCCL_DEBUG=INFO`, its watchdog and PyTorch's flight recorder (section 7, which also runs the flight recorder here, on gloo).
@@ -568,6 +572,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from course_lib.torch_private import set_group_timeout  # torch.distributed's private _set_pg_timeout
 
 N_BATCHES = (3, 5)  # rank 0 has 3 batches, rank 1 has 5
 
@@ -583,7 +588,7 @@ def uneven(rank, world_size):
     try:
         for x, y in batches:
             if done == min(N_BATCHES):  # past the shortest rank's data the hang is the lesson: bound it
-                dist.distributed_c10d._set_pg_timeout(timedelta(seconds=1.5), group)
+                set_group_timeout(timedelta(seconds=1.5), group)
             F.cross_entropy(ddp(x), y).backward()
             done += 1
         report["without"] = f"all {done} batches"
@@ -717,7 +722,7 @@ assert crashed.error.result.returncode == -11 and "DDP constructed" not in lines
 
 # %% [markdown] slideshow={"slide_type": "-"}
 """
-So, in 2.13: `TORCH_DISTRIBUTED_DEBUG=INFO` with DDP (it names unused parameters, section 2.1); `DETAIL` for your own collectives, on a group made under `dist.set_debug_level(dist.DebugLevel.DETAIL)` as above, or through the environment variable in a script without DDP. We found no upstream report of this crash; the report to file is: *"DDP constructor segfaults when its process group is wrapped by TORCH_DISTRIBUTED_DEBUG=DETAIL (gloo, torch 2.13.0, one process): `TORCH_DISTRIBUTED_DEBUG=DETAIL python -c` with `init_process_group('gloo', world_size=1)` then `DDP(nn.Linear(4, 4))` dies with SIGSEGV in `Logger.set_construction_data_and_log`; plain collectives on the same group work."* Check again on newer versions: this box is about one version's bug, not about DDP.
+So, in 2.13: `TORCH_DISTRIBUTED_DEBUG=INFO` with DDP (it names unused parameters, section 2.1); `DETAIL` for your own collectives, on a group made under `dist.set_debug_level(dist.DebugLevel.DETAIL)` as above, or through the environment variable in a script without DDP. Check again on newer versions: this box is about one version's bug, not about DDP.
 """
 
 # %% [markdown] slideshow={"slide_type": "slide"}
@@ -734,6 +739,8 @@ What a checkpoint must hold so that the resumed run ends exactly where an uninte
 Shared filesystems are not a given on a cluster, and 10's script assumed one: rank 0 wrote the data and the checkpoint, and every rank read them. This script prepares its data per node (`LOCAL_RANK == 0` writes a node-local copy, the others on the node wait) and lets rank 0 alone read the checkpoint and send it to every rank with `dist.broadcast_object_list`, so no rank but rank 0 needs the file.
 
 To make the failure real, rank 1 kills itself with `os._exit(1)` at step 9 of attempt 0, after the checkpoint of step 8. The script trains twice in one job: an uninterrupted reference into one folder, then the run that crashes into another; on the restart both resume, the reference from its final checkpoint (nothing left to do).
+
+Two parts of the script are not DDP practice but workarounds for defects of PyTorch 2.13: the `import torch.distributed.nn` before `init_process_group` (notebook 10 §10.2) and the store built by hand with a fresh prefix per attempt, marked `WORKAROUND` (the box after the run explains it). Skip them on a first read; with a PyTorch that no longer needs them, the script calls `init_process_group("gloo")` and nothing else.
 """
 
 # %% slideshow={"slide_type": "-"}
@@ -895,7 +902,7 @@ Two things the script needed beyond the checkpoint, on any version:
 - **Atomic saves**: write to a temporary file, then `os.replace` (a rename), so a crash during `torch.save` leaves the previous checkpoint intact.
 - **Everyone restarts.** The healthy rank 0 was restarted too: a collective group cannot take in one new process in the middle of a step. Tearing down in order (notebook 10 §10) stays the rule for the attempt that ends normally.
 
-> **Workaround for PyTorch 2.13, not a DDP habit: a fresh store prefix per attempt.** With a fixed PyTorch the script would call `init_process_group("gloo")` (the `env://` default) and nothing else. In 2.13 the agent keeps one key-value store for the whole job: the static rendezvous creates its `TCPStore` once, the `c10d` rendezvous creates its shared store at its first round, and the workers of every attempt get a client to it (`torch.distributed.rendezvous._create_c10d_store`, whose comment assumes a new store per retry). The addresses gloo's workers published in the dead attempt are still in it, so a new worker can read a dead worker's address and fail with *"Gloo connectFullMesh failed ... Connection refused"*. `benchmarks/elastic_restart.py` restarts a small script again and again, with each rendezvous and with and without the prefix; on this 2-core machine, shared with other jobs, it printed `RESULT static_off=8/8 static_on=0/8 c10d_off=8/8 c10d_on=0/8` (restarts that failed / launches, 8 of each; the run is in `benchmarks/results/elastic_restart.txt`, at load averages 2.5–7.6; an earlier run at another load failed 5 of 8 without the prefix, since the failure is a race). Prefixing the store with `TORCHELASTIC_RESTART_COUNT`, as `elastic_train.py` does, gives each attempt keys of its own. Upstream, [pytorch/pytorch#135712](https://github.com/pytorch/pytorch/issues/135712) reported this mechanism for the `c10d` rendezvous and NCCL in 2024 (a restarted worker read the previous attempt's NCCL id) and was closed by a change that made a new store per retry ([#135957](https://github.com/pytorch/pytorch/pull/135957)); [#167288](https://github.com/pytorch/pytorch/issues/167288), still open, reports NCCL connections refused after `torchrun` restarts, which looks like the same bug. We found no report of the gloo and static case; the one to file: *"torchrun --max-restarts: the restarted attempt's init_process_group('gloo') fails with 'Gloo connectFullMesh failed ... Connection refused' (torch 2.13, one node, static or c10d rendezvous): the agent's store outlives the attempt and still holds the dead workers' addresses, while _create_c10d_store assumes a fresh store per retry. Repro: a worker that all-reduces, then os._exit(1) on one rank in attempt 0."* Run the benchmark with `--prefix off` on a newer PyTorch before keeping the prefix.
+> **Workaround for PyTorch 2.13, not a DDP habit: a fresh store prefix per attempt.** With a fixed PyTorch the script would call `init_process_group("gloo")` (the `env://` default) and nothing else. In 2.13 the agent keeps one key-value store for the whole job: the static rendezvous creates its `TCPStore` once, the `c10d` rendezvous creates its shared store at its first round, and the workers of every attempt get a client to it (`torch.distributed.rendezvous._create_c10d_store`, whose comment assumes a new store per retry). The addresses gloo's workers published in the dead attempt are still in it, so a new worker can read a dead worker's address and fail with *"Gloo connectFullMesh failed ... Connection refused"*. It is a race: whether a given restart fails depends on timing. Prefixing the store with `TORCHELASTIC_RESTART_COUNT`, as `elastic_train.py` does, gives each attempt keys of its own. The mechanism is known upstream for the `c10d` rendezvous and NCCL: [pytorch/pytorch#135712](https://github.com/pytorch/pytorch/issues/135712) (a restarted worker read the previous attempt's NCCL id, 2024) was closed by a change that made a new store per retry ([#135957](https://github.com/pytorch/pytorch/pull/135957)), and [#167288](https://github.com/pytorch/pytorch/issues/167288), still open, reports NCCL connections refused after `torchrun` restarts. On a newer PyTorch, try the script without the prefix before keeping it.
 
 **On GPUs** (`COURSE_DEVICE=cuda`, notebook 00), the same cell runs the script with `--device cuda`: each process binds the GPU its `LOCAL_RANK` names (`torch.cuda.set_device`, `init_process_group(..., device_id=...)`), uses NCCL, and saves its GPU's random generator next to the CPU one, since dropout on a GPU draws from the GPU's generator (`rng_states` above). The cell asserts the same bit-for-bit equality there. What else bit-equal resumption can need on GPUs:
 - **deterministic kernels**: kernels that add with atomics (the backward of `index_add`, `scatter_add`, embeddings, some convolutions) differ in the last bits from run to run; `torch.use_deterministic_algorithms(True)` selects deterministic implementations or refuses the operation, and cuBLAS needs `CUBLAS_WORKSPACE_CONFIG=:4096:8` in the environment before CUDA starts (its documentation lists both);
@@ -916,7 +923,7 @@ assert omp[0] == 'if "OMP_NUM_THREADS" not in os.environ and nproc_per_node > 1:
 """
 ## 6. The device-generic forms (PyTorch 2.13)
 
-The scripts of 10 choose the backend by hand (`"nccl" if torch.cuda.is_available() else "gloo"`). Current PyTorch has device-generic forms:
+Notebook 10's script chooses the backend by hand, from its `--device` argument: `"nccl"` with `--device cuda`, `"gloo"` otherwise, never from what the machine has (notebook 10 §6 says why). Current PyTorch also has device-generic forms:
 
 - **`torch.accelerator`** asks about whatever accelerator this build has (CUDA, ROCm, XPU, MPS...) without naming it: `is_available()`, `current_accelerator()`, `device_count()`.
 - **`init_process_group()` without a backend** registers one backend per device type from `dist.Backend.default_device_backend_map` (`cpu:gloo,cuda:nccl` on a CUDA build): CPU tensors go through gloo, CUDA tensors through NCCL, in one group.
@@ -970,7 +977,7 @@ Every job in this notebook ran on gloo, where a collective is work done by CPU t
 
 An NCCL collective or send/receive is a kernel enqueued on a CUDA stream of the process group, ordered after the work already queued on the current stream. The Python call returns as soon as it is enqueued, **even with `async_op=False`**: for NCCL, "blocking" means that the *current CUDA stream* waits for the result, not the host ([torch.distributed: synchronous and asynchronous collective operations](https://pytorch.org/docs/stable/distributed.html#synchronous-and-asynchronous-collective-operations)). So a rank that never arrives does not stop the line that issued the collective: the host runs ahead, queues more work, and the hang surfaces later, at the first call that waits for the GPU (`.item()`, `.cpu()`, `print` of a CUDA tensor, `torch.cuda.synchronize()`), often far from its cause, or as the watchdog's timeout (7.3).
 
-The closest picture on gloo is `async_op=True`: the call returns a `Work` at once and the result is there only after `work.wait()`. In the job below rank 0 starts an all-reduce that rank 1 joins only after rank 0 has looked at it (rank 1 waits for rank 0 on another group first, so the order cannot change), and section 7.2's and 7.4's demonstrations run in the same launch:
+The closest picture on gloo is `async_op=True`: the call returns a `Work` at once and the result is there only after `work.wait()`. In the job below rank 0 starts an all-reduce that rank 1 joins only after rank 0 has looked at it (rank 1 waits for rank 0 on another group first, so the order cannot change), and section 7.2's and 7.4's demonstrations run in the same launch. (Section 7.2's is one step of a pipeline schedule called **1F1B**, "one forward, one backward", which notebook 12 §4 defines and measures: the model is cut into stages on different ranks, and in its steady state each stage alternates the forward of one micro-batch with the backward of an earlier one, so that a stage sends an activation to the next stage while it receives a gradient from it.)
 """
 
 # %% slideshow={"slide_type": "-"}
@@ -981,7 +988,9 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
-from torch._C._distributed_c10d import _dump_fr_trace  # what the NCCL watchdog calls on a timeout (private)
+
+# private torch APIs: _set_pg_timeout, and _dump_fr_trace, what the NCCL watchdog calls on a timeout
+from course_lib.torch_private import dump_flight_recorder, set_group_timeout
 
 
 def returns_early(rank):
@@ -1018,13 +1027,13 @@ def forgotten_collective(rank, folder):
     for _ in range(2):
         dist.all_reduce(a, group=group)
     if rank == 0:  # a metric only rank 0 logs: it waits for rank 1 forever; bound this one hang to 1.5 s
-        dist.distributed_c10d._set_pg_timeout(timedelta(seconds=1.5), group)
+        set_group_timeout(timedelta(seconds=1.5), group)
         try:
             dist.all_reduce(torch.ones(4, 5), group=group)
         except RuntimeError:
             pass
     with open(f"{folder}/trace_{rank}", "wb") as f:
-        f.write(_dump_fr_trace())  # on NCCL, TORCH_NCCL_DUMP_ON_TIMEOUT=1 makes the watchdog do this
+        f.write(dump_flight_recorder())  # on NCCL, TORCH_NCCL_DUMP_ON_TIMEOUT=1 makes the watchdog do this
     dist.barrier()  # the default group: rank 1 waits here for rank 0
     return {"group": str(dist.get_process_group_ranks(group))}
 
@@ -1105,7 +1114,7 @@ The general rule is the one notebook 10 applies to gloo: **tear down in order**.
 
 When a job hangs, the question is which rank stopped where. The **flight recorder** keeps, in each process, a ring buffer of the last `N` collectives: process group, sequence number, operation, tensor shapes and dtypes, state, timeout, and the Python stack that issued it. Turn it on with `TORCH_FR_BUFFER_SIZE=N` (2.13's name; the older `TORCH_NCCL_TRACE_BUFFER_SIZE` is still read); with NCCL, `TORCH_NCCL_DUMP_ON_TIMEOUT=1` makes the watchdog write every rank's buffer to a file named by `TORCH_FR_DUMP_TEMP_FILE` (older name `TORCH_NCCL_DEBUG_INFO_TEMP_FILE`) plus the rank when a timeout fires, and `torchfrtrace <folder> --prefix <prefix>` reads the files of all ranks and reports the first collective that not every rank joined ([flight recorder tutorial](https://docs.pytorch.org/tutorials/unstable/flight_recorder_tutorial.html)).
 
-In PyTorch 2.13 the recorder also records gloo's collectives, so the launch above made a real dump, clearly a small one: after two all-reduces on a group, rank 0 all-reduces a metric that rank 1 forgot (the classic hang: a collective inside `if rank == 0`); that one hang is bounded by a 1.5 s timeout. Each rank then dumped its buffer with the function the NCCL watchdog calls (`torch._C._distributed_c10d._dump_fr_trace`, private). Here is what the two files hold for that group:
+In PyTorch 2.13 the recorder also records gloo's collectives, so the launch above made a real dump, clearly a small one: after two all-reduces on a group, rank 0 all-reduces a metric that rank 1 forgot (the classic hang: a collective inside `if rank == 0`); that one hang is bounded by a 1.5 s timeout. Each rank then dumped its buffer with the function the NCCL watchdog calls, `torch._C._distributed_c10d._dump_fr_trace`: a **private** function of PyTorch's C++ extension, used here because gloo has no watchdog to call it. Its public replacement is the set of environment variables above (`TORCH_FR_BUFFER_SIZE`, `TORCH_NCCL_DUMP_ON_TIMEOUT=1`, `TORCH_FR_DUMP_TEMP_FILE`), which make NCCL's watchdog write the same files on a timeout: use those in your jobs. Here is what the two files hold for that group:
 """
 
 # %% slideshow={"slide_type": "-"}

@@ -310,7 +310,7 @@ print("simulated schedules agree with (p-1)/(m+p-1); for p=4, a bubble <= 10% ne
 Now the real thing: the two processes of section 2 run GPipe steps for `m = 1, 2, 4, 8`, recording each task's start and end on the machine's monotonic clock (shared by both processes), and the idle fraction is computed from those timestamps. Two settings:
 
 - **simulated device time**: each stage's forward of the whole batch takes 120 ms and its backward 240 ms (a `sleep` split evenly over micro-batches, as if a GPU computed while the CPU waits: the cell prints the two values), plus the real tiny model and the real messages;
-- **real compute**: a wider model (width 512, batch 512) whose stages compute on one core each. This machine has 2 cores, shared with everything else that runs.
+- **real compute**: a wider model (width 512, batch 512) whose stages compute on one core each. On a 2-core machine the two stages then share the cores with everything else that runs.
 """
 
 # %% slideshow={"slide_type": "-"}
@@ -370,7 +370,7 @@ plt.show()
 How to read the numbers (yours will differ run to run). "Replayed" feeds each stage's measured average task times into the GPipe simulator of `course_lib.pipeline`, with messages that cost nothing: it is the bubble due to the schedule and to unequal stages alone; the measured value minus the replayed one is what the messages and the waiting cost.
 
 - With simulated device time the measured bubble follows the formula down from 50% at `m=1`, as the cell asserts. What it adds on top is the **per-micro-batch cost**: each micro-batch is one more message each way, one more Python round of the loop, one more wake-up of a sleeping process. Those costs grow with `m` while the work per micro-batch shrinks, so the gap to the formula widens with `m` (on a busy machine most at `m=8`, where a micro-batch's forward is an eighth of the 120 ms), and past some `m` the bubble stops falling: `m` has an optimum. The stages sleep rather than compute so that the outcome holds on a loaded machine: a sleeping stage does not compete for a core. GPipe's authors (Huang et al. 2019) found the bubble overhead negligible for `m ≥ 4p`: by the formula that is a bubble below 20 % for every `p` (the cell after this list computes it).
-- With real compute the two stages are processes competing for the same two cores, with everything else this machine runs; the plot leaves this column out, because it does not measure a pipeline's bubble. The replayed bubble is already above the formula (the stages are not equally fast, and the backward is not exactly twice the forward), and the measured one is far above that: every message makes one process wait for the other to be scheduled, and any other process steals a core from one stage and leaves the other waiting. From one run to the next it may even grow with `m`. The formula assumes dedicated devices with equal, fixed task times; on GPUs a related effect appears when micro-batches get too small to fill the device.
+- With real compute the two stages are processes competing for the same two cores, with everything else the machine runs; the plot leaves this column out, because it does not measure a pipeline's bubble. The replayed bubble is already above the formula (the stages are not equally fast, and the backward is not exactly twice the forward), and the measured one is far above that: every message makes one process wait for the other to be scheduled, and any other process steals a core from one stage and leaves the other waiting. From one run to the next it may even grow with `m`. The formula assumes dedicated devices with equal, fixed task times; on GPUs a related effect appears when micro-batches get too small to fill the device.
 
 Two ways to state the bubble appear in the literature: as a fraction of the whole step, `(p-1)/(m+p-1)` (this notebook), or relative to the ideal compute time of `m` slots, `(p-1)/m` (Megatron-LM's paper and the Hugging Face ultrascale playbook). They count the same idle slots; the second is larger and reads as "extra time".
 """
@@ -431,7 +431,7 @@ assert abs(sum(api[1]["losses"]) / 4 - F.cross_entropy(make_model()(x_batch), y_
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-**1F1B versus GPipe.** GPipe runs every forward before any backward, so at its peak each stage holds the activations of all `m` micro-batches. 1F1B (PipeDream-Flush, Narayanan et al. 2021) lets stage `s` of `p` run only `p - s` forwards ahead (the warm-up), then alternate one backward and one forward, so each backward frees a micro-batch's activations as early as possible. Only the order of work within each stage changes, not the dependencies. A small event simulation, with a forward costing 1 time unit and a backward 2, gives each schedule's step time and the most micro-batches whose activations a stage holds at once:
+**1F1B versus GPipe.** GPipe runs every forward before any backward, so at its peak each stage holds the activations of all `m` micro-batches. 1F1B, the schedule called PipeDream-Flush in D. Narayanan et al., *Memory-Efficient Pipeline-Parallel DNN Training* (ICML 2021), lets stage `s` of `p` run only `p - s` forwards ahead (the warm-up), then alternate one backward and one forward, so each backward frees a micro-batch's activations as early as possible. Only the order of work within each stage changes, not the dependencies. A small event simulation, with a forward costing 1 time unit and a backward 2, gives each schedule's step time and the most micro-batches whose activations a stage holds at once:
 """
 
 
@@ -556,7 +556,7 @@ def train(subnet_id, world_size, steps=3):
         inputs, labels = torch.randn(32, 1024, generator=gen), torch.randint(0, 100, (32,), generator=gen)
         optimizer.zero_grad()
         loss = F.cross_entropy(model(inputs), labels)
-        loss.backward(retain_graph=True)       # as in the seed: keeps this graph's buffers alive for nothing
+        loss.backward(retain_graph=True)       # as in the post: keeps this graph's buffers alive for nothing
         optimizer.step()
     return {"n_params": sum(p.numel() for p in model.parameters()),
             "subnets": len(model.subnets),
@@ -658,7 +658,7 @@ print("split by output features (concat) and by input features (sum): outputs, d
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-Megatron's MLP block chains the two: the first `Linear` split by output features (column-parallel), the activation applied shard by shard (it is elementwise), the second `Linear` split by input features (row-parallel), and **one all-reduce** per block in forward (one more in backward). That communication happens in every layer, on the critical path, which is why tensor parallelism stays inside a node with fast links (NVLink). PyTorch's version is `torch.distributed.tensor.parallel` (`ColwiseParallel`, `RowwiseParallel`, `parallelize_module`), built on `DTensor`, a tensor that knows how it is split across the devices of a mesh (notebook 13 §5 introduces it; notebook 15 takes tensor parallelism further, to sequence, context and expert parallelism). The cell checks, in the classes' own source, which dimension of `W` each one shards: the table's. Exercise 3 asks for the split by input features by hand.
+Megatron's MLP block chains the two: the first `Linear` split by output features (column-parallel), the activation applied shard by shard (it is elementwise), the second `Linear` split by input features (row-parallel), and **one all-reduce** per MLP block in forward (one more in backward). "Block" here means the MLP alone: a transformer block has two such pairs, attention and MLP, hence the four all-reduces per transformer block, two forward and two backward, that notebook 15 §1 counts. That communication happens in every layer, on the critical path, which is why tensor parallelism stays inside a node with fast links (NVLink). PyTorch's version is `torch.distributed.tensor.parallel` (`ColwiseParallel`, `RowwiseParallel`, `parallelize_module`), built on `DTensor`, a tensor that knows how it is split across the devices of a mesh (notebook 13 §5 introduces it; notebook 15 takes tensor parallelism further, to sequence, context and expert parallelism). The cell checks, in the classes' own source, which dimension of `W` each one shards: the table's. Exercise 3 asks for the split by input features by hand.
 """
 
 # %% slideshow={"slide_type": "-"}
@@ -743,7 +743,7 @@ print(check_row_parallel_partials(partials))
 ## References
 
 - Y. Huang et al., *GPipe: Efficient Training of Giant Neural Networks using Pipeline Parallelism*, NeurIPS 2019, [arXiv:1811.06965](https://arxiv.org/abs/1811.06965).
-- D. Narayanan et al., *PipeDream: Generalized Pipeline Parallelism for DNN Training*, SOSP 2019 (the 1F1B schedule), and *Efficient Large-Scale Language Model Training on GPU Clusters Using Megatron-LM*, SC 2021, [arXiv:2104.04473](https://arxiv.org/abs/2104.04473).
+- D. Narayanan et al., *PipeDream: Generalized Pipeline Parallelism for DNN Training*, SOSP 2019 (the 1F1B schedule); D. Narayanan et al., *Memory-Efficient Pipeline-Parallel DNN Training*, ICML 2021, [arXiv:2006.09503](https://arxiv.org/abs/2006.09503) (PipeDream-2BW and PipeDream-Flush, the 1F1B schedule with a flush that synchronous pipelines use); and *Efficient Large-Scale Language Model Training on GPU Clusters Using Megatron-LM*, SC 2021, [arXiv:2104.04473](https://arxiv.org/abs/2104.04473).
 - M. Shoeybi et al., *Megatron-LM: Training Multi-Billion Parameter Language Models Using Model Parallelism*, 2019, [arXiv:1909.08053](https://arxiv.org/abs/1909.08053).
 - PyTorch docs: [torch.distributed.pipelining](https://pytorch.org/docs/stable/distributed.pipelining.html), [point-to-point communication](https://pytorch.org/docs/stable/distributed.html#point-to-point-communication), [Tensor Parallelism](https://pytorch.org/docs/stable/distributed.tensor.parallel.html).
 - PyTorch tutorials: [Writing distributed applications](https://pytorch.org/tutorials/intermediate/dist_tuto.html) (send/recv), [Introduction to distributed pipeline parallelism](https://pytorch.org/tutorials/intermediate/pipelining_tutorial.html).

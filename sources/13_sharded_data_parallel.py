@@ -205,7 +205,7 @@ def shard_model(model, **kwargs):
 - it takes **parameters or parameter groups** (each group with its own options, such as weight decay on the weights only) and the **optimizer class** to run on the chunks, with its options: `HandZero(groups, torch.optim.AdamW, stage=1, lr=1e-3)`;
 - it **leaves out every parameter that does not require grad**: a frozen parameter is not sharded, not stepped, and never decayed (§2.3 shows why "never");
 - it flattens each group into one buffer per dtype (a bf16 model stays bf16), padded so that every rank owns the same length, so a chunk may cut a tensor in two: right only for **element-wise** optimizers, which it checks (§2.3). The inner optimizer gets one piece per parameter (the part of it in this rank's chunk), so that, as in `torch.optim`, a parameter that got no gradient in a step is skipped, not decayed: a post-accumulate-grad hook marks the parameters backward reached, and one small all-reduce makes the ranks agree;
-- it **replaces DDP**: its reduce-scatter is the gradient communication, and it divides by `N` once. Wrapped in DDP as well, the gradients would arrive averaged and be averaged again; `course_lib.sharded_optim.ShardedOptimizer`, its library twin, reads already-averaged gradients under DDP and averages them itself only when asked (`reduce_gradients=True`).
+- it **replaces DDP**: its reduce-scatter is the gradient communication, and it divides by `N` once. Wrapped in DDP as well, the gradients would arrive averaged and be averaged again; `course_lib.sharded_optim.ShardedOptimizer`, the library's version, reads already-averaged gradients under DDP and averages them itself only when asked (`reduce_gradients=True`).
 
 The collectives work **in place** on the flat buffers: rank `r`'s output is chunk `r` of the input, which is how NCCL defines in-place reduce-scatter and all-gather too, so no extra buffer is needed.
 """
@@ -493,9 +493,9 @@ print("held bytes = the model's, part by part, on every rank")
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-The tensors each rank holds are exactly the model's count, part by part: both versions of ZeRO-1 keep half of DDP's optimizer state on each of the 2 ranks, ZeRO-2 also half the gradients. The peaks include the activations and temporaries of a step (ZeRO-2's full gradient exists for a moment in every step here), so with this small model sharding lowers them less than it lowers what is kept.
+The tensors each rank holds are exactly the model's count, part by part: both versions of ZeRO-1 keep half of DDP's optimizer state on each of the 2 ranks, ZeRO-2 also half the gradients. The peaks are another matter: our ZeRO-1 and ZeRO-2 peak **higher** than DDP here, not lower (only `ZeroRedundancyOptimizer`, which sends parameter by parameter, peaks lower). A peak is the most that exists at one moment of a step, and sharding shrinks what is kept, not what a step makes for a moment. On gloo, a reduce-scatter or an all-gather of the whole flat buffer makes a temporary about as large as the buffer (gloo builds its reduce-scatter from all-reduces, §2.2), where DDP's in-place all-reduce of a bucket makes none; and ZeRO-2's full flat gradient buffer exists in every step until its reduce-scatter. On this small model, the optimizer state that sharding saves (half of Adam's state, the 1,052,672 bytes of the optimizer column) is the size of those temporaries, so they decide the peak. Real implementations reduce-scatter bucket by bucket during backward, so neither the full buffer nor a temporary of its size exists at once, and at scale the optimizer state dwarfs a bucket: there the peak falls with what is kept.
 
-Why count tensors rather than read the allocator's "still allocated" total? On gloo, a collective's work object keeps references to its tensors, and to any temporary it made, until gloo's worker thread is done with it, and the last reference is often dropped **on that thread**. The profiler behind `measure_peak` records allocations and frees of the threads it profiles, so such a free goes unseen, and the running total ends higher than what is really allocated, by a different amount from run to run. (`benchmarks/sharding_memory.py` prints both numbers for N = 1, 2 and 4: the retained total matches the held bytes for DDP and `ZeroRedundancyOptimizer`, and exceeds them by whole buffers, differently from rank to rank, where gloo's reduce-scatter is involved.) On a GPU, `torch.cuda.memory_allocated` has no such blind spot.
+Why count tensors rather than read the allocator's "still allocated" total? On gloo, a collective's work object keeps references to its tensors, and to any temporary it made, until gloo's worker thread is done with it, and the last reference is often dropped **on that thread**. The profiler behind `measure_peak` records allocations and frees of the threads it profiles, so such a free goes unseen, and the running total ends higher than what is really allocated, by a different amount from run to run. On a GPU, `torch.cuda.memory_allocated` has no such blind spot.
 """
 
 # %% [markdown] slideshow={"slide_type": "slide"}
@@ -527,7 +527,7 @@ for kind in ("zero1", "zero2"):
 """
 ### 2.3 Real models: parameter groups, frozen parameters, which optimizers
 
-The fine-tuning run: the first layer frozen, AdamW with weight decay 0.1 on the weights and none on the biases, 5 steps. Every way of sharding the optimizer must end where DDP with a plain AdamW ends, with the frozen layer untouched. Two of them run under DDP, which averages the gradients: `ZeroRedundancyOptimizer`, and `course_lib`'s `ShardedOptimizer` sharding by whole parameters. Three run without it and average in their reduce-scatter: ours at stages 1 and 2, and `ShardedOptimizer(shard_by="element", reduce_gradients=True)`, the library's copy of ours.
+The fine-tuning run: the first layer frozen, AdamW with weight decay 0.1 on the weights and none on the biases, 5 steps. Every way of sharding the optimizer must end where DDP with a plain AdamW ends, with the frozen layer untouched. Two of them run under DDP, which averages the gradients: `ZeroRedundancyOptimizer`, and `course_lib`'s `ShardedOptimizer` sharding by whole parameters. Three run without it and average in their reduce-scatter: ours at stages 1 and 2, and `ShardedOptimizer(shard_by="element", reduce_gradients=True)`, the library's version of ours.
 """
 
 # %% slideshow={"slide_type": "fragment"}
@@ -689,7 +689,7 @@ def hand_fsdp(model, dtype=torch.bfloat16):
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-This version handles what this model needs (every parameter trainable, each in a `Linear` unit). `course_lib.hand_fsdp.HandFSDP` is the canonical copy, with the rest: frozen and tied parameters, a root unit for parameters outside the units, `reshard_after_forward=False`. The job below trains three copies of the model for 3 AdamW steps on `N` ranks: ours, the library's (`HandFSDP(model, units, param_dtype=torch.bfloat16, reduce_dtype=torch.float32)`), and FSDP2's `fully_shard` (section 4) with the matching `MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)`. It records the collectives of each one's third step (FSDP2's with `course_lib.simulated_compute.record_collectives`, which wraps `torch.distributed`'s functions) and counts the bytes each rank holds.
+This version handles what this model needs (every parameter trainable, each in a `Linear` unit). `course_lib.hand_fsdp.HandFSDP` is the library's version, with the rest: frozen and tied parameters, a root unit for parameters outside the units, `reshard_after_forward=False`. The job below trains three copies of the model for 3 AdamW steps on `N` ranks: ours, the library's (`HandFSDP(model, units, param_dtype=torch.bfloat16, reduce_dtype=torch.float32)`), and FSDP2's `fully_shard` (section 4) with the matching `MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)`. It records the collectives of each one's third step (FSDP2's with `course_lib.simulated_compute.record_collectives`, which wraps `torch.distributed`'s functions) and counts the bytes each rank holds.
 """
 
 # %% slideshow={"slide_type": "-"}
@@ -763,7 +763,7 @@ fsdp_runs = launch("_runs/fsdp_job.py:report")
 
 # %% [markdown] slideshow={"slide_type": "slide"}
 """
-### 3.1 Equal to the library's copy, and to FSDP2
+### 3.1 Equal to the library's version, and to FSDP2
 
 Ours and `course_lib`'s do the same operations in the same order, so they must agree to the bit. FSDP2 shards each parameter along its first dimension instead of a flat vector, but AdamW is element-wise and the bf16 gather and the fp32 reduction are the same, so it must agree too; the check allows 1e-6.
 """
@@ -808,7 +808,7 @@ for who, log in (("ours", r["log"]), ("FSDP2", r["fsdp2_log"])):
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-Same collectives, same bytes, and in forward the same order: four gathers (`AG`), one per unit. In backward the order differs. Ours gathers a unit, runs its backward, reduce-scatters its gradient (`RS`), then gathers the next. FSDP2 gathers the *next* unit before it reduce-scatters the current one: that is **prefetch**. On a GPU, FSDP2 issues its collectives on separate CUDA streams, so the next unit's gather runs while the current unit computes; here, on gloo, every collective completes before the next operation starts, and only the order shows.
+Same collectives, same bytes, and in forward the same order: four gathers (`AG`), one per unit. In backward the order differs. Ours gathers a unit, runs its backward, reduce-scatters its gradient (`RS`), then gathers the next. FSDP2 gathers the *next* unit before it reduce-scatters the current one: that is **prefetch**. On a GPU, FSDP2 issues its collectives on separate CUDA streams, so the next unit's gather runs while the current unit computes; here, on gloo, every collective completes before the next operation starts, and only the order shows (notebook 17 §5 makes FSDP2 issue them without waiting, on a CPU, and measures what that hides).
 """
 
 # %% [markdown] slideshow={"slide_type": "slide"}
@@ -848,7 +848,7 @@ PyTorch's FSDP2 (`torch.distributed.fsdp.fully_shard`, the successor of the `Ful
 
 - **DTensor parameters.** It shards each parameter on its first dimension, not a flat vector: each becomes a `DTensor` with placement `Shard(0)` (section 5), so rank `r` stores rows `r·rows/N ...` of each weight. Parameters keep their names and shapes, and the state dict is one of sharded DTensors, which `torch.distributed.checkpoint` saves shard by shard (section 6);
 - **prefetch** (section 3.2), on separate CUDA streams on a GPU; `set_modules_to_forward_prefetch` / `set_modules_to_backward_prefetch` tune it;
-- **`reshard_after_forward`**: `True` (the default, ours) frees each unit after forward and gathers it again for backward; `False` keeps the gathered parameters from forward to backward: one all-gather per unit per step instead of two, for the memory of full parameters during that time (ZeRO-2's memory, between forward and backward);
+- **`reshard_after_forward`**: `True` (ours) frees each unit after forward and gathers it again for backward; `False` keeps the gathered parameters from forward to backward: one all-gather per unit per step instead of two, for the memory of full parameters during that time (ZeRO-2's memory, between forward and backward). The default in 2.13 is `None`: `True` for every unit but the root (the outermost `fully_shard`, called last), which keeps its gathered parameters, since backward starts with it at once. Here the root, `fully_shard(model)`, has no parameters of its own (every `Linear` is a unit), so with the default every unit holding parameters is resharded; notebook 16 §3 shows a root that holds some;
 - **`MixedPrecisionPolicy`** per unit (section 3 used it), gradient scaling with sharded gradients (below), and more than this notebook runs: CPU offload of the shards (`CPUOffloadPolicy`), HSDP (shard within a node, replicate across nodes, on a 2-D mesh), and accumulation without reduce-scatter (`set_requires_gradient_sync(False)`).
 
 **Gradient scaling.** bf16 has fp32's range, so bf16 training needs no loss scaling (notebook 07 §3). fp16 does, and with sharded gradients a scaler must see an overflow in *any* rank's shard, or ranks skip different steps and drift apart. The old FSDP wrapper needed `ShardedGradScaler`, which all-reduces the overflow flag. With FSDP2 the gradients are DTensors, and DTensor's dispatch reduces the overflow flag of `torch.amp.GradScaler`'s unscale across the mesh: the ordinary scaler works. The script checks it by putting an `inf` into the last rank's shard only.
@@ -964,7 +964,7 @@ assert f["reshard"][True]["gathered_units"] == 0 and f["reshard"][False]["gather
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-(`_allgather_base_` and `_reduce_scatter_base_` are the operators behind `all_gather_single` and `reduce_scatter_single`.) With the default each of the 4 units is all-gathered twice and reduce-scattered once per step, as in section 3: **1.5 times DDP's traffic** (three collectives of `(N-1)/N · S` against an all-reduce's two). With `reshard_after_forward=False` it is one all-gather per unit, the traffic of DDP, but all 4 units keep their full parameters from forward to backward (4 bytes × every parameter, here 1,052,672 bytes on each rank). With `True`, no unit stays gathered between forward and backward (0 of 4 above).
+(`_allgather_base_` and `_reduce_scatter_base_` are the operators behind `all_gather_single` and `reduce_scatter_single`.) With the default (`None`: `True` for these 4 units, which hold every parameter; the root holds none) each of the 4 units is all-gathered twice and reduce-scattered once per step, as in section 3: **1.5 times DDP's traffic** (three collectives of `(N-1)/N · S` against an all-reduce's two). With `reshard_after_forward=False` it is one all-gather per unit, the traffic of DDP, but all 4 units keep their full parameters from forward to backward (4 bytes × every parameter, here 1,052,672 bytes on each rank). With `True`, no unit stays gathered between forward and backward (0 of 4 above).
 
 The difference from one process (below 1e-4, not bit-exact) is that of summing the same numbers in another order; Adam's division by `√v` can magnify such differences where gradients are near zero.
 
@@ -1083,7 +1083,7 @@ print("4 processes, data parallel x tensor parallel, after 3 Adam steps: allclos
 """
 On the 2×2 mesh the first weight (64×64) is split into 4 row blocks of 16: by its output features across `tp` (`ColwiseParallel`), and each of those again across `dp` by FSDP2. `_StridedShard` is how DTensor records that the `dp` split happened *inside* the `tp` split. A forward pass communicates twice on the `dp` dimension (FSDP2 all-gathers each `Linear`'s shards) and once on `tp`: the single all-reduce that sums the row-parallel layer's partial outputs (notebook 12). And the four processes trained exactly the model one process trains.
 
-An observation about PyTorch 2.13, made while writing this notebook, not something the lesson depends on: after a DTensor computation the default process group stays referenced from PyTorch's C++ side (no Python object `gc` can find holds it), so `destroy_process_group()` cannot free it, and `course_lib.launch`'s workers warn that its gloo threads may outlive the script (the jobs here run with `echo="none"`, which hides the warning). What matters is that the job ends cleanly: every rank of every job above exited with code 0, which `run_ranks` checks. A later PyTorch may not keep the reference at all.
+One thing DTensor does out of sight matters when a job ends: it caches its sharding decisions, and the cache entries hold the mesh, and through it the process groups, after `destroy_process_group()` (notebook 10 §10.2 shows it, and why it can crash a gloo job at exit). `run_ranks` ends every job with `course_lib.teardown.end_process_group`, which empties those caches before destroying the group, and checks that every rank exited with code 0.
 """
 
 # %% [markdown] slideshow={"slide_type": "slide"}
@@ -1277,7 +1277,7 @@ Pipeline and tensor parallelism (notebook 12) come in when sharding is not enoug
 1. Write `rank_bytes(num_params, world_size, stage)`: the bytes of model state one rank holds with mixed-precision Adam (2 + 2 + 12 bytes per parameter), for `stage` in `"ddp"`, `"zero1"`, `"zero2"`, `"zero3"`; a shard is `ceil(num_params / world_size)` elements.
 2. For each case in `FIT_SCENARIOS` (parameters, world size, device memory, activations per rank; mixed-precision Adam), give the **first** of `ddp`, `zero1`, `zero2`, `zero3` whose model state plus activations fits (each stage communicates or reorganises more than the one before).
 3. Write `bytes_sent(num_params, world_size, stage)`: the bytes one rank sends per training step with bf16 parameters and gradients (2 bytes each) and ring algorithms, for the four stages (ZeRO-3 with `reshard_after_forward=True`).
-4. Write the reduce-scatter step of section 3's FSDP: `shard_gradient(full_grad, world_size, reduce_dtype, shard_dtype)` gets this rank's gradient of a unit's gathered flat parameters (padded, in the compute dtype) and returns this rank's shard of the **mean** gradient over the ranks, in `shard_dtype`. Use `dist.reduce_scatter_single` (the check runs it on simulated ranks).
+4. Write the reduce-scatter step of section 3's FSDP: `shard_gradient(full_grad, world_size, reduce_dtype, shard_dtype)` gets this rank's gradient of a unit's gathered flat parameters (padded, in the compute dtype) and returns this rank's shard of the **mean** gradient over the ranks, in `shard_dtype`. Use `dist.reduce_scatter_single`. The check runs it on *simulated ranks*: this kernel has no process group, so for the length of the check `dist.reduce_scatter_single`, `dist.get_rank` and `dist.get_world_size` are replaced by stand-ins. Your function runs twice for every rank, one rank after the other: the first pass records the gradient each rank hands to the reduce-scatter, the second gives each call the reduction of those recorded gradients, as the real collective would. So your function must give the same result when called twice with the same input (the check says so if it does not); to debug, print inside it: each line is one rank's call.
 """
 
 # %% slideshow={"slide_type": "-"}

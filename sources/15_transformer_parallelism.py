@@ -323,11 +323,11 @@ assert s1[0]["api counts"] == {"all_reduce": ours + extra}
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-Read the count against the code: per block, `g` twice forward (after attention, after the MLP) and `f` twice backward, four all-reduces of `tokens x d_model` floats; the embedding's `g` and the head's `f` add two more; the loss three all-reduces of one float per token.
+Read the count against the code: per transformer block (attention and MLP together), `g` twice forward (after attention, after the MLP) and `f` twice backward, four all-reduces of `tokens x d_model` floats, two per sub-layer: the MLP block alone of notebook 12 §6 had one forward and one backward; the embedding's `g` and the head's `f` add two more; the loss three all-reduces of one float per token.
 
 `parallelize_module` gives the same gradients but runs more all-reduces: each `ColwiseParallel` layer turns its own input into a replicated `DTensor`, so in backward each of `q_proj`, `k_proj`, `v_proj` (and `gate_proj`, `up_proj`) all-reduces its own share of the input's gradient, where the hand-written `f` adds the three shares locally and all-reduces once. A `PrepareModuleInput` on `attn` and `mlp` (as in the sequence-parallel plan of section 2) makes the input a `DTensor` once, and its gradient is reduced once.
 
-The price is in the count: every block waits for four all-reduces of its activations, forward and backward together, on the critical path (the compute cannot go on until the sum arrives). That is why tensor parallelism stays inside a node, on NVLink, in practice: the activations cross the link in every layer.
+The price is in the count: every transformer block waits for four all-reduces of its activations, forward and backward together, on the critical path (the compute cannot go on until the sum arrives). That is why tensor parallelism stays inside a node, on NVLink, in practice: the activations cross the link in every layer.
 """
 
 # %% [markdown] slideshow={"slide_type": "slide"}
@@ -361,7 +361,7 @@ def all_gather_seq(x):
     n = dist.get_world_size()
     out = torch.empty((n * x.shape[1], x.shape[0], *x.shape[2:]), dtype=x.dtype)
     tp_hand.SENT["bytes"] += (n - 1) * out.numel() * out.element_size() // n
-    dist.all_gather_into_tensor(out, x.transpose(0, 1).contiguous())
+    dist.all_gather_single(out, x.transpose(0, 1).contiguous())      # 2.13's name (notebook 09 §3)
     return out.transpose(0, 1).contiguous()                         # (batch, n * local tokens, ...)
 
 
@@ -370,7 +370,7 @@ def reduce_scatter_seq(x):
     front = x.transpose(0, 1).contiguous()
     out = torch.empty((front.shape[0] // n, *front.shape[1:]), dtype=x.dtype)
     tp_hand.SENT["bytes"] += (n - 1) * front.numel() * front.element_size() // n
-    dist.reduce_scatter_tensor(out, front)
+    dist.reduce_scatter_single(out, front)                          # 2.13's name (notebook 09 §3)
     return out.transpose(0, 1).contiguous()                         # (batch, local tokens, ...), summed
 
 
@@ -468,6 +468,8 @@ assert (table[("reduce_scatter", "world")][0], table[("all_gather", "world")][0]
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
+The names `CommDebugMode` prints for the plan, `reduce_scatter_tensor` and `all_gather_into_tensor`, are the operators of PyTorch's functional collectives, which DTensor calls inside the plan; they are not the Python functions `dist.reduce_scatter_tensor` and `dist.all_gather_into_tensor` that 2.13 deprecates (notebook 09 §3). The hand-written version calls the names 2.13 recommends, `dist.reduce_scatter_single` and `dist.all_gather_single`, with the same arguments (output, then input).
+
 ### Activation bytes per rank
 
 What one block keeps for backward, per rank, against notebook 14 §3's formula (`block_saved_terms`) with the right terms divided by `n` (`course_lib.tensor_parallel.tp_saved_bytes`): tensor parallelism divides what lives on the local heads and the local slice of `d_ff`; sequence parallelism also divides the norms' inputs and statistics. The projections' inputs stay whole in both: they are the all-gathered tensors the linear layers keep. (Megatron-LM keeps only the slice and gathers it again in backward, one more all-gather per sub-layer, to divide that term too.)
@@ -967,7 +969,7 @@ The table is the map of a real run at small scale: the per-layer, latency-critic
 """
 ## Summary
 
-- **Tensor parallelism** splits q/k/v and the MLP's first projections by columns (heads, `d_ff`) and o/down by rows; Megatron's `f` (identity forward, all-reduce backward) and `g` (all-reduce forward, identity backward) are the only communication: 4 all-reduces of the activations per block and step, plus 2 for the vocabulary-parallel embedding and head and 3 small ones for the vocabulary-parallel loss. By hand, `course_lib` and `parallelize_module` gave one process's gradients and the counted bytes matched the formula.
+- **Tensor parallelism** splits q/k/v and the MLP's first projections by columns (heads, `d_ff`) and o/down by rows; Megatron's `f` (identity forward, all-reduce backward) and `g` (all-reduce forward, identity backward) are the only communication: 4 all-reduces of the activations per transformer block and step, plus 2 for the vocabulary-parallel embedding and head and 3 small ones for the vocabulary-parallel loss. By hand, `course_lib` and `parallelize_module` gave one process's gradients and the counted bytes matched the formula.
 - **Sequence parallelism** replaces each all-reduce by a reduce-scatter and an all-gather along the sequence, the same activation bytes, plus an all-reduce of the norms' weight gradients; the norms' activations are divided by the ranks, measured to the byte against notebook 14's formula.
 - **Context parallelism** (ring attention) keeps the queries and passes key/value blocks around the ring, merged by log-sum-exp: equal to full causal attention forward and backward, sending `2 (n-1)` blocks forward and `4n - 2` backward. The zig-zag split evens the causal work per rank (table in section 3); PyTorch's `context_parallel` needs CUDA's SDPA kernels.
 - **Expert parallelism** dispatches token rows to their experts' ranks and combines them back with two `all_to_all_single` calls, equal to the one-process MoE; the auxiliary loss kept the load close to even where training without it collapsed onto some experts.

@@ -2,7 +2,7 @@
 """
 # 16 · FSDP2 in practice: a training script you can lift into your project
 
-Notebook 13 showed what `fully_shard` does to a few linear layers. A real job shards a real model, and the way it is written matters: the model must never exist whole on one device (it may not fit), each transformer block must be its own unit so that only one block is gathered at a time, accumulation must not reduce-scatter after every micro-batch, and the checkpoint must be written by every rank in parallel. This notebook writes that script once, for notebook 14's transformer, runs it on CPU processes, and checks each of those choices with a measurement.
+Notebook 13 showed what `fully_shard` does to a few linear layers. A real job shards a real model, and the way it is written matters: the model must never exist whole on one device (it may not fit), each transformer block must be its own unit so that only one block (two, with prefetch) is gathered at a time, accumulation must not reduce-scatter after every micro-batch, and the checkpoint must be written by every rank in parallel. This notebook writes that script once, for notebook 14's transformer, runs it on CPU processes, and checks each of those choices with a measurement.
 
 By the end you will be able to:
 - build a model on the `meta` device, shard it block by block with `fully_shard` on an explicit mesh, materialize it with `to_empty` and initialize it exactly like an unsharded model;
@@ -46,7 +46,7 @@ print(f"torch {torch.__version__.split('+')[0]}; the model: {PRESETS['tiny'].des
 - **the device is an argument**, never "cuda if available": `--device cpu` (the default) runs gloo between CPU processes, `--device cuda` binds each process to the GPU numbered by its `LOCAL_RANK` and uses NCCL, as in notebook 10's script;
 - **an explicit mesh** (`init_device_mesh`) of the device chosen: without one, `fully_shard` builds a mesh on the accelerator it finds, and a CPU job on a GPU machine would move its parameters to the GPU; `--replicate R` makes it 2-D (HSDP: `R` replicas × `N/R` shards);
 - **meta-device construction**: `with torch.device("meta")` gives parameters with shapes and no memory; `fully_shard` then turns them into sharded DTensors, still on meta; `to_empty` allocates only this rank's shards and `init_weights` fills them;
-- **one unit per block**, then the root (embedding, final norm, tied head): each unit is gathered, used and freed on its own. An explicit prefetch order (`set_modules_to_forward_prefetch`/`_backward_prefetch`) gathers the next block while this one computes;
+- **one unit per block**, then the root (embedding, final norm, tied head): each unit is gathered, used and freed on its own. An explicit prefetch order (`set_modules_to_forward_prefetch`/`_backward_prefetch`) issues the next block's all-gather before this block computes, so that two blocks are gathered at once at most. On a GPU that gather then runs on its own stream while this block computes. On gloo, as in these CPU runs, every collective completes before the block computes: prefetch changes the order of the all-gathers and hides nothing (notebook 13 §3.2; notebook 17 §5 shows the private switch that makes it overlap on a CPU);
 - **`--cpu-offload`** passes `CPUOffloadPolicy` to every unit: shards, gradients and AdamW's state stay on the CPU (section 6);
 - **accumulation**: `set_requires_gradient_sync(False)` for every micro-batch but the last, FSDP2's `no_sync`;
 - **`clip_grad_norm_` on DTensor gradients**, which computes the norm of the whole gradient across ranks;
@@ -54,6 +54,8 @@ print(f"torch {torch.__version__.split('+')[0]}; the model: {PRESETS['tiny'].des
 - at the end, the full parameters gathered to rank 0's CPU (`get_model_state_dict(..., full_state_dict=True, cpu_offload=True)`).
 
 Every rank draws the same global batch for a step and takes its own rows of each micro-batch, so a run on `N` ranks computes the gradient of the same batch as one process.
+
+One line is not FSDP practice: `import torch.distributed.nn` before `init_process_group`, a workaround for a defect of PyTorch 2.13 that can crash a gloo job at exit (notebook 10 §10.2). Skip it on a first read; a script for a PyTorch without the defect drops it.
 """
 
 # %% slideshow={"slide_type": "-"}
@@ -87,16 +89,17 @@ import warnings
 import torch
 import torch.distributed as dist
 import torch.distributed.nn  # noqa: F401  (before init_process_group: see notebook 10's teardown)
-from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_state_dict,
                                                      set_state_dict)
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from course_lib.data import text_batch, text_corpus
 from course_lib.teardown import end_process_group
+# private torch APIs, one function each: torch.distributed.algorithms._checkpoint's wrapper, and the base class of
+# a mode that sees every operator (torch.utils._python_dispatch)
+from course_lib.torch_private import TorchDispatchMode, checkpoint_wrapper
 from course_lib.transformer import PRESETS, Transformer
 
 CONFIG = PRESETS["tiny"]  # your model's configuration
@@ -373,14 +376,14 @@ assert sorted(ref_final) == sorted(fsdp_final) and loss_diff < 1e-5 and norms an
 
 # %% [markdown] slideshow={"slide_type": "fragment"}
 """
-The differences are rounding: each rank sums its own rows and the reduce-scatter adds the two ranks' sums, a different order of additions from one process's. Of the three comparisons, the gradient norms are the one that matters most: AdamW's steps, and so its losses and parameters, do not change when every gradient is multiplied by a constant (notebook 18 §2 shows a summed gradient passing a loss check), while the norm before clipping doubles. The gradient norm that `clip_grad_norm_` returned is the norm of the **whole** gradient, although each rank holds only its shard of it: with DTensor gradients it squares and sums the local pieces and all-reduces the sums. (With FSDP1 or hand-made shards, summing local norms is a classic bug: the clipping threshold would apply to a different number on every rank.)
+The differences are rounding: each rank sums its own rows and the reduce-scatter adds the two ranks' sums, a different order of additions from one process's. Of the three comparisons, the gradient norms are the one that matters most: AdamW's steps, and so its losses and parameters, do not change when every gradient is multiplied by a constant (notebook 18 §2 shows a summed gradient passing a loss check), while the norm before clipping doubles. The gradient norm that `clip_grad_norm_` returned is the norm of the **whole** gradient, although each rank holds only its shard of it: with DTensor gradients it squares and sums the local pieces and all-reduces the sums. (With hand-made shards, or FSDP1's flat parameters, `torch.nn.utils.clip_grad_norm_` sees only this rank's shard and returns its norm, unreduced; using that local norm as if it were the whole gradient's is a classic bug: the clipping threshold then applies to a different number on every rank. FSDP1's own `model.clip_grad_norm_` reduces it.)
 """
 
 # %% [markdown] slideshow={"slide_type": "slide"}
 """
 ## 3. Units, all-gathers and accumulation
 
-Each `fully_shard` call makes one unit; its parameters are flattened into one buffer per rank, and one all-gather brings the whole unit together before it computes. So the largest unit decides the largest temporary buffer, and with one unit per block that is one block's parameters, however deep the model. The root unit holds what is outside the blocks: the embedding (whose weight the tied head reuses) and the final norm.
+Each `fully_shard` call makes one unit. FSDP2 keeps each of the unit's parameters as its own `DTensor`, sharded on its first dimension (notebook 13 §4), not flattened into one buffer as FSDP1 did; for the all-gather it copies the unit's shards side by side into one buffer, so that one all-gather brings the whole unit together before it computes. So the largest unit decides the largest temporary buffer, and with one unit per block that is one block's parameters (two blocks' when the next block is prefetched), however deep the model. The root unit holds what is outside the blocks: the embedding (whose weight the tied head reuses) and the final norm.
 """
 
 # %% slideshow={"slide_type": "-"}
@@ -394,7 +397,7 @@ print(f"Llama 2 7B, one block gathered in bf16: {seven_b / 2**20:,.0f} MiB (the 
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-The script recorded every collective of every micro-batch with its own `TorchDispatchMode` (`CollectivesByGroup`), which sees each c10d operation as `CommDebugMode` does (notebook 13) and also notes the mesh dimension it ran on. Each step has 2 micro-batches; the first runs with `set_requires_gradient_sync(False)`.
+The script recorded every collective of every micro-batch with its own `TorchDispatchMode` (`CollectivesByGroup`; the class comes from the private module `torch.utils._python_dispatch`, as in notebook 05 §2.1), which sees each c10d operation as `CommDebugMode` does (notebook 13) and also notes the mesh dimension it ran on. Each step has 2 micro-batches; the first runs with `set_requires_gradient_sync(False)`.
 """
 
 # %% slideshow={"slide_type": "-"}
@@ -412,7 +415,7 @@ assert per_step == collectives_per_step(n_blocks, micro) and per_step["reduce_sc
 
 # %% [markdown] slideshow={"slide_type": "fragment"}
 """
-Per micro-batch the root unit is gathered once (it stays gathered until backward is done: FSDP2 does not reshard the root after forward, since backward starts with it) and each block twice, in forward and again in backward (`reshard_after_forward=True`, the default, frees a block's full parameters after its forward). Skipping the sync keeps the unsharded gradients of the whole model on every rank until the last micro-batch: accumulation trades the reduce-scatters saved for memory, exactly DDP's `no_sync` trade (notebook 11). What it does **not** save are the all-gathers: every micro-batch gathers the parameters again, unless `reshard_after_forward=False` keeps them (notebook 13).
+Per micro-batch the root unit is gathered once (it stays gathered until backward is done: FSDP2 does not reshard the root after forward, since backward starts with it) and each block twice, in forward and again in backward (`reshard_after_forward` at its default, `None`, is `True` for the blocks, which frees a block's full parameters after its forward, and `False` for the root). Skipping the sync keeps the unsharded gradients of the whole model on every rank until the last micro-batch: accumulation trades the reduce-scatters saved for memory, exactly DDP's `no_sync` trade (notebook 10 §9). What it does **not** save are the all-gathers: every micro-batch gathers the parameters again, unless `reshard_after_forward=False` keeps them (notebook 13).
 """
 
 # %% [markdown] slideshow={"slide_type": "slide"}
@@ -527,7 +530,7 @@ assert to_host == kept // 4 and to_device == sum(4 * n // 2 * (2 if k != "root" 
 
 # %% [markdown] slideshow={"slide_type": "fragment"}
 """
-What a CPU-only job can and cannot show. On a CPU mesh the "device" *is* the CPU, so the offload copies are same-device no-ops and the memory they save is memory of the same RAM: what the run shows is the placement (every shard, gradient and moment on the CPU, the training unchanged within section 2's tolerances) and the traffic the policy creates, counted from the collectives' own tensors: each all-gather's input is the shard that a GPU job copies host to device (blocks twice per micro-batch, the root once), each reduce-scatter's output the gradient shard copied back, once per step under accumulation. On a GPU the persistent device memory saved is 4 × the shard per rank (parameters, gradients, two AdamW moments), paid for with those copies over PCIe and with AdamW stepping on the CPU. The prefetch order of section 1 issues the next unit's copy and all-gather before this unit computes; notebook 17 §5 measures how much of that FSDP2 prefetch hides behind compute. The cell below runs the GPU path where there is a GPU.
+What a CPU-only job can and cannot show. On a CPU mesh the "device" *is* the CPU, so the offload copies are same-device no-ops and the memory they save is memory of the same RAM: what the run shows is the placement (every shard, gradient and moment on the CPU, the training unchanged within section 2's tolerances) and the traffic the policy creates, counted from the collectives' own tensors: each all-gather's input is the shard that a GPU job copies host to device (blocks twice per micro-batch, the root once), each reduce-scatter's output the gradient shard copied back, once per step under accumulation. On a GPU the persistent device memory saved is 4 × the shard per rank (parameters, gradients, two AdamW moments), paid for with those copies over PCIe and with AdamW stepping on the CPU. The prefetch order of section 1 issues the next unit's copy and all-gather before this unit computes; on a GPU they overlap its compute, and notebook 17 §5 measures how much of that FSDP2 prefetch hides. The cell below runs the GPU path where there is a GPU.
 """
 
 # %% slideshow={"slide_type": "-"}

@@ -10,7 +10,7 @@ By the end you will be able to:
 - measure the step time that overlapping communication with compute saves in PyTorch's own DDP and FSDP2, draw it, and compare it with the α-β model's prediction;
 - choose a learning rate and a warmup for a larger global batch (linear scaling for SGD, square-root scaling for Adam) and recognize the critical batch size past which a larger batch stops paying.
 
-This notebook assumes: notebook 05 (`torch.compile` with `aot_eager`, its joint graph), 09 (the α-β model, HandDDP's overlap on the simulated device), 11 (DDP's buckets and `no_sync`), 13 and 16 (`fully_shard`, prefetch). No GPU: every distributed run is 2 CPU processes over gloo, launched with `course_lib.launch.run_ranks`; no C++ compiler is needed (the backends used are `aot_eager` and a counting backend of our own).
+This notebook assumes: notebook 05 (`torch.compile` with `aot_eager`, its joint graph), 09 (the α-β model, HandDDP's overlap on the simulated device), 10 and 11 (DDP's buckets and `no_sync`), 13 and 16 (`fully_shard`, prefetch). No GPU: every distributed run is 2 CPU processes over gloo, launched with `course_lib.launch.run_ranks`; no C++ compiler is needed (the backends used are `aot_eager` and a counting backend of our own).
 """
 
 # %% slideshow={"slide_type": "-"}
@@ -42,9 +42,9 @@ print(f"torch {torch.__version__.split('+')[0]}")
 """
 ## 1. `torch.compile` with DDP: one graph per bucket
 
-DDP overlaps communication with backward by starting a bucket's all-reduce as soon as all its gradients exist (notebooks 09 and 11). A compiled model breaks that: AOTAutograd turns the whole forward into **one** backward graph, which runs as one opaque operation, so every gradient would appear at its very end and no bucket could start early. Dynamo's answer is **DDPOptimizer** (`torch._dynamo.config.optimize_ddp`, on by default): when it compiles the module wrapped by DDP, it walks the graph backwards, adds up the parameter bytes the way DDP fills its buckets, and cuts the graph into one subgraph per bucket. Each subgraph gets its own backward, and DDP's hooks fire between them.
+DDP overlaps communication with backward by starting a bucket's all-reduce as soon as all its gradients exist (notebooks 09 and 11). A compiled model breaks that: AOTAutograd turns the whole forward into **one** backward graph, which runs as one opaque operation, so every gradient would appear at its very end and no bucket could start early. Dynamo's answer is **DDPOptimizer** (`torch._dynamo.config.optimize_ddp`, on by default; a setting of the private module `torch._dynamo`, the only switch for it in 2.13; the job sets it through `course_lib.torch_private.dynamo_config`, one small function per private API, so that a rename in PyTorch changes one place, and calls the public `torch.compiler.reset()` between runs): when it compiles the module wrapped by DDP, it walks the graph backwards, adds up the parameter bytes the way DDP fills its buckets, and cuts the graph into one subgraph per bucket. Each subgraph gets its own backward, and DDP's hooks fire between them.
 
-The job below compiles an 8-layer model (`Linear(512, 512)` + `tanh`, 1,050,624 bytes of parameters per layer) under DDP with a **counting backend**: a function that receives each graph Dynamo produces, records how many `Linear` layers it holds, and runs it unchanged. A DDP communication hook records the buckets DDP really all-reduces. Two bucket caps, then DDPOptimizer switched off. (The model is a class of our own: Dynamo compiles the frames of user code it is called on, and a bare `nn.Sequential` of PyTorch's own modules under DDP is run without being traced.)
+The job below compiles an 8-layer model (`Linear(512, 512)` + `tanh`, 1,050,624 bytes of parameters per layer) under DDP with a **counting backend**: a function that receives each graph Dynamo produces, records how many `Linear` layers it holds (its nodes that call `torch._C._nn.linear`, the private C++ function behind `F.linear`), and runs it unchanged. A DDP communication hook records the buckets DDP really all-reduces. Two bucket caps, then DDPOptimizer switched off. (The model is a class of our own: Dynamo compiles the frames of user code it is called on, and a bare `nn.Sequential` of PyTorch's own modules under DDP is run without being traced.)
 """
 
 # %% slideshow={"slide_type": "-"}
@@ -54,12 +54,15 @@ import io
 import logging
 
 import torch
-import torch._dynamo
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.nn.parallel import DistributedDataParallel as DDP
+
+from course_lib.torch_private import aten_linear, dynamo_config, set_logs  # private torch APIs, one function each
+
+LINEAR = aten_linear()  # torch._C._nn.linear: the node a Linear layer becomes in a Dynamo graph
 
 
 class Net(nn.Module):
@@ -76,14 +79,18 @@ class Net(nn.Module):
 def counting_backend(graphs):
     """A torch.compile backend: note the Linear layers of each graph it receives, run the graph as it is."""
     def backend(gm, example_inputs):
-        graphs.append(sum(n.target is torch._C._nn.linear for n in gm.graph.nodes))
+        graphs.append(sum(n.target is LINEAR for n in gm.graph.nodes))
         return gm.forward
     return backend
 
 
 def ddp_run(cap_mb, optimize_ddp, compiled, world):
-    torch._dynamo.reset()
-    torch._dynamo.config.optimize_ddp = optimize_ddp
+    torch.compiler.reset()
+    with dynamo_config(optimize_ddp=optimize_ddp):  # torch._dynamo.config.optimize_ddp, inside this block only
+        return ddp_steps(cap_mb, compiled, world)
+
+
+def ddp_steps(cap_mb, compiled, world):
     torch.manual_seed(0)
     model = Net()
     ddp = DDP(model, bucket_cap_mb=cap_mb)
@@ -101,7 +108,6 @@ def ddp_run(cap_mb, optimize_ddp, compiled, world):
         buckets.clear()
         ddp.zero_grad()
         run(x).square().mean().backward()
-    torch._dynamo.config.optimize_ddp = True
     return {"graphs": graphs, "buckets": list(buckets), "grads": [p.grad.clone() for p in model.parameters()]}
 
 
@@ -116,7 +122,7 @@ class Block(nn.Module):
 
 def fsdp_run(mode, mesh, steps=3):
     """4 residual blocks, one fully_shard unit each; compiled per block before or after fully_shard, or eager."""
-    torch._dynamo.reset()
+    torch.compiler.reset()
     torch.manual_seed(0)
     blocks = nn.Sequential(*(Block(64) for _ in range(4)))
     graphs = []
@@ -143,7 +149,7 @@ def fsdp_run(mode, mesh, steps=3):
 
 def recompile_log(fn):
     """Run fn with TORCH_LOGS="recompiles" switched on in code, the log text captured instead of printed."""
-    torch._logging.set_logs(recompiles=True)
+    set_logs(recompiles=True)  # torch._logging.set_logs
     buffer = io.StringIO()
     handler = logging.StreamHandler(buffer)
     handler.setFormatter(logging.Formatter("%(message)s"))
@@ -157,7 +163,7 @@ def recompile_log(fn):
     finally:
         for lg, handlers in saved.items():
             lg.handlers = handlers
-        torch._logging.set_logs()
+        set_logs()
     return result, buffer.getvalue()
 
 
@@ -216,14 +222,14 @@ assert any("requires_grad mismatch" in r for r in reasons)
 
 # %% [markdown] slideshow={"slide_type": "fragment"}
 """
-Four blocks, two graphs: the blocks share one code object (`Block.forward`), and Dynamo keeps one cache per code object, guarded by what it assumed. The first block's input is the data, which does not require a gradient; every later block's input does. That guard failed once, and the recompile log says exactly that. It was captured in the cell above by switching on `TORCH_LOGS="recompiles"` from code (`torch._logging.set_logs(recompiles=True)`) and pointing the `torch` logger's handler at a string; from a shell, `TORCH_LOGS=recompiles,graph_breaks python train.py` prints the same to stderr. A recompile per distinct input is normal; one per step is a bug to find this way (a Python number that changes, a shape that changes).
+Four blocks, two graphs: the blocks share one code object (`Block.forward`), and Dynamo keeps one cache per code object, guarded by what it assumed. The first block's input is the data, which does not require a gradient; every later block's input does. That guard failed once, and the recompile log says exactly that. It was captured in the cell above by switching on `TORCH_LOGS="recompiles"` from code (`torch._logging.set_logs(recompiles=True)`, documented although its module is private; the environment variable is the public route) and pointing the `torch` logger's handler at a string; from a shell, `TORCH_LOGS=recompiles,graph_breaks python train.py` prints the same to stderr. A recompile per distinct input is normal; one per step is a bug to find this way (a Python number that changes, a shape that changes).
 """
 
 # %% [markdown] slideshow={"slide_type": "slide"}
 """
 ## 3. Graph breaks, and compiled autograd
 
-A **graph break** is where Dynamo stops tracing, runs a piece of Python eagerly and starts a new graph: each break costs the fusion across it and, under DDP or FSDP, can move where communication starts. `torch._dynamo.explain` runs a function once and reports the graphs and the reason for every break. The classic one: a tensor's value read into Python (`.item()`) to take a branch.
+A **graph break** is where Dynamo stops tracing, runs a piece of Python eagerly and starts a new graph: each break costs the fusion across it and, under DDP or FSDP, can move where communication starts. `torch._dynamo.explain` runs a function once and reports the graphs and the reason for every break (a function of the private module `torch._dynamo`, which the troubleshooting guide uses; 2.13 has no public equivalent, and `TORCH_LOGS=graph_breaks` is the public way to see the breaks). The classic one: a tensor's value read into Python (`.item()`) to take a branch.
 """
 
 
@@ -235,10 +241,12 @@ def scaled(x):
     return y.cos()
 
 
-torch._dynamo.reset()
+from course_lib.torch_private import dynamo_explain  # torch._dynamo.explain
+
+torch.compiler.reset()
 quiet = logging.getLogger("torch._dynamo")
 level, quiet.level = quiet.level, logging.ERROR   # explain's own warning would repeat what it returns
-explanation = torch._dynamo.explain(scaled)(torch.randn(8))
+explanation = dynamo_explain(scaled)(torch.randn(8))
 quiet.setLevel(level)
 print(f"graphs: {explanation.graph_count}, graph breaks: {explanation.graph_break_count}")
 print("reason:", str(explanation.break_reasons[0].reason).splitlines()[0])
@@ -246,17 +254,22 @@ assert explanation.graph_count == 2 and explanation.graph_break_count == 1
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-**Compiled autograd.** Without it, a compiled model's backward is the backward graph AOTAutograd derived at compile time, and the autograd engine still runs it, calls the hooks and accumulates into `.grad` in eager Python. With `torch._dynamo.config.compiled_autograd = True`, a `backward()` call inside a compiled function is captured **when it runs**: the engine's whole graph, gradient accumulation and hooks included, becomes one more Dynamo graph for the backend. That is what lets DDP's and FSDP's communication be traced into the backward instead of cutting it (`optimize_ddp="python_reducer"` builds on it). The cell compiles a training step (forward and `backward()`) with a backend that reports every graph it is given, and the forward and backward graphs AOTAutograd hands it.
+**Compiled autograd.** Without it, a compiled model's backward is the backward graph AOTAutograd derived at compile time, and the autograd engine still runs it, calls the hooks and accumulates into `.grad` in eager Python. With `torch._dynamo.config.compiled_autograd = True` (a private setting, the one PyTorch's Compiled Autograd tutorial uses; 2.13 has no public switch), a `backward()` call inside a compiled function is captured **when it runs**: the engine's whole graph, gradient accumulation and hooks included, becomes one more Dynamo graph for the backend. That is what lets DDP's and FSDP's communication be traced into the backward instead of cutting it (`optimize_ddp="python_reducer"` builds on it). The cell compiles a training step (forward and `backward()`) with a backend that reports every graph it is given, and the forward and backward graphs AOTAutograd hands it.
 """
 
 # %% slideshow={"slide_type": "-"}
 from functorch.compile import make_boxed_func
-from torch._dynamo.backends.common import aot_autograd
+
+from course_lib.torch_private import aot_autograd, dynamo_config  # torch._dynamo's aot_autograd and config
 
 
 def graphs_of_a_step(compiled_autograd: bool) -> tuple[list[str], list[torch.Tensor]]:
-    torch._dynamo.reset()
-    torch._dynamo.config.compiled_autograd = compiled_autograd   # read when torch.compile is called
+    torch.compiler.reset()
+    with dynamo_config(compiled_autograd=compiled_autograd):   # read when the compiled step first runs
+        return step_graphs()
+
+
+def step_graphs() -> tuple[list[str], list[torch.Tensor]]:
     seed_everything(0)
     model = nn.Sequential(nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 1))
     seen: list[str] = []
@@ -279,7 +292,6 @@ def graphs_of_a_step(compiled_autograd: bool) -> tuple[list[str], list[torch.Ten
         return loss.detach()
 
     torch.compile(step, backend=backend)(torch.ones(4, 64))
-    torch._dynamo.config.compiled_autograd = False
     return seen, [p.grad for p in model.parameters()]
 
 
@@ -298,7 +310,7 @@ assert dynamo_graphs == [2, 3]
 """
 Without compiled autograd: the forward is a Dynamo graph, AOTAutograd splits it into a forward and a backward, and `loss.backward()` itself is a graph break (the step is split around it). With it: AOTAutograd's backward is never compiled; instead a second, larger Dynamo graph arrives at run time, the autograd engine's own graph of the step, including the accumulation into `.grad`. The gradients are the same.
 
-**What Inductor adds.** Everything above used `aot_eager` or a backend of our own, which run the captured graphs with PyTorch's eager kernels: no speed, but no compiler either. Inductor, the default backend, generates fused kernels from those graphs (Triton on GPUs, C++/OpenMP on CPUs, which needs a C++ compiler), and that is where `torch.compile`'s speed comes from. Its first compilation is expensive: `benchmarks/compile_time.py` (notebook 05's benchmark, results in `benchmarks/results/compile_time.txt`) compiled a small checkpointed step in a fresh process with an empty cache on this course's 2-core machine; the process used 29.17 CPU-seconds with Inductor against 7.33 with `aot_eager`, and the first call waited 83.22 s of wall time on that busy machine, after which a call took 1.90 ms. For a big model it is minutes, paid by every rank; the compile caches (on disk, on by default) let the next run reuse what was compiled.
+**What Inductor adds.** Everything above used `aot_eager` or a backend of our own, which run the captured graphs with PyTorch's eager kernels: no speed, but no compiler either. Inductor, the default backend, generates fused kernels from those graphs (Triton on GPUs, C++/OpenMP on CPUs, which needs a C++ compiler), and that is where `torch.compile`'s speed comes from. Its first compilation is expensive: it generates and compiles code, which takes far longer than `aot_eager`'s trace even for a small step (notebook 05 §3.3 says how to time it on your machine), and the cost grows with the model and is paid by every rank; the compile caches (on disk, on by default) let the next run reuse what was compiled.
 """
 
 # %% [markdown] slideshow={"slide_type": "slide"}
@@ -327,6 +339,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from course_lib.comm_model import fit_alpha_beta
 from course_lib.simulated_compute import Timeline, hidden_seconds, record_collectives, simulated_mlp
+from course_lib.torch_private import set_unshard_async_op
 
 
 def timed(fn, repeats=7):
@@ -408,7 +421,8 @@ def fsdp_overlap(rank, world, pairs, width, depth, forward_ms, backward_ms):
         for i, layer in enumerate(model):  # explicit prefetch: the next unit's all-gather, or none
             layer.set_modules_to_forward_prefetch(list(model[i + 1:i + 2]) if prefetch else [])
             layer.set_modules_to_backward_prefetch(list(model[max(i - 1, 0):i]) if prefetch else [])
-        model._set_unshard_async_op(prefetch)  # on CPU: issue those all-gathers without waiting for them
+        set_unshard_async_op(model, prefetch)  # private (FSDPModule._set_unshard_async_op): on CPU, issue those
+        # all-gathers without waiting for them
         models[prefetch] = model
     x = torch.randn(2, width, generator=torch.Generator().manual_seed(rank))
     rows, last = {True: [], False: []}, {}
@@ -489,7 +503,7 @@ DDP behaves like notebook 09's HandDDP: 3 of its 4 buckets start under the backw
 """
 ## 5. Overlap, measured: FSDP2's prefetch
 
-FSDP2 overlaps differently: it all-gathers a unit's parameters **before** the unit computes, and the trick is to issue the *next* unit's all-gather while this one computes (prefetch). On a GPU this runs on a separate CUDA stream: the CPU issues the all-gather and moves on, so prefetching needs no special setting. On a CPU there are no streams: FSDP2 issues its unshards with `async_op=False` by default, the process waits for each all-gather, and (this is what we found on gloo) `set_modules_to_forward_prefetch`/`set_modules_to_backward_prefetch` alone change the order of the all-gathers but hide nothing. What switches the overlap on is the private `_set_unshard_async_op(True)`, which issues those all-gathers without waiting; the reduce-scatters of backward stay synchronous on the CPU whatever the setting (they overlap on a GPU's stream).
+FSDP2 overlaps differently: it all-gathers a unit's parameters **before** the unit computes, and the trick is to issue the *next* unit's all-gather while this one computes (prefetch). On a GPU this runs on a separate CUDA stream: the CPU issues the all-gather and moves on, so prefetching needs no special setting. On a CPU there are no streams: FSDP2 issues its unshards with `async_op=False` by default, so the process waits for each all-gather, and `set_modules_to_forward_prefetch`/`set_modules_to_backward_prefetch` alone change the order of the all-gathers but hide nothing (notebook 13 §3.2 shows the order). What switches the overlap on is `_set_unshard_async_op(True)`, which issues those all-gathers without waiting. It is a **private** method of the FSDP2 module (the underscore: it can change or go in any release), and 2.13 has no public API that does this on a CPU; on a GPU none is needed, since the separate stream already overlaps. The reduce-scatters of backward stay synchronous on the CPU whatever the setting (they overlap on a GPU's stream).
 
 - **prefetch on**: each unit prefetches the next (forward) and the previous (backward), with `_set_unshard_async_op(True)`;
 - **prefetch off**: no explicit prefetch, the default synchronous all-gathers.
@@ -530,7 +544,7 @@ With prefetch the green all-gathers sit under the blue and orange compute; witho
 """
 ## 6. A larger global batch needs another learning rate
 
-Going from 1 to `N` ranks with the same per-rank batch multiplies the **global** batch by `N` (notebooks 10 and 11 showed that DDP computes exactly the gradient of the big batch). The same number of epochs then takes `N` times fewer steps, and with the learning rate unchanged the model travels much less far. The usual fixes:
+Going from 1 to `N` ranks with the same per-rank batch multiplies the **global** batch by `N` (notebook 10 §8 showed that DDP computes exactly the gradient of the big batch). The same number of epochs then takes `N` times fewer steps, and with the learning rate unchanged the model travels much less far. The usual fixes:
 
 - **linear scaling** for SGD (Goyal et al. 2017): multiply the learning rate by `k` when the batch grows `k`-fold, so that one big step moves about as far as `k` small ones; with a **warmup** (the rate grows linearly from small to its target over the first steps), because the first steps of a fresh model do not tolerate a large rate;
 - **square-root scaling** for Adam: Adam's update is normalized by the gradient's scale, and a `k` times larger batch reduces the gradient noise by `sqrt(k)`, so `sqrt(k)` is the usual starting point (Malladi et al. 2022); it is a heuristic, to be checked.
@@ -658,7 +672,7 @@ The smallest batch needs over 4 times the steps of the largest, but the largest 
 - Under DDP, `torch.compile`'s DDPOptimizer cuts the graph where DDP's buckets begin, so each bucket's all-reduce can start between the subgraphs' backwards: 2 graphs for DDP's 2 default buckets; with `bucket_cap_mb=2`, 5 graphs for DDP's 4 buckets (it always assumes a 1 MiB first bucket); 1 graph with `optimize_ddp=False`.
 - FSDP2: compile each block (`block.compile()`) before or after `fully_shard`; the hooks stay between the compiled pieces and the losses equal eager.
 - `torch._dynamo.explain` lists graph breaks and their reasons, `TORCH_LOGS=recompiles` the guard that failed; compiled autograd captures the backward at run time as one more graph.
-- Overlap measured with PyTorch's own DDP and FSDP2 on a simulated device: DDP hid 3 of 4 all-reduces under backward; FSDP2's prefetch on a CPU needs `_set_unshard_async_op(True)` and hides the all-gathers only; both savings agree with the α-β prediction in order of magnitude (the printed `~` numbers; on a busy machine the collectives take longer than the idle fit predicts, and overlap hides more).
+- Overlap measured with PyTorch's own DDP and FSDP2 on a simulated device: DDP hid 3 of 4 all-reduces under backward; FSDP2's prefetch on a CPU needs the private `_set_unshard_async_op(True)` and hides the all-gathers only; both savings agree with the α-β prediction in order of magnitude (the printed `~` numbers; on a busy machine the collectives take longer than the idle fit predicts, and overlap hides more).
 - A `k` times larger global batch needs a larger learning rate (linear for SGD, about `sqrt(k)` for Adam, with warmup), and past the critical batch size a larger batch buys few steps.
 """
 

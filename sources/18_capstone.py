@@ -2,7 +2,7 @@
 """
 # 18 · Capstone: one training script, every technique, measured
 
-The course's techniques in one real training script for the Part 7 transformer: bf16 autocast (notebooks 06–07), full and selective activation checkpointing (04–05, 14), gradient accumulation (08), DDP (09–11) or FSDP2 (13, 16), tensor parallelism on a 2-D mesh (15), `torch.compile` (17) and distributed checkpoints (16). Each is a flag. The notebook launches combinations of them and checks that each trains like one plain process; it kills a rank and lets `torchrun` restart the job from its last checkpoint, and resumes a run saved on 4 processes on 2. A Slurm job script launches the same training on two nodes. Then it sizes parallel layouts by counting: a planner built from the course's formulas predicts memory per rank and time per step, seven layouts of the transformer run on 4 and 8 processes check its memory to within 5%, the capstone's own runs are set next to its predictions, and the same planner sizes Llama 3 on H100 clusters next to the layout Meta published. It closes with a cheat sheet: the source posts' APIs next to today's, each replacement run.
+The course's techniques in one real training script for notebook 14's transformer: bf16 autocast (notebooks 06–07), full and selective activation checkpointing (04–05, 14), gradient accumulation (08), DDP (09–11) or FSDP2 (13, 16), tensor parallelism on a 2-D mesh (15), `torch.compile` (17) and distributed checkpoints (16). Each is a flag. The notebook launches combinations of them and checks that each trains like one plain process; it kills a rank and lets `torchrun` restart the job from its last checkpoint, and resumes a run saved on 4 processes on 2. A Slurm job script launches the same training on two nodes. Then it sizes parallel layouts by counting: a planner built from the course's formulas predicts memory per rank and time per step, seven layouts of the transformer run on 4 and 8 processes check its memory to within 5%, the capstone's own runs are set next to its predictions, and the same planner sizes Llama 3 on H100 clusters next to the layout Meta published. It closes with a cheat sheet: the source posts' APIs next to today's, each replacement run.
 
 By the end you will be able to:
 - combine autocast, checkpointing, accumulation, DDP or FSDP2, tensor parallelism and `torch.compile` in one training script without changing what it computes;
@@ -12,7 +12,7 @@ By the end you will be able to:
 - pick the technique for a bottleneck (activation memory, batch size, model size, time);
 - translate old PyTorch code (`Variable`, `saved_variables`, `apex.amp`, `torch.cuda.amp`, `torch.distributed.launch`, `--local_rank`, ...) into the current API.
 
-This notebook assumes: notebooks 04–17. It runs on 2 CPU cores (the numbers are this machine's; timings are marked `~`). No GPU needed.
+This notebook assumes: notebooks 04–17. It runs on 2 CPU cores; timings are marked `~`. No GPU needed.
 """
 
 # %% slideshow={"slide_type": "-"}
@@ -52,6 +52,8 @@ The model is notebook 14's tiny transformer (2 blocks, width 64, 256-byte vocabu
 - `--device cpu|cuda` (default cpu, never chosen by availability): the GPU path binds `LOCAL_RANK`'s GPU, uses NCCL and passes `device_id=`, as notebooks 10 and 16 do.
 
 `--runs` runs several flag sets in turn in one launch, so that the processes start once. Each run writes its losses, its step time (the slowest rank's median) and what the fullest rank holds between steps, counted exactly from its local tensors (parameters, gradients, Adam's moments; Adam's 0-d step counters left out, as section 4 does).
+
+Two parts of the script are not training practice but workarounds for defects of PyTorch 2.13: the `import torch.distributed.nn` before `init_process_group` (notebook 10 §10.2) and the store with a fresh prefix per restart attempt (notebook 11 §5). Skip them on a first read; a script for a PyTorch without these defects drops both and calls `init_process_group` alone.
 """
 
 # %% slideshow={"slide_type": "-"}
@@ -140,7 +142,7 @@ def build(args, device, mesh):
         net = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
         if args.plant_bug == "sum":  # the negative control of section 2: gradients summed over the ranks, not averaged
             net.register_comm_hook(None, summing_hook)
-    if args.compile:  # aot_eager: traced and run by PyTorch's own kernels (Inductor costs ~20 s on 2 cores)
+    if args.compile:  # aot_eager: traced and run by PyTorch's own kernels (Inductor compiles C++ first: notebook 05 §3.3)
         net = torch.compile(net, backend="aot_eager" if device.type == "cpu" else "inductor")
     return model, net
 
@@ -322,7 +324,7 @@ if __name__ == "__main__":
 """
 ## 2. Every flag, against one process
 
-The reference is the script itself as one plain process (no `torchrun`: no group, nothing sharded), run here in the notebook's kernel. One `torchrun` launch of 4 processes then runs four combinations that together use every flag but `--resume` (section 3 resumes). Each combination's loss at every step is compared with the reference's: float32 combinations must agree to within `FP32_TOL`, bf16 ones within `BF16_TOL` (bf16 keeps 8 bits of mantissa, so its products round at about 0.4%, notebook 06; over 4 steps the loss moves by far less).
+The reference is the script itself as one plain process (no `torchrun`: no group, nothing sharded), run here in the notebook's kernel. One `torchrun` launch of 4 processes then runs four combinations that together use every flag but `--resume` (section 3 resumes). Each combination's loss at every step is compared with the reference's: float32 combinations must agree to within `FP32_TOL`, bf16 ones within `BF16_TOL` (bf16 keeps 8 significant bits, 7 of them stored, so a rounding is off by at most half its spacing, 2^-8 or about 0.4% of the value, notebook 06 §1; over 4 steps the loss moves by far less).
 """
 
 # %% slideshow={"slide_type": "-"}
@@ -457,7 +459,7 @@ print(f"wall time ~{launch2.wall_time:.0f} s")
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-The restart is bit-exact because nothing in the resumed attempt differs from the uninterrupted one: the same layout, the same data per step (drawn from the step number, not from a stream the crash interrupted), the same saved optimizer state and random-number state. The resharded run is equal up to rounding only: 2 ranks add the gradients of a step in another order than 4 do (a reduce-scatter over 2 instead of 4), so the last bits of the sums differ. Almost every parameter then agrees to within 1e-6, but not always every one, and how many stray depends on the machine's kernels (the cell prints the largest gap and the count after `~`; a fixed bound of 1e-5 held on one of our test machines and failed, by one element, on another). The reason is Adam: it divides each gradient by its own running size, so its step does not shrink with the gradient (below). Where a gradient is a sum that nearly cancels, rounding is a large part of it, and Adam turns that into a visible part of a step. So the check asserts what holds on every machine: almost every element within 1e-6, and every one within a tenth of a step. A wrong reshard, a shard loaded into another rank's rows, moves elements by whole steps and the losses by far more than `FP32_TOL`.
+The restart is bit-exact because nothing in the resumed attempt differs from the uninterrupted one: the same layout, the same data per step (drawn from the step number, not from a stream the crash interrupted), the same saved optimizer state and random-number state. The resharded run is equal up to rounding only: 2 ranks add the gradients of a step in another order than 4 do (a reduce-scatter over 2 instead of 4), so the last bits of the sums differ. Almost every parameter then agrees to within 1e-6, but not always every one, and how many stray depends on the machine's kernels (the cell prints the largest gap and the count after `~`: the kernels decide the order of the additions, and with it how many elements stray and how far, so no fixed bound near the rounding holds on every machine). The reason is Adam: it divides each gradient by its own running size, so its step does not shrink with the gradient (below). Where a gradient is a sum that nearly cancels, rounding is a large part of it, and Adam turns that into a visible part of a step. So the check asserts what holds on every machine: almost every element within 1e-6, and every one within a tenth of a step. A wrong reshard, a shard loaded into another rank's rows, moves elements by whole steps and the losses by far more than `FP32_TOL`.
 """
 
 # %% slideshow={"slide_type": "-"}
@@ -675,7 +677,7 @@ Where the orders differ, and why. The planner counts FLOPs and bytes; on two sha
 
 - **accumulation** and **ZeRO-1** tie with DDP in the prediction (the same FLOPs; the extra communication is assumed hidden). Measured, accumulation pays each micro-batch's fixed cost (Python, kernel calls, one more forward and backward) twice, and ZeRO-1's parameter all-gather and copies run on the same CPU cores as the compute: on a CPU nothing overlaps for free.
 - **Selective checkpointing** is predicted a few percent slower (attention proper recomputed); measured, its extra Python per block costs more than its arithmetic, as notebook 04 showed for small layers.
-- **Tensor parallelism** is predicted a little slower than DDP on 8 (a ring all-reduce of 2 steps for each of its 13 collectives per micro-batch, at 100 µs per message); measured, it is several times slower on this machine (the ratio above): 8 processes on 2 cores wait for each other at every one of those collectives, and each waits for the slowest.
+- **Tensor parallelism** is predicted a little slower than DDP on 8 (a ring all-reduce of 2 steps for each of its 13 collectives per micro-batch, at 100 µs per message); measured, it is several times slower (the ratio above): 8 processes sharing 2 cores wait for each other at every one of those collectives, and each waits for the slowest.
 
 On a GPU cluster the compute term dominates and the prediction is closer; the memory is what the planner gets exactly, and memory decides what fits. That is why only the memory is asserted here.
 """
@@ -772,9 +774,18 @@ What the comparison shows. The published degrees fit, but only with checkpointin
 
 - a matrix product costs its FLOPs over the peak whatever its size: it does not see that splitting a layer 8 ways or a model into 1-layer stages makes each product smaller and less efficient, nor the fixed cost of every micro-batch and stage;
 - the context-parallel ring moves only the 8 key/value heads (grouped-query attention makes it cheap) and is assumed perfectly balanced;
-- TP 8 inside a node pays its 4 all-reduces per block at NVLink's full bandwidth on the critical path, which the published run overlaps in part.
+- TP 8 inside a node pays its 4 all-reduces per transformer block at NVLink's full bandwidth on the critical path, which the published run overlaps in part.
 
 For the published degrees themselves the planner predicts an MFU of at most 46%, and the run measured 43%: where the model is told the layout, its arithmetic lands close. The paper chose TP 8 and PP 16 from measured throughput, and CP only for the 128K-token stage (its Table 4 switches to CP 16 there). The planner is the first cut, not the last: it tells you what fits and roughly what it costs; the last few choices are made by measuring, as this notebook's checked section does for memory.
+
+**How far to trust it.** The outputs above show where the planner's numbers stand:
+
+- **memory** is counted, not modelled: within 5% of what the ranks held, exactly for every data-parallel layout (asserted). Trust it to say what fits;
+- **the MFU of 100.0%** for Llama 3 8B on 8 H100s is not a forecast: the planner runs every FLOP at the datasheet's peak (`efficiency=1.0`) and assumes the data-parallel communication hides behind backward, so a layout with nothing exposed gets exactly 100% by construction. Read its MFU as an upper bound and its step time as a lower bound; the published 405B run measured 43%;
+- **PP 128**, one layer per stage, for the 405B model: the planner charges a pipeline only its bubble, nothing per stage or per micro-batch, so the deepest pipeline costs it least. Notebook 12 §3 measured the per-micro-batch cost it leaves out, and the published run used 16 stages of about 8 layers;
+- **the capstone's step times** are off by large factors both ways: the nominal 5 GFLOP/s per process is below the rate one process alone reached here, and far above what four or eight processes sharing two cores reached.
+
+So: trust its memory to decide what fits, use its times to compare layouts that differ in communication and bubble on a cluster like the one it models, and make the last choice by measuring.
 """
 
 # %% [markdown] slideshow={"slide_type": "slide"}
@@ -884,7 +895,7 @@ print(CAPSTONE_SBATCH)
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-The live run is an opt-in: it needs Slurm and a running course cluster (`python scripts/slurm_cluster.py up`, two `slurmd` daemons on this machine, nodes `n1` and `n2`), and `COURSE_SLURM_LIVE=1` in the notebook's environment. Without both it prints a skip line, so the notebook prints the same on a laptop and in CI. The course's test `tests/test_slurm.py::test_the_capstone_job_trains_on_two_slurm_nodes_like_one_process` submits this very job script and training script on the fixture cluster (2 nodes × 1 process, DDP) and asserts that the final loss equals the one-process run's within `FP32_TOL`; `make test-slurm` runs it.
+The live run is an opt-in: it needs Slurm and a running two-node cluster (`python scripts/slurm_cluster.py up` starts one on this machine: two `slurmd` daemons, nodes `n1` and `n2`), and `COURSE_SLURM_LIVE=1` in the notebook's environment. Without both it prints a skip line. The job trains the same global batches as section 2's runs, so its losses are one process's up to rounding.
 """
 
 # %% slideshow={"slide_type": "-"}
@@ -897,13 +908,11 @@ else:
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-**Recorded, not run by this notebook.** A transcript of the job above on the course's two-node cluster (`scripts/slurm_cluster.py`: Debian's `slurm-wlm` 22.05.8, `slurmctld` and two `slurmd -N n1|n2` daemons on this 2-core machine), recorded on 2026-12-02 at 05:38 UTC with the notebook's own job script and training script, 2 nodes × 1 process, `--dp ddp`: the job, `squeue`, `sacct` (this cluster has no accounting database, so the finished job is read from the job-completion file), the batch log and the two per-rank logs; then `scancel` of a long run; then a node failure (the `slurmd` of `n2` and its processes killed). Long stack traces are cut to their first line. The c10d rendezvous numbered the nodes in the order they joined: rank 0 ran on `n2`. The cell prints it from a constant.
+**A recording, not a live run.** The next cell prints a transcript of one run of the job above, kept as text: it is not produced by this notebook, which has no Slurm cluster to run it on. It is what you get by running the job yourself with the job script and training script shown, on a two-node Slurm cluster (Slurm 22.05, here two `slurmd` daemons on one machine, nodes `n1` and `n2`; `python scripts/slurm_cluster.py up` starts one, and the cell above then runs the job live with `COURSE_SLURM_LIVE=1`), 2 nodes × 1 process, `--dp ddp`: the job, `squeue`, `sacct` (a cluster without an accounting database has no `sacct`, so the finished job is read from the job-completion file), the batch log and the two per-rank logs; then `scancel` of a long run; then a node failure (the `slurmd` of `n2` and its processes killed). Long stack traces are cut to their first line. The c10d rendezvous numbered the nodes in the order they joined: rank 0 ran on `n2`.
 """
 
 # %% slideshow={"slide_type": "-"}
-RECORDED = r"""$ date -u
-Wed Dec  2 05:38:43 UTC 2026
-$ sinfo
+RECORDED = r"""$ sinfo
 PARTITION AVAIL  TIMELIMIT  NODES  STATE NODELIST
 debug*       up   infinite      2   idle n[1-2]
 $ sbatch capstone.sbatch --dp ddp
@@ -953,12 +962,13 @@ $ grep -m1 Error rank-3-node0.out
 [rank0]: RuntimeError: [.../gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:PORT: Connection reset by peer. ...
 $ grep -m1 Error rank-3-node1.out
 (none)
-"""  # recorded 2026-12-02 05:38 UTC on the course's Slurm fixture (see above), not run here
+"""  # a recording of one run of the job above: a transcript, not this notebook's output
+print("A RECORDING of one run of the job above (not a live run; run it yourself with the cell above):\n")
 print(RECORDED)
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-What the learner sees when a node fails: the job ends `NODE_FAIL` (reason `NodeDown`) after Slurm's timeouts (here `SlurmdTimeout=5`, so about 11 s), the node is `down*` in `sinfo` until it returns, and the surviving rank's log ends in gloo's "Connection reset by peer". Nothing restarts it: with `--no-requeue` the job is over; without it Slurm would requeue the job, and `--resume` (section 3) would carry on from the last DCP checkpoint.
+What you see when a node fails: the job ends `NODE_FAIL` (reason `NodeDown`) after Slurm's timeouts (here `SlurmdTimeout=5`, so about 11 s), the node is `down*` in `sinfo` until it returns, and the surviving rank's log ends in gloo's "Connection reset by peer". Nothing restarts it: with `--no-requeue` the job is over; without it Slurm would requeue the job, and `--resume` (section 3) would carry on from the last DCP checkpoint.
 """
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
@@ -982,7 +992,7 @@ What changes on a real cluster:
 | `from apex import amp`; `amp.initialize(model, opt, opt_level="O1")`; `with amp.scale_loss(loss, opt)` | `torch.autocast(device_type, dtype)` + `torch.amp.GradScaler(device)` | autocast is built in; Apex's amp is retired |
 | `torch.cuda.amp.autocast()`, `torch.cuda.amp.GradScaler()` | `torch.autocast("cuda", ...)`, `torch.amp.GradScaler("cuda")` | device-generic; the old names warn (`FutureWarning`) |
 | `model.half()` for "mixed" precision | `torch.autocast` (weights stay float32) | pure fp16 weights lose small updates |
-| `checkpoint(fn, x)` | `checkpoint(fn, x, use_reentrant=False)` | the reentrant default is deprecated and warns |
+| `checkpoint(fn, x)` | `checkpoint(fn, x, use_reentrant=False)` | without the argument 2.13 warns and runs the reentrant form; an exception is announced (notebook 04 §3) |
 | `python -m torch.distributed.launch --nproc_per_node=N` | `torchrun --nproc_per_node=N` | the old launcher is deprecated |
 | `parser.add_argument("--local_rank")` | `int(os.environ["LOCAL_RANK"])` | torchrun passes no argument; the old launcher now passes `--local-rank` |
 | `nn.DataParallel(model)` | `DistributedDataParallel` | one process per device, no GIL, multi-node |
@@ -1103,7 +1113,7 @@ The rest of the table ran in sections 2 and 3: `torchrun` instead of `torch.dist
 
 - One script, every technique a flag: bf16 autocast, full or selective checkpointing, accumulation, DDP or FSDP2, tensor parallelism on a 2-D mesh and `torch.compile` change how and where the transformer's step runs, not what it computes: four combinations on 4 processes matched one plain process's loss at every step (float32 within 1e-4, bf16 within 1e-2).
 - DCP checkpoints make a run restartable and reshardable: killed by a crash under `torchrun --max-restarts=1`, the run resumed from its last checkpoint and ended bit for bit equal to the uninterrupted one; saved on 4 processes, it resumed on 2 and stayed equal up to rounding.
-- A Slurm job script runs the same training on two nodes: `srun` starts one `torchrun` agent per node, the agents meet at a c10d rendezvous on the first node; on the course's two-node cluster its loss equals one process's (tested by `make test-slurm`).
+- A Slurm job script runs the same training on two nodes: `srun` starts one `torchrun` agent per node, the agents meet at a c10d rendezvous on the first node; a recorded run shows the job, `scancel` and a failed node.
 - Choose by bottleneck: activations → checkpointing (or smaller micro-batches, bf16); batch → accumulation; time with more devices → DDP; model state too big → sharding (ZeRO, FSDP) first, then pipeline or tensor parallelism.
 - Size a layout by counting: `course_lib.planner` adds up the course's formulas; on seven real layouts of the transformer (DDP, ZeRO-1, full and selective checkpointing, accumulation, tensor × data parallel) its memory per rank is within 5% of what the ranks hold (exact for every data-parallel one). Its time ranking is a first cut: on a CPU the fixed costs it does not count decide the order, and for Llama 3 405B it prefers layouts that the published run's measurements ruled out.
 - Old code translates mechanically: `Variable` → tensors, `saved_variables` → `saved_tensors`, Apex / `torch.cuda.amp` → `torch.autocast` + `torch.amp.GradScaler`, `torch.distributed.launch --local_rank` → `torchrun` + `LOCAL_RANK`, `DataParallel` → DDP.

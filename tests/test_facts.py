@@ -65,3 +65,20 @@ def test_fact_and_table_refuse_unknown_names_clearly() -> None:
         table("map")
     with pytest.raises(TypeError, match="must be a string"):
         table(None)  # type: ignore[arg-type]
+
+
+def test_the_format_facts_are_torchs_and_name_both_counts() -> None:
+    # notebooks 06, 07, 11 and 18 state these counts; tests/test_wording.py holds their text to these facts
+    import torch
+
+    from course_lib.float_formats import float_format
+
+    for name, dtype in (("fp32", torch.float32), ("fp16", torch.float16), ("bf16", torch.bfloat16)):
+        stored, significant = facts.format_bits(name)
+        layout = float_format(dtype)
+        assert (stored, significant) == (layout.mantissa_bits, layout.mantissa_bits + 1), name
+        assert f"{layout.exponent_bits} exponent bits" in facts.fact("mixed precision", f"{name} bits"), name
+    with pytest.raises(KeyError, match="no fact 'fp8 bits'"):
+        facts.format_bits("fp8")
+    with pytest.raises(TypeError, match="takes a string"):
+        facts.format_bits(16)  # type: ignore[arg-type]
