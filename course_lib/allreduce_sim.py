@@ -100,6 +100,9 @@ class AllReduceResult:
         return len({t.step for t in self.transfers})
 
 
+MAX_CHUNKS = 2**20  # more workers than any simulated ring holds: refused, not looped over
+
+
 def _validate(tensors: Sequence[torch.Tensor], op: str) -> list[torch.Tensor]:
     if isinstance(tensors, torch.Tensor) or not isinstance(tensors, Sequence):
         raise TypeError("tensors must be a list of tensors, one per worker")
@@ -127,7 +130,7 @@ def chunk_bounds(numel: int, n: int) -> list[tuple[int, int]]:
     [(0, 4), (4, 7), (7, 10)]
     """
     check_int("numel", numel, minimum=0)
-    check_int("n", n, minimum=1)
+    check_int("n", n, minimum=1, maximum=MAX_CHUNKS, what=f"an int in [1, {MAX_CHUNKS}] (a count of workers)")
     base, extra = divmod(numel, n)
     bounds, start = [], 0
     for i in range(n):
@@ -230,7 +233,7 @@ def render_snapshot(snapshot: Snapshot) -> str:
     A ``*`` marks a chunk that holds every worker's contribution (fully reduced).
     """
     if not isinstance(snapshot, Snapshot):
-        raise TypeError(f"expected a Snapshot, got {type(snapshot).__name__}")
+        raise TypeError(f"snapshot must be a Snapshot, got {type(snapshot).__name__}")
     rows = snapshot.contributions
     n_workers = len(rows)
     cells = [["+".join(str(w) for w in sorted(c)) + ("*" if len(c) == n_workers else "") for c in r] for r in rows]

@@ -45,6 +45,9 @@ __all__ = [
 _ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU, "gelu": nn.GELU, "sigmoid": nn.Sigmoid}
 
 
+MAX_CHAIN_PARAMETERS = 2**31  # 8 GiB of fp32 weights: past it, a chain is a typo, not a lesson
+
+
 def deep_chain(
     depth: int, width: int, *, activation: str = "tanh", bias: bool = True, seed: int | None = 0
 ) -> nn.Sequential:
@@ -61,6 +64,11 @@ def deep_chain(
     """
     check_int("depth", depth, minimum=1)
     check_int("width", width, minimum=1)
+    if depth * width * (width + 1) > MAX_CHAIN_PARAMETERS:
+        raise ValueError(
+            f"depth x width^2 must stay under {MAX_CHAIN_PARAMETERS:,} parameters (a model for one CPU), "
+            f"got depth={depth}, width={width}"
+        )
     if activation not in _ACTIVATIONS:
         raise ValueError(f"activation must be one of {sorted(_ACTIVATIONS)}, got {activation!r}")
     check_bool("bias", bias)

@@ -106,6 +106,10 @@ def shard_sequence(x: torch.Tensor, layout: Layout, rank: int, dim: int = 1) -> 
     rank = check_int("rank", rank, minimum=0)
     if rank >= len(layout):
         raise ValueError(f"rank must be < {len(layout)} (the layout's ranks), got {rank}")
+    dim = check_int("dim", dim, minimum=-x.dim(), maximum=x.dim() - 1, what=f"a dimension of x ({x.dim()}-d)")
+    length = sum(n for chunks in layout for _, n in chunks)
+    if x.shape[dim] != length:
+        raise ValueError(f"x has {x.shape[dim]} positions along dim {dim}; the layout splits {length}")
     return torch.cat([x.narrow(dim, start, length) for start, length in layout[rank]], dim)
 
 

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from .validation import check_int
+from .validation import check_int, check_items
 
 __all__ = [
     "OPS",
@@ -155,6 +155,8 @@ def check_tensor(name: str, t: object) -> torch.Tensor:
 
 
 def check_dim(t: torch.Tensor, dim: int) -> int:
+    """``dim`` as a non-negative index of one of ``t``'s dimensions (a negative ``dim`` counts from the end)."""
+    check_tensor("t", t)
     check_int("dim", dim, minimum=-t.dim(), what=f"an int in [-{t.dim()}, {t.dim() - 1}]")
     if dim >= t.dim():
         raise ValueError(f"dim {dim} is out of range for a tensor of {t.dim()} dimensions")
@@ -225,8 +227,7 @@ def ring_exchange(tensors: Sequence[torch.Tensor], group: Any = None) -> list[to
     One ``batch_isend_irecv`` (every send and receive posted together, so no rank waits on another's
     order). In a group of one, returns the tensors themselves.
     """
-    if isinstance(tensors, torch.Tensor) or not all(isinstance(t, torch.Tensor) for t in tensors):
-        raise TypeError("tensors must be a sequence of torch.Tensor")
+    tensors = check_items("tensors", tensors, torch.Tensor, "a sequence of torch.Tensor")
     n = dist.get_world_size(group)
     if n == 1:
         return list(tensors)

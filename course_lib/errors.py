@@ -11,6 +11,8 @@ from __future__ import annotations
 import re
 from types import TracebackType
 
+from .validation import check_bool
+
 __all__ = ["expect_error", "ExpectedError"]
 
 
@@ -18,6 +20,17 @@ class ExpectedError:
     """The context manager returned by :func:`expect_error`; ``.error`` holds what was caught."""
 
     def __init__(self, exc_type: type[BaseException] | tuple[type[BaseException], ...], match: str | None, quiet: bool):
+        types_ = exc_type if isinstance(exc_type, tuple) else (exc_type,)
+        if not types_ or not all(isinstance(t, type) and issubclass(t, BaseException) for t in types_):
+            raise TypeError(f"exc_type must be an exception class or a tuple of them, got {exc_type!r}")
+        if match is not None and not isinstance(match, str):
+            raise TypeError(f"match must be a regular expression string or None, got {type(match).__name__}")
+        if match is not None:
+            try:
+                re.compile(match)
+            except re.error as e:
+                raise ValueError(f"match is not a valid regular expression: {e}") from e
+        check_bool("quiet", quiet)
         self.exc_type = exc_type
         self.match = match
         self.quiet = quiet
@@ -69,14 +82,4 @@ def expect_error(
     raised, or the message does not match the regular expression ``match``, an
     ``AssertionError`` fails the run. An error of another type propagates unchanged.
     """
-    types_ = exc_type if isinstance(exc_type, tuple) else (exc_type,)
-    if not types_ or not all(isinstance(t, type) and issubclass(t, BaseException) for t in types_):
-        raise TypeError(f"exc_type must be an exception class or a tuple of them, got {exc_type!r}")
-    if match is not None and not isinstance(match, str):
-        raise TypeError(f"match must be a regular expression string or None, got {type(match).__name__}")
-    if match is not None:
-        try:
-            re.compile(match)
-        except re.error as e:
-            raise ValueError(f"match is not a valid regular expression: {e}") from e
-    return ExpectedError(exc_type, match, quiet)
+    return ExpectedError(exc_type, match, quiet)  # which checks the arguments

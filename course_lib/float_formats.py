@@ -178,7 +178,7 @@ def ulp(value: float, dtype: torch.dtype) -> float:
     v = abs(_check_value(value))
     dtype = _check_dtype(dtype)
     if not math.isfinite(v) or abs(round_to(v, dtype)) == math.inf:
-        raise ValueError(f"{value} is not finite in {dtype}, so it has no spacing")
+        raise ValueError(f"value {value} is not finite in {dtype}, so it has no spacing")
     below, near, above = neighbors(v, dtype)
     return above - near if math.isfinite(above) else near - below  # at max: the spacing below it
 

@@ -56,7 +56,7 @@ from torch import nn
 from .comm_log import CommLog
 from .timelines import Timeline
 from .torch_private import tree_flatten, tree_map_only
-from .validation import check_bool, check_int
+from .validation import check_bool, check_int, check_items
 
 __all__ = ["HandFSDP", "SHARD_NAME", "shard_layout"]
 
@@ -395,6 +395,6 @@ def shard_layout(numels: Sequence[int], world_size: int) -> tuple[int, int]:
     (16, 4)
     """
     n = check_int("world_size", world_size, minimum=1)
-    total = sum(check_int("each numel", k, minimum=0) for k in numels)
+    total = sum(check_int("numels' item", k, minimum=0) for k in check_items("numels", numels, int, "a list of ints"))
     padded = math.ceil(total / n) * n
     return padded, padded // n

@@ -19,6 +19,8 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
+from .validation import check_instance
+
 __all__ = ["Lab", "Notebook", "ROOT", "course", "course_map", "lab_paths", "labs", "notebook_paths", "written_file"]
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -179,8 +181,10 @@ def written_file(stem: str, filename: str) -> str:
     """
     import jupytext
 
+    check_instance("stem", stem, str, "a notebook's name, such as '10_ddp_in_practice'")
+    check_instance("filename", filename, str, "a path a %%writefile cell writes, such as '_runs/ddp_train.py'")
     if stem not in {n.stem for n in course()}:
-        raise ValueError(f"{stem!r} is not a notebook of the course (course.toml)")
+        raise ValueError(f"stem {stem!r} is not a notebook of the course (course.toml)")
     nb = jupytext.read(ROOT / "sources" / f"{stem}.py", fmt="py:percent")
     for cell in nb.cells:
         first, _, body = cell.source.partition("\n")

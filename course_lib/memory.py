@@ -32,6 +32,7 @@ import torch
 from .saved_tensors import _storage_key
 from .sharding import StateBytes
 from .torch_private import profiler_memory_events
+from .validation import check_instance, check_int
 
 # Kineto (the profiler's backend) prints two timestamped "USDT: profiler_start/stop" lines to
 # stderr on every profile, which a notebook would capture as output. Level 6 silences them;
@@ -64,8 +65,9 @@ class StepMemory:
     result: Any = None
 
     def __post_init__(self) -> None:
-        if self.peak_bytes < 0:
-            raise ValueError(f"peak_bytes cannot be negative, got {self.peak_bytes}")
+        check_int("peak_bytes", self.peak_bytes, minimum=0)
+        check_int("retained_bytes", self.retained_bytes, what="an int (bytes; negative when memory was freed)")
+        check_instance("device", self.device, str, "a device name such as 'cpu' or 'cuda:0'")
 
     def __repr__(self) -> str:
         return f"StepMemory(peak_bytes={self.peak_bytes}, retained_bytes={self.retained_bytes}, device={self.device!r})"
@@ -216,6 +218,8 @@ def tensor_bytes(tensors: Iterable[torch.Tensor]) -> int:
     """Bytes of the storages behind ``tensors``, each storage counted once (views share one)."""
     if isinstance(tensors, torch.Tensor):
         raise TypeError("tensor_bytes takes an iterable of tensors (e.g. model.parameters()), not one tensor")
+    if isinstance(tensors, (str, bytes)) or not isinstance(tensors, Iterable):
+        raise TypeError(f"tensors must be an iterable of tensors (model.parameters()), got {type(tensors).__name__}")
     items = list(tensors)
     bad = [type(t).__name__ for t in items if not isinstance(t, torch.Tensor)]
     if bad:

@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .counted_collectives import all_to_all
-from .validation import check_int, check_number
+from .validation import check_int, check_items, check_number
 
 __all__ = ["MoE", "Expert", "Routing", "expert_parallel_bytes", "expert_parallel_forward", "route", "send_counts"]
 
@@ -111,6 +111,8 @@ class Expert(nn.Module):
     """One expert: a SwiGLU MLP, ``down(silu(gate(x)) * up(x))``."""
 
     def __init__(self, d_model: int, d_ff: int) -> None:
+        check_int("d_model", d_model, minimum=1)
+        check_int("d_ff", d_ff, minimum=1)
         super().__init__()
         self.gate_proj = nn.Linear(d_model, d_ff, bias=False)
         self.up_proj = nn.Linear(d_model, d_ff, bias=False)
@@ -260,8 +262,10 @@ def expert_parallel_bytes(send: list[int], recv: list[int], rank: int, row_bytes
     >>> expert_parallel_bytes([3, 5], [3, 4], 0, 64, n_experts=4)   # 2 x (5 + 4) rows of 64 B, 2 counts of 8 B
     1168
     """
+    send = check_items("send", send, int, "a list of row counts (ints), one per rank")
+    recv = check_items("recv", recv, int, "a list of row counts (ints), one per rank")
     n = len(send)
-    if len(recv) != n or not all(isinstance(c, int) and c >= 0 for c in (*send, *recv)):
+    if len(recv) != n or not all(c >= 0 for c in (*send, *recv)):
         raise ValueError("send and recv must be lists of non-negative ints, one per rank, of one length")
     rank = check_int("rank", rank, minimum=0)
     if rank >= n:

@@ -40,7 +40,7 @@ from .planner_layout import Cluster, Layout, PlanError, Prediction, check_config
 from .planner_model import predict, shard_params
 from .sharding import Precision
 from .transformer import CHECKPOINTINGS, TransformerConfig
-from .validation import check_int, check_number
+from .validation import check_int, check_items, check_number
 
 GiB = 2**30
 
@@ -158,6 +158,7 @@ def plan(
 def format_plan(preds: list[Prediction], top: int = 5) -> str:
     """The first ``top`` predictions as a text table: layout, GiB per rank, step time, tokens/s, MFU."""
     top = check_int("top", top, minimum=1)
+    preds = check_items("preds", preds, Prediction, "a list of Predictions (what plan returns)")
     lines = [f"{'#':>2} {'layout':<78} {'GiB/rank':>8} {'step s':>8} {'tokens/s':>10} {'MFU':>5}"]
     for i, p in enumerate(preds[:top], 1):
         lines.append(

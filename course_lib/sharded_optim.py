@@ -48,7 +48,7 @@ import torch.distributed as dist
 from torch import nn
 
 from .comm_log import CommLog
-from .validation import check_bool, check_int
+from .validation import check_bool, check_int, check_items
 
 __all__ = ["ELEMENTWISE_OPTIMIZERS", "ShardedOptimizer", "partition_parameters"]
 
@@ -67,6 +67,9 @@ ELEMENTWISE_OPTIMIZERS: tuple[type[torch.optim.Optimizer], ...] = (
 )
 
 
+MAX_WORLD_SIZE = 2**20  # more ranks than any job has: a typo, refused before a list that long is made
+
+
 def partition_parameters(numels: list[int], world_size: int, loads: list[int] | None = None) -> list[int]:
     """The owner rank of each tensor: largest first, each to the rank with the fewest elements so far
     (ties to the lowest rank), as ``ZeroRedundancyOptimizer`` partitions a parameter group.
@@ -79,8 +82,10 @@ def partition_parameters(numels: list[int], world_size: int, loads: list[int] | 
     >>> loads = [0, 0]; partition_parameters([8], 2, loads), partition_parameters([8], 2, loads), loads
     ([0], [1], [8, 8])
     """
-    n = check_int("world_size", world_size, minimum=1)
-    sizes = [check_int("each numel", k, minimum=0) for k in numels]
+    n = check_int("world_size", world_size, minimum=1, maximum=MAX_WORLD_SIZE, what=f"an int in [1, {MAX_WORLD_SIZE}]")
+    sizes = check_items("numels", numels, int, "a list of ints (elements per tensor)")
+    if min(sizes, default=0) < 0:
+        raise ValueError(f"numels must be >= 0 each, got {numels}")
     if loads is None:
         loads = [0] * n
     elif not isinstance(loads, list) or len(loads) != n:

@@ -27,12 +27,13 @@ configuration. For any other stack of layers, :func:`activation_bytes` takes the
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
 from .transformer import TransformerConfig, block_saved_bytes, model_saved_bytes
-from .validation import check_bool, check_int
+from .validation import check_bool, check_int, check_items
 
 __all__ = [
     "PRECISIONS",
@@ -55,6 +56,10 @@ class Precision:
     parameter: int
     gradient: int
     optimizer: int
+
+    def __post_init__(self) -> None:
+        for name in ("parameter", "gradient", "optimizer"):
+            check_int(name, getattr(self, name), minimum=0, what="bytes per parameter (an int >= 0)")
 
     @property
     def total(self) -> int:
@@ -260,7 +265,7 @@ def rank_memory(
     }
 
 
-def zero_table(world_sizes: tuple[int, ...] = (1, 2, 4, 8, 64), precision: str | Precision = "mixed_adam") -> str:
+def zero_table(world_sizes: Sequence[int] = (1, 2, 4, 8, 64), precision: str | Precision = "mixed_adam") -> str:
     """Bytes per parameter on one rank, one row per stage, one column per world size.
 
     >>> print(zero_table((1, 8)))
@@ -270,9 +275,9 @@ def zero_table(world_sizes: tuple[int, ...] = (1, 2, 4, 8, 64), precision: str |
     zero2           16   3.75
     zero3           16      2
     """
-    if not isinstance(world_sizes, (tuple, list)) or not world_sizes:
-        raise TypeError("world_sizes must be a non-empty tuple of ints")
-    sizes = [check_int("world size", n, minimum=1) for n in world_sizes]
+    sizes = check_items("world_sizes", world_sizes, int, "a non-empty sequence of ints")
+    if not sizes or min(sizes) < 1:
+        raise ValueError(f"world_sizes must be a non-empty sequence of ints >= 1, got {world_sizes!r}")
     lines = ["bytes/param" + "".join(f"{'N=' + str(n):>7}" for n in sizes)]
     for stage in STAGES:
         lines.append(f"{stage:<11}" + "".join(f"{bytes_per_parameter(n, stage, precision):>7.4g}" for n in sizes))

@@ -39,14 +39,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
 import torch
 from torch import nn
 
 from .timelines import LANES, Span, Timeline, busy_seconds, exposed_seconds, hidden_seconds, plot_timeline
-from .validation import check_int, check_number
+from .validation import check_instance, check_int, check_number
 
 __all__ = [
     "LANES",
@@ -201,8 +201,7 @@ def simulated_mlp(
     return nn.Sequential(*layers)
 
 
-@contextmanager
-def record_collectives(timeline: Timeline) -> Iterator[None]:
+def record_collectives(timeline: Timeline) -> AbstractContextManager[None]:
     """Inside the block, every call of ``torch.distributed``'s :data:`RECORDED_COLLECTIVES` adds a
     ``"comm"`` span to ``timeline``: from the call to its completion (when the call returns, or, for
     ``async_op=True``, when the backend completes the work). The label is the function's name and the
@@ -213,10 +212,14 @@ def record_collectives(timeline: Timeline) -> Iterator[None]:
     ``dist.all_gather_single``, ``dist.reduce_scatter_single``); DDP's reducer calls its backend from
     C++ and is not seen (a communication hook sees its buckets). The functions are restored on exit.
     """
+    check_instance("timeline", timeline, Timeline)  # now, not when the block is entered
+    return _recording(timeline)
+
+
+@contextmanager
+def _recording(timeline: Timeline) -> Iterator[None]:
     import torch.distributed as dist
 
-    if not isinstance(timeline, Timeline):
-        raise TypeError(f"timeline must be a Timeline, got {type(timeline).__name__}")
     saved = {name: getattr(dist, name) for name in RECORDED_COLLECTIVES if hasattr(dist, name)}
 
     def wrap(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:

@@ -223,6 +223,9 @@ def shard_of(name: str, full: torch.Tensor, rank: int, n: int) -> torch.Tensor:
     if rank >= n:
         raise ValueError(f"rank must be < n ({n}), got {rank}")
     stem = name.removesuffix(".weight")
+    is_norm = stem.endswith("norm")
+    if full.dim() < (1 if is_norm else 2):
+        raise ValueError(f"full must be {name!r}'s full tensor (a matrix), got shape {tuple(full.shape)}")
     if any(stem.endswith(r) for r in ROW_PARALLEL):
         return full.chunk(n, 1)[rank]
     if any(stem.endswith(c) for c in COLUMN_PARALLEL) or stem in ("embed", "head"):

@@ -61,8 +61,11 @@ CHECKED_ON = "2.13.0"  # the torch version every function here was checked on
 # operator call below autograd (documented in PyTorch's "Extending PyTorch" notes, but only under this private
 # module; no public path in 2.13). tree_flatten, tree_map_only: PyTorch's pytree utilities (torch.utils.pytree is
 # not public in 2.13 either). Checked on torch 2.13.0.
+import torch  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 from torch.utils._pytree import tree_flatten, tree_map_only  # noqa: E402
+
+from .validation import check_items  # noqa: E402
 
 
 def _resolve(module: str, path: str) -> Any:
@@ -163,7 +166,11 @@ def ddp_bucket_assignment(tensors: Sequence[Any], limits: Sequence[int]) -> list
     assign: Callable[..., tuple[list[list[int]], Any]] = _resolve(
         "torch.distributed", "_compute_bucket_assignment_by_size"
     )
-    groups, _ = assign(list(tensors), list(limits))
+    tensors = check_items("tensors", tensors, torch.Tensor, "a list of tensors")
+    limits = check_items("limits", limits, int, "a list of byte caps (ints)")
+    if not 1 <= len(limits) <= 2 or min(limits) < 0:
+        raise ValueError(f"limits must be [first_cap, cap] or [cap], bytes >= 0, got {limits}")
+    groups, _ = assign(tensors, limits)
     return [list(g) for g in groups]
 
 

@@ -21,9 +21,10 @@ ValueError: depth must be >= 1, got 0
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import TypeGuard
 
-__all__ = ["is_int", "is_number", "check_int", "check_number", "check_bool"]
+__all__ = ["is_int", "is_number", "check_int", "check_number", "check_bool", "check_instance", "check_items"]
 
 
 def is_int(value: object) -> TypeGuard[int]:
@@ -113,3 +114,44 @@ def check_bool(name: str, value: object) -> bool:
     if not isinstance(value, bool):
         raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
     return value
+
+
+def check_instance(name: str, value: object, kind: type | tuple[type, ...], what: str | None = None) -> object:
+    """``value`` if it is an instance of ``kind``; else a ``TypeError`` naming ``name`` and ``what`` it must be.
+
+    >>> check_instance("label", 2.5, str, "a string")
+    Traceback (most recent call last):
+        ...
+    TypeError: label must be a string, got float
+    """
+    if isinstance(value, bool) and bool not in (kind if isinstance(kind, tuple) else (kind,)):
+        raise TypeError(f"{name} must be {what or _kind_name(kind)}, got bool")
+    if not isinstance(value, kind):
+        raise TypeError(f"{name} must be {what or _kind_name(kind)}, got {type(value).__name__}")
+    return value
+
+
+def check_items(name: str, value: object, kind: type | tuple[type, ...], what: str) -> list:
+    """``value`` as a list if it is a sequence (not a string or a tensor) of ``kind``; else a ``TypeError``.
+
+    Ints are checked as :func:`check_int` does (no bools).
+
+    >>> check_items("numels", [3, 4], int, "a list of ints")
+    [3, 4]
+    >>> check_items("numels", [3, "4"], int, "a list of ints")
+    Traceback (most recent call last):
+        ...
+    TypeError: numels must be a list of ints; item 1 is str
+    """
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
+        raise TypeError(f"{name} must be {what}, got {type(value).__name__}")
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    for i, item in enumerate(value):
+        if not isinstance(item, kinds) or (isinstance(item, bool) and bool not in kinds):
+            raise TypeError(f"{name} must be {what}; item {i} is {type(item).__name__}")
+    return list(value)
+
+
+def _kind_name(kind: type | tuple[type, ...]) -> str:
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    return " or ".join(f"a {k.__name__}" for k in kinds)

@@ -143,8 +143,10 @@ def test_bad_arguments_are_rejected() -> None:
         state_bytes("model")  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="Optimizer"):
         state_bytes(torch.nn.Linear(2, 2), optimizer="adam")  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="negative"):
+    with pytest.raises(ValueError, match="peak_bytes must be >= 0"):
         StepMemory(-1, 0, "cpu")
+    with pytest.raises(TypeError, match="device must be a device name"):
+        StepMemory(1, 0, 0)  # type: ignore[arg-type]
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message shown on a machine without a GPU")
@@ -192,8 +194,10 @@ def test_the_private_profiler_record_is_still_there() -> None:
 
 
 def test_allocation_events_says_what_to_update_when_the_record_is_missing() -> None:
-    class Renamed:
-        profiler = object()  # no kineto_results
+    from torch.profiler import profile
+
+    renamed = profile()
+    renamed.profiler = object()  # a record without kineto_results, as a renamed private attribute would look
 
     with pytest.raises(RuntimeError, match="update that function"):
-        allocation_events(Renamed())
+        allocation_events(renamed)

@@ -40,10 +40,10 @@ def check_positive_int(name: str, value: Any) -> int:
     return check_int(name, value, minimum=1)
 
 
-def check_echo(echo: Any) -> str:
+def check_echo(echo: Any, name: str = "echo") -> str:
     """How the output is shown: one of ``auto``, ``live``, ``grouped``, ``none``."""
     if echo not in _ECHO_MODES:
-        raise ValueError(f"echo must be one of {_ECHO_MODES}, got {echo!r}")
+        raise ValueError(f"{name} must be one of {_ECHO_MODES}, got {echo!r}")
     return str(echo)
 
 

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ..validation import is_int
+from ..validation import check_instance, check_items, is_int
 from .checks import check_args, check_positive_int
 from .ports import check_port
 
@@ -55,12 +55,13 @@ def torchrun_command(
     prefixes each line with the local rank so the launcher can label it. ``launcher_args`` are
     more options for the launcher itself, placed before the script (``["--max-restarts=1"]``).
     """
+    check_instance("script", script, (str, os.PathLike), "a path (a str or os.PathLike)")
     check_positive_int("nproc_per_node", nproc_per_node)
     check_positive_int("nnodes", nnodes)
     check_master_addr(master_addr)
     if not is_int(node_rank) or not 0 <= node_rank < nnodes:
         raise ValueError(f"node_rank must be an int in 0..nnodes-1 = 0..{nnodes - 1}, got {node_rank!r}")
-    check_port(master_port)
+    check_port(master_port, "master_port")
     if rdzv not in ("static", "c10d"):
         raise ValueError(f"rdzv must be 'static' or 'c10d', got {rdzv!r}")
     cmd = _torchrun_base(module)
@@ -82,6 +83,9 @@ def is_launcher(cmd: Sequence[str]) -> bool:
 
     Internal: :func:`~course_lib.launch.run_script` labels a command's lines by it.
     """
+    cmd = check_items("cmd", cmd, (str, os.PathLike), "a command line (a list of strings)")
+    if not cmd:
+        raise ValueError("cmd must be a command line, got an empty list")
     return Path(cmd[0]).name == "torchrun" or any(
         m in cmd[:3] for m in ("torch.distributed.run", "torch.distributed.launch")
     )
@@ -92,6 +96,7 @@ def rank_offset(cmd: Sequence[str]) -> int:
 
     Internal: :func:`~course_lib.launch.run_script` numbers a launcher's ranks from it.
     """
+    cmd = [str(arg) for arg in check_items("cmd", cmd, (str, os.PathLike), "a command line (a list of strings)")]
 
     def value(name: str) -> int:
         for i, arg in enumerate(cmd):

@@ -10,6 +10,8 @@ import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from ..validation import check_instance, check_items
+
 __all__ = ["PORT_BUSY", "failing_rank", "rank_number"]
 
 _ROOT_CAUSE = re.compile(r"Root Cause.*?rank\s*:\s*(\d+)", re.S)
@@ -41,6 +43,9 @@ def failing_rank(
     crash of the interpreter) failed silently, and a silent failure comes before its peers' connection errors,
     which are its effects.
     """
+    check_items("lines", lines, tuple, "a list of (label, line) pairs")
+    check_instance("error_dir", error_dir, (Path, type(None)), "a Path or None")
+    check_instance("exits", exits, (Mapping, type(None)), "a mapping of label to exit code, or None")
     if error_dir is not None:
         found = []
         for path in error_dir.glob("error_*.txt"):
@@ -83,5 +88,6 @@ def rank_number(label: str | None) -> int | None:
     """The rank in a label such as ``\"rank 3\"`` (``None`` for an agent, ``main`` or no label)."""
     if label is None:
         return None
+    check_instance("label", label, str, "a string such as 'rank 3', or None")
     m = re.fullmatch(r"rank (\d+)", label)
     return int(m.group(1)) if m else None

@@ -9,6 +9,7 @@ import sys
 import time
 from typing import Any
 
+from .checks import check_echo
 from .results import LaunchResult
 
 __all__ = ["Echo"]
@@ -34,6 +35,7 @@ class Echo:
     """
 
     def __init__(self, mode: str) -> None:
+        check_echo(mode, "mode")
         self.mode = "kernel" if mode == "auto" and _in_kernel() else ("live" if mode == "auto" else mode)
         self.pending: list[str] = []
         self.view: Any = None

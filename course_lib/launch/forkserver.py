@@ -224,6 +224,8 @@ class ForkServer:
     """The launcher's handle on one fork server process, started with environment ``env``."""
 
     def __init__(self, env: Mapping[str, str]) -> None:
+        if not isinstance(env, Mapping):
+            raise TypeError(f"env must be a mapping of strings (the ranks' environment), got {type(env).__name__}")
         self.env = dict(env)
         self.owner = os.getpid()  # a process forked from the launcher (a DataLoader worker) must not use it
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)

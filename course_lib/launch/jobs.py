@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..validation import check_instance
 from .checks import check_cwd, check_positive_int
 from .commands import check_master_addr, is_launcher, rank_offset, torchrun_command
 from .engine import run_processes
@@ -47,7 +48,7 @@ def run_torchrun(
     ``device="cuda"`` leaves them visible, for a script that binds ``LOCAL_RANK`` to its GPU.
     """
     workdir = check_cwd(cwd)
-    path = Path(script)
+    path = Path(check_instance("script", script, (str, os.PathLike), "a path (a str or os.PathLike)"))  # type: ignore[arg-type]
     full = path if path.is_absolute() or workdir is None else workdir / path
     if not full.is_file():
         raise FileNotFoundError(f"script not found: {str(full)!r} (cwd={str(workdir or Path.cwd())!r})")

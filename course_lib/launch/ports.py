@@ -34,12 +34,12 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
-def check_port(port: Any) -> int:
+def check_port(port: Any, name: str = "port") -> int:
     """A TCP port number: an int in 1..65535 (internal: the launchers check ports with it)."""
     if not is_int(port):
-        raise TypeError(f"port must be an int, got {type(port).__name__}")
+        raise TypeError(f"{name} must be an int, got {type(port).__name__}")
     if not 1 <= port <= 65535:
-        raise ValueError(f"port must be in 1..65535, got {port}")
+        raise ValueError(f"{name} must be in 1..65535, got {port}")
     return port
 
 
@@ -50,7 +50,7 @@ def rendezvous_port(master_port: int | None, host: str = "127.0.0.1") -> int:
     """
     if master_port is None:
         return free_port()
-    if port_in_use(check_port(master_port), host if host != "localhost" else "127.0.0.1"):
+    if port_in_use(check_port(master_port, "master_port"), host if host != "localhost" else "127.0.0.1"):
         raise LaunchError(
             f"master port {master_port} on {host} is already in use (another job, or one that did not exit); "
             "pass master_port=None to use a free port",
