@@ -395,6 +395,6 @@ def shard_layout(numels: Sequence[int], world_size: int) -> tuple[int, int]:
     (16, 4)
     """
     n = check_int("world_size", world_size, minimum=1)
-    total = sum(check_int("numels' item", k, minimum=0) for k in check_items("numels", numels, int, "a list of ints"))
+    total = sum(check_items("numels", numels, int, "a list of ints", minimum=0))
     padded = math.ceil(total / n) * n
     return padded, padded // n

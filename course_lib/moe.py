@@ -262,10 +262,10 @@ def expert_parallel_bytes(send: list[int], recv: list[int], rank: int, row_bytes
     >>> expert_parallel_bytes([3, 5], [3, 4], 0, 64, n_experts=4)   # 2 x (5 + 4) rows of 64 B, 2 counts of 8 B
     1168
     """
-    send = check_items("send", send, int, "a list of row counts (ints), one per rank")
-    recv = check_items("recv", recv, int, "a list of row counts (ints), one per rank")
+    send = check_items("send", send, int, "a list of row counts (ints), one per rank", minimum=0)
+    recv = check_items("recv", recv, int, "a list of row counts (ints), one per rank", minimum=0)
     n = len(send)
-    if len(recv) != n or not all(c >= 0 for c in (*send, *recv)):
+    if len(recv) != n:
         raise ValueError("send and recv must be lists of non-negative ints, one per rank, of one length")
     rank = check_int("rank", rank, minimum=0)
     if rank >= n:

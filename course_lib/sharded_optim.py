@@ -83,9 +83,7 @@ def partition_parameters(numels: list[int], world_size: int, loads: list[int] | 
     ([0], [1], [8, 8])
     """
     n = check_int("world_size", world_size, minimum=1, maximum=MAX_WORLD_SIZE, what=f"an int in [1, {MAX_WORLD_SIZE}]")
-    sizes = check_items("numels", numels, int, "a list of ints (elements per tensor)")
-    if min(sizes, default=0) < 0:
-        raise ValueError(f"numels must be >= 0 each, got {numels}")
+    sizes = check_items("numels", numels, int, "a list of ints (elements per tensor)", minimum=0)
     if loads is None:
         loads = [0] * n
     elif not isinstance(loads, list) or len(loads) != n:

@@ -275,8 +275,8 @@ def zero_table(world_sizes: Sequence[int] = (1, 2, 4, 8, 64), precision: str | P
     zero2           16   3.75
     zero3           16      2
     """
-    sizes = check_items("world_sizes", world_sizes, int, "a non-empty sequence of ints")
-    if not sizes or min(sizes) < 1:
+    sizes = check_items("world_sizes", world_sizes, int, "a non-empty sequence of ints", minimum=1)
+    if not sizes:
         raise ValueError(f"world_sizes must be a non-empty sequence of ints >= 1, got {world_sizes!r}")
     lines = ["bytes/param" + "".join(f"{'N=' + str(n):>7}" for n in sizes)]
     for stage in STAGES:

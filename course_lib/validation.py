@@ -131,10 +131,12 @@ def check_instance(name: str, value: object, kind: type | tuple[type, ...], what
     return value
 
 
-def check_items(name: str, value: object, kind: type | tuple[type, ...], what: str) -> list:
+def check_items(
+    name: str, value: object, kind: type | tuple[type, ...], what: str, *, minimum: int | None = None
+) -> list:
     """``value`` as a list if it is a sequence (not a string or a tensor) of ``kind``; else a ``TypeError``.
 
-    Ints are checked as :func:`check_int` does (no bools).
+    Ints are checked as :func:`check_int` does (no bools). ``minimum``: a ``ValueError`` for an item below it.
 
     >>> check_items("numels", [3, 4], int, "a list of ints")
     [3, 4]
@@ -142,6 +144,10 @@ def check_items(name: str, value: object, kind: type | tuple[type, ...], what: s
     Traceback (most recent call last):
         ...
     TypeError: numels must be a list of ints; item 1 is str
+    >>> check_items("numels", [3, -4], int, "a list of ints", minimum=0)
+    Traceback (most recent call last):
+        ...
+    ValueError: numels must be >= 0 each; item 1 is -4
     """
     if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
         raise TypeError(f"{name} must be {what}, got {type(value).__name__}")
@@ -149,6 +155,8 @@ def check_items(name: str, value: object, kind: type | tuple[type, ...], what: s
     for i, item in enumerate(value):
         if not isinstance(item, kinds) or (isinstance(item, bool) and bool not in kinds):
             raise TypeError(f"{name} must be {what}; item {i} is {type(item).__name__}")
+        if minimum is not None and isinstance(item, (int, float)) and item < minimum:
+            raise ValueError(f"{name} must be >= {minimum} each; item {i} is {item}")
     return list(value)
 
 

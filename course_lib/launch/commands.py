@@ -83,7 +83,7 @@ def is_launcher(cmd: Sequence[str]) -> bool:
 
     Internal: :func:`~course_lib.launch.run_script` labels a command's lines by it.
     """
-    cmd = check_items("cmd", cmd, (str, os.PathLike), "a command line (a list of strings)")
+    cmd = _check_cmd(cmd)
     if not cmd:
         raise ValueError("cmd must be a command line, got an empty list")
     return Path(cmd[0]).name == "torchrun" or any(
@@ -96,7 +96,7 @@ def rank_offset(cmd: Sequence[str]) -> int:
 
     Internal: :func:`~course_lib.launch.run_script` numbers a launcher's ranks from it.
     """
-    cmd = [str(arg) for arg in check_items("cmd", cmd, (str, os.PathLike), "a command line (a list of strings)")]
+    cmd = _check_cmd(cmd)
 
     def value(name: str) -> int:
         for i, arg in enumerate(cmd):
@@ -108,3 +108,8 @@ def rank_offset(cmd: Sequence[str]) -> int:
         return 0
 
     return value("node_rank") * max(value("nproc_per_node"), 1)
+
+
+def _check_cmd(cmd: object) -> list[str]:
+    """A command line as a list of strings (paths converted), or a ``TypeError`` naming ``cmd``."""
+    return [str(arg) for arg in check_items("cmd", cmd, (str, os.PathLike), "a command line (a list of strings)")]
