@@ -8,7 +8,8 @@ By the end you will be able to:
 - tell, for any tensor, whether it is a leaf, whether autograd tracks it, and whether `backward()` will fill its `.grad`;
 - explain what became of the old `torch.autograd.Variable`, and recognise code written for it;
 - choose between an `nn.Parameter`, a buffer and a plain tensor attribute, and predict what `parameters()`, `state_dict()`, `.to()` and the optimizer do with each;
-- use `retain_grad`, `detach`, `torch.no_grad` and `torch.inference_mode`, and say why `.data` is dangerous.
+- use `retain_grad`, `detach`, `torch.no_grad` and `torch.inference_mode`, and say why `.data` is dangerous;
+- freeze part of a model for fine-tuning, and say what backward and the optimizer then skip.
 
 This notebook assumes: notebook 00, basic Python classes, and that you have seen a tensor and a `torch.nn.Linear` before.
 """
@@ -350,6 +351,86 @@ Rule of thumb: `inference_mode()` for pure inference (serving, evaluation whose 
 
 # %% [markdown] slideshow={"slide_type": "slide"}
 """
+## 6. Freezing: `requires_grad_(False)`
+
+Fine-tuning trains part of a model and leaves the rest as it is: a pretrained backbone under a new head, an embedding kept fixed, adapters beside frozen weights. A parameter is **frozen** by `p.requires_grad_(False)`; `module.requires_grad_(False)` does it for every parameter of a module. It stays a Parameter (registered, saved, moved), but autograd no longer computes its gradient. Three consequences, one cell each:
+
+1. backward leaves its `.grad` at `None`, yet a frozen layer in the middle still passes gradients on to the layers before it;
+2. when everything before a point is frozen, autograd does not record those operations at all: backward stops early and nothing is saved for them;
+3. the optimizer skips a parameter whose `.grad` is `None`, weight decay included. A parameter frozen after training, whose gradient was zeroed rather than set to `None`, still moves.
+"""
+
+# %% slideshow={"slide_type": "fragment"}
+seed_everything(0)
+model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 2))
+model[2].requires_grad_(False)                  # freeze the middle layer (its weight and bias)
+model(torch.randn(4, 8)).square().mean().backward()
+for name, p in model.named_parameters():
+    grad = "None" if p.grad is None else f"shape {tuple(p.grad.shape)}"
+    print(f"{name:9} requires_grad={p.requires_grad!s:5}  .grad: {grad}")
+assert model[2].weight.grad is None and model[2].bias.grad is None
+assert model[0].weight.grad is not None       # the gradient went through the frozen layer to layer 0
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+The gradient reached layer 0 *through* the frozen layer: backward still multiplies by its weight, it only skips the weight's own gradient. `detach()` would cut the path instead. Freezing the **first** layers is different: their outputs require no gradient, so autograd records nothing for them. The cell counts the nodes of the graph by walking `grad_fn.next_functions` (the structure notebook 02 draws).
+"""
+
+
+# %% slideshow={"slide_type": "fragment"}
+def graph_nodes(t):
+    """The names of the backward nodes reachable from t.grad_fn."""
+    seen, stack = set(), [t.grad_fn]
+    while stack:
+        node = stack.pop()
+        if node is not None and node not in seen:
+            seen.add(node)
+            stack.extend(f for f, _ in node.next_functions)
+    return sorted(type(n).__name__ for n in seen)
+
+
+seed_everything(0)
+model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 2))
+x = torch.randn(4, 8)
+all_trained = graph_nodes(model(x).square().mean())
+model[:3].requires_grad_(False)                 # freeze the first two linear layers, as under a new head
+head_only = graph_nodes(model(x).square().mean())
+print(f"all trained: {len(all_trained)} nodes, {all_trained.count('AddmmBackward0')} matrix products")
+print(f"head only:   {len(head_only)} nodes, {head_only.count('AddmmBackward0')} matrix product: {head_only}")
+assert all_trained.count("AddmmBackward0") == 3 and head_only.count("AddmmBackward0") == 1
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+Now the optimizer. `optimizer.step()` skips every parameter whose `.grad` is `None`: no update, no momentum, no weight decay. `zero_grad()` sets gradients to `None` by default, so a parameter frozen between two steps stops moving. With `zero_grad(set_to_none=False)`, the style of older code, its gradient is a tensor of zeros, and AdamW updates it anyway: the decay shrinks it, and the running averages from earlier steps keep pushing it.
+"""
+
+
+# %% slideshow={"slide_type": "fragment"}
+def frozen_drift(set_to_none):
+    """Train a layer one AdamW step, freeze it, step again: how far does the frozen weight move?"""
+    seed_everything(0)
+    layer = nn.Linear(4, 4)
+    opt = torch.optim.AdamW(layer.parameters(), lr=0.1, weight_decay=0.1)
+    layer(torch.randn(2, 4)).sum().backward()
+    opt.step()
+    opt.zero_grad(set_to_none=set_to_none)
+    layer.requires_grad_(False)                 # frozen from now on
+    before = layer.weight.detach().clone()
+    opt.step()
+    return (layer.weight - before).abs().max().item()
+
+
+print(f"zero_grad() (set_to_none=True): the frozen weight moved by {frozen_drift(True):.4f}")
+print(f"zero_grad(set_to_none=False):   the frozen weight moved by {frozen_drift(False):.4f}")
+assert frozen_drift(True) == 0.0 and frozen_drift(False) > 0.01
+
+# %% [markdown] slideshow={"slide_type": "fragment"}
+"""
+The safe habit: build the optimizer from the trainable parameters only, `AdamW(p for p in model.parameters() if p.requires_grad)`, and freeze before building it. Distributed wrappers read `requires_grad` once, when they are built: notebook 09 §6 builds DDP by hand and never sends a frozen parameter's gradient, and notebook 13 §2.3 shows ZeRO leaving it out of the shards.
+"""
+
+# %% [markdown] slideshow={"slide_type": "slide"}
+"""
 ## Summary
 
 - A tensor is a **leaf** exactly when `grad_fn is None`: every tensor you create, with or without `requires_grad`, and results of operations that recorded nothing. `backward()` fills `.grad` only for leaves that require grad, unless you call `retain_grad()`.
@@ -358,6 +439,7 @@ Rule of thumb: `inference_mode()` for pure inference (serving, evaluation whose 
 - Only **registered** tensors belong to a module: Parameters (trained, saved, moved) and buffers (saved, moved, not trained). A plain tensor attribute is silently not trained, not saved, not moved.
 - The optimizer trains the tensors it was given when it was built.
 - `detach()` shares storage and the version counter; `.data` shares storage only, so autograd cannot catch in-place changes made through it.
+- **Freezing** (`requires_grad_(False)`) leaves `.grad` at `None` but lets gradients pass through to earlier layers; frozen first layers are not recorded at all. The optimizer skips a `None` gradient, not a zero one: build it from the trainable parameters.
 - `no_grad()` stops recording and allows in-place updates of leaves; `inference_mode()` also makes inference tensors: later they may be inputs of recorded operations, but autograd refuses to save one for backward, to let it change in place outside inference mode, or to make it require grad.
 """
 
@@ -403,6 +485,21 @@ def sgd_step(params, lr):
 
 check_sgd_step(sgd_step)
 
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+**4. Freeze for fine-tuning.** Write `freeze_for_finetuning(model)` for an `nn.Sequential`: freeze every layer but the last, and return an `AdamW` (`lr=1e-3`, `weight_decay=0.01`) that holds the last layer's parameters and nothing else. The check trains two steps with `zero_grad(set_to_none=False)`, the case where a frozen parameter left in the optimizer still moves (§6).
+"""
+
+# %% slideshow={"slide_type": "fragment"}
+from course_lib.exercises.tensors import check_freeze_for_finetuning
+
+
+def freeze_for_finetuning(model):
+    raise NotImplementedError("your code here")
+
+
+check_freeze_for_finetuning(freeze_for_finetuning)
+
 # %% [markdown] slideshow={"slide_type": "slide"}
 """
 ## References
@@ -410,6 +507,7 @@ check_sgd_step(sgd_step)
 - PyTorch documentation: [Autograd mechanics](https://pytorch.org/docs/stable/notes/autograd.html) — leaves, `requires_grad`, in-place correctness checks, `no_grad` and inference mode.
 - PyTorch documentation: [`torch.Tensor.is_leaf`](https://pytorch.org/docs/stable/generated/torch.Tensor.is_leaf.html), [`retain_grad`](https://pytorch.org/docs/stable/generated/torch.Tensor.retain_grad.html), [`detach`](https://pytorch.org/docs/stable/generated/torch.Tensor.detach.html).
 - PyTorch documentation: [`torch.nn.Module`](https://pytorch.org/docs/stable/generated/torch.nn.Module.html) — `register_buffer`, `register_parameter`, `state_dict`, `to`.
+- PyTorch documentation: [`nn.Module.requires_grad_`](https://pytorch.org/docs/stable/generated/torch.nn.Module.html#torch.nn.Module.requires_grad_) and the autograd notes' [Setting `requires_grad`](https://pytorch.org/docs/stable/notes/autograd.html#setting-requires-grad) (freezing); [`torch.optim.AdamW`](https://pytorch.org/docs/stable/generated/torch.optim.AdamW.html) (parameters without a gradient are skipped).
 - PyTorch documentation: [`torch.inference_mode`](https://pytorch.org/docs/stable/generated/torch.autograd.grad_mode.inference_mode.html).
 - [PyTorch 0.4.0 migration guide](https://pytorch.org/blog/pytorch-0_4_0-migration-guide/) — the merge of `Tensor` and `Variable`, `volatile` replaced by `no_grad`.
 - A. Paszke et al., [PyTorch: An Imperative Style, High-Performance Deep Learning Library](https://arxiv.org/abs/1912.01703), NeurIPS 2019.

@@ -9,12 +9,15 @@ By the end you will be able to:
 - predict which tensors a backward function saves (and which it does not), and call one directly;
 - explain why gradients accumulate in leaves, and reset them with `zero_grad()`;
 - explain what `backward()` frees, the error a second `backward()` raises, and when `retain_graph=True` is the answer;
-- measure the bytes a graph holds for backward.
+- measure the bytes a graph holds for backward;
+- run your own code inside backward with tensor, module and post-accumulate hooks, and find the operation behind a NaN gradient with anomaly detection.
 
 This notebook assumes: notebook 01 (leaves, `requires_grad`, `grad_fn`, `nn.Parameter`) and the chain rule.
 """
 
 # %% slideshow={"slide_type": "fragment"}
+import time
+import warnings
 import weakref
 
 import matplotlib.pyplot as plt
@@ -394,12 +397,142 @@ assert meter.bytes == (5 * 4 + 5 * 3 + 5 * 2 + 5 * 2) * 4
 
 # %% [markdown] slideshow={"slide_type": "slide"}
 """
+## 6. Hooks: your code inside backward
+
+Backward runs in autograd's engine, not in your code, yet distributed training needs to act *during* it: start an all-reduce as soon as a gradient is ready (notebook 09), reduce-scatter a unit's gradients (13), check or rescale gradients (06). Hooks are how. Three kinds do that work:
+
+- **`t.register_hook(fn)`** on any tensor: `fn(grad)` runs when the gradient with respect to `t` is computed; returning a tensor replaces it. On a non-leaf it shows an intermediate's gradient without `retain_grad()`.
+- **`module.register_full_backward_hook(fn)`**: `fn(module, grad_input, grad_output)` runs once the gradients with respect to the module's inputs are computed.
+- **`p.register_post_accumulate_grad_hook(fn)`** on a leaf: `fn(p)` runs once `p.grad` holds the *accumulated* gradient. This is the moment DDP starts an all-reduce and an optimizer fused into backward steps a parameter.
+
+The cell hooks all three into a two-layer network and prints the order in which backward runs them.
+"""
+
+# %% slideshow={"slide_type": "fragment"}
+seed_everything(0)
+net = nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2))
+events = []
+
+
+def shape(t):
+    return "None" if t is None else tuple(t.shape)
+
+
+handles = [
+    net[2].register_full_backward_hook(
+        lambda m, gin, gout: events.append(f"module hook, layer 2: grad_output {shape(gout[0])}, grad_input {shape(gin[0])}")),
+]
+for name, p in net.named_parameters():
+    handles.append(p.register_post_accumulate_grad_hook(lambda p, name=name: events.append(f"{name}.grad is ready")))
+hidden = net[1](net[0](torch.randn(5, 4)))
+handles.append(hidden.register_hook(lambda g: events.append(f"tensor hook, hidden activation: grad {shape(g)}")))
+net[2](hidden).square().mean().backward()
+print("\n".join(f"{i}. {e}" for i, e in enumerate(events, 1)))
+order = {e.split(":")[0]: i for i, e in enumerate(events)}
+assert order["2.weight.grad is ready"] < order["tensor hook, hidden activation"] < order["0.weight.grad is ready"]
+assert order["module hook, layer 2"] < order["tensor hook, hidden activation"]
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+Backward runs from the loss to the inputs: layer 2's hooks fire before the hidden activation's, and layer 0's parameters are ready last. The last layer's gradients are complete long before backward ends, which is what lets DDP overlap communication with the rest of backward.
+
+Two differences between the tensor hook and the post-accumulate hook matter in practice. A tensor hook on a parameter sees the gradient of *this* backward, before it is added to `.grad`, and can change it; the post-accumulate hook sees `.grad` after the addition. With two micro-batches accumulated (notebook 08), only the second sees the sum. Every `register_*` returns a handle whose `remove()` takes the hook off.
+"""
+
+# %% slideshow={"slide_type": "fragment"}
+for h in handles:
+    h.remove()
+w = torch.zeros(3, requires_grad=True)
+seen = {"tensor hook": [], "post-accumulate hook": []}
+handles = [w.register_hook(lambda g: seen["tensor hook"].append(g.tolist())),
+           w.register_post_accumulate_grad_hook(lambda p: seen["post-accumulate hook"].append(p.grad.tolist()))]
+for micro_batch in (torch.tensor([1.0, 2.0, 3.0]), torch.tensor([10.0, 20.0, 30.0])):
+    (w * micro_batch).sum().backward()         # two micro-batches, accumulated in w.grad
+for kind, grads in seen.items():
+    print(f"{kind:21}: {grads}")
+assert seen["tensor hook"][1] == [10.0, 20.0, 30.0] and seen["post-accumulate hook"][1] == [11.0, 22.0, 33.0]
+
+clip = w.register_hook(lambda g: g.clamp(-0.5, 0.5))  # returning a tensor replaces the gradient
+w.grad = None
+(w * torch.tensor([1.0, -2.0, 0.25])).sum().backward()
+print("with a clamping tensor hook, w.grad =", w.grad.tolist())
+assert w.grad.tolist() == [0.5, -0.5, 0.25]
+for h in [*handles, clip]:
+    h.remove()
+
+# %% [markdown] slideshow={"slide_type": "slide"}
+"""
+## 7. Where did the NaN come from? Anomaly detection
+
+A NaN in a gradient shows up after backward, far from the operation that produced it, and the loss can be perfectly finite. The classic case is `torch.where` guarding an operation that is undefined on part of its input: the forward pass picks the safe branch, but backward still differentiates both branches, and the zero that masks the unsafe one times its NaN derivative is NaN.
+"""
+
+# %% slideshow={"slide_type": "fragment"}
+x = torch.tensor([-1.0, 4.0], requires_grad=True)
+loss = torch.where(x > 0, torch.sqrt(x), 0.0).sum()
+loss.backward()
+print(f"loss = {loss.item()}, x.grad = {x.grad.tolist()}")
+assert torch.isfinite(loss) and torch.isnan(x.grad[0])
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+`torch.autograd.detect_anomaly()` (or `torch.autograd.set_detect_anomaly(True)` for a whole script) records each operation's forward traceback and checks every backward node's output for NaN. Backward then stops at the first node that produces one, names it, and warns with the line of the forward pass that created it.
+"""
+
+# %% slideshow={"slide_type": "fragment"}
+x.grad = None
+with warnings.catch_warnings(record=True) as caught, torch.autograd.detect_anomaly():
+    warnings.simplefilter("always")
+    loss = torch.where(x > 0, torch.sqrt(x), 0.0).sum()
+    with expect_error(RuntimeError, match="Function 'SqrtBackward0' returned nan values in its 0th output"):
+        loss.backward()
+forward_lines = [line.strip() for w in caught for line in str(w.message).splitlines() if "torch.sqrt" in line]
+print("the forward line the warning points at:", forward_lines[0])
+assert forward_lines
+
+x.grad = None
+torch.where(x > 0, torch.sqrt(x.clamp(min=1e-12)), 0.0).sum().backward()   # the fix: a safe input on both branches
+print("fixed: x.grad =", x.grad.tolist())
+assert torch.isfinite(x.grad).all()
+
+# %% [markdown] slideshow={"slide_type": "fragment"}
+"""
+Anomaly mode records a traceback for every operation and checks every gradient, so it slows training down (the next cell times it); turn it on to hunt a bug, not for a whole run. It also helps with the other common backward error, a saved tensor changed in place: the message itself suggests it.
+"""
+
+# %% slideshow={"slide_type": "fragment"}
+seed_everything(0)
+mlp = nn.Sequential(*[nn.Linear(64, 64) for _ in range(8)])
+batch = torch.randn(32, 64)
+
+
+def step_seconds(anomaly, repeats=20):
+    with torch.autograd.set_detect_anomaly(anomaly):
+        start = time.perf_counter()
+        for _ in range(repeats):
+            mlp(batch).sum().backward()
+    return (time.perf_counter() - start) / repeats
+
+
+step_seconds(False)                             # warm-up
+print(f"a forward and backward with anomaly detection: ~{step_seconds(True) / step_seconds(False):.1f}x the time without it")
+
+a = torch.ones(3, requires_grad=True)
+b = a.exp()                                     # exp saves its output for backward
+b.add_(1)                                       # ...which this changes in place
+with expect_error(RuntimeError, match="Hint: enable anomaly detection"):
+    b.sum().backward()
+
+# %% [markdown] slideshow={"slide_type": "slide"}
+"""
 ## Summary
 
 - The graph is recorded **during** the forward pass: each result's `grad_fn` links through `next_functions` to its inputs' nodes; leaves that require grad appear as `AccumulateGrad`, inputs that need no gradient as `None`. It is rebuilt every pass, so Python control flow shapes it.
 - A backward node saves only what the needed gradients use: `a * b` with constant `b` saves `b` alone, and returns `None` as `b`'s gradient.
 - `backward()` on a non-scalar needs an explicit `gradient`.
 - Gradients **accumulate** in `.grad`; `zero_grad()` resets them to `None` by default.
+- **Hooks** put your code inside backward: `register_hook` on a tensor (sees and may replace its gradient), `register_full_backward_hook` on a module, `register_post_accumulate_grad_hook` on a parameter (runs once `.grad` holds the accumulated sum: where DDP starts its all-reduce). Each returns a handle to `remove()`.
+- **Anomaly detection** (`torch.autograd.detect_anomaly()`) stops backward at the first node that returns NaN and points at its forward line; `torch.where` over an undefined branch is the classic source. It is slow: use it to hunt, not to train.
 - `backward()` frees the saved tensors (a second pass through them raises; `retain_graph=True` keeps them). Those tensors are the activations, which grow with the batch: here 5,160 bytes per sample (§4), more than all the parameters from batch 310 on.
 """
 
@@ -447,12 +580,28 @@ def two_backwards(w):
 
 check_two_backwards(two_backwards)
 
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+**4. A gradient-norm logger.** Write `log_grad_norms(model)`: give every parameter that requires grad a hook that stores `p.grad.norm().item()` in a dict under the parameter's name each time its accumulated gradient is ready, and return `(norms, handles)`: the dict and the list of the hooks' handles. The check accumulates two micro-batches (the dict must hold the norms of the sums), then removes your handles and checks that the hooks are gone. A frozen parameter gets no hook.
+"""
+
+# %% slideshow={"slide_type": "fragment"}
+from course_lib.exercises.graphs import check_grad_norm_logger
+
+
+def log_grad_norms(model):
+    raise NotImplementedError("your code here")
+
+
+check_grad_norm_logger(log_grad_norms)
+
 # %% [markdown] slideshow={"slide_type": "slide"}
 """
 ## References
 
 - PyTorch documentation: [Autograd mechanics](https://pytorch.org/docs/stable/notes/autograd.html) — how the graph is recorded, saved tensors, and hooks for saved tensors.
 - PyTorch documentation: [`torch.autograd.graph.saved_tensors_hooks`](https://pytorch.org/docs/stable/autograd.html#hooks-for-saved-tensors) and the tutorial [Hooks for autograd saved tensors](https://pytorch.org/tutorials/intermediate/autograd_saved_tensors_hooks_tutorial.html).
+- PyTorch documentation: [`torch.Tensor.register_hook`](https://pytorch.org/docs/stable/generated/torch.Tensor.register_hook.html), [`register_post_accumulate_grad_hook`](https://pytorch.org/docs/stable/generated/torch.Tensor.register_post_accumulate_grad_hook.html), [`nn.Module.register_full_backward_hook`](https://pytorch.org/docs/stable/generated/torch.nn.Module.html#torch.nn.Module.register_full_backward_hook), and [anomaly detection](https://pytorch.org/docs/stable/autograd.html#anomaly-detection).
 - PyTorch documentation: [`torch.optim.Optimizer.zero_grad`](https://pytorch.org/docs/stable/generated/torch.optim.Optimizer.zero_grad.html) — `set_to_none`.
 - A. Paszke et al., [Automatic differentiation in PyTorch](https://openreview.net/forum?id=BJJsrmfCZ), NIPS 2017 Autodiff Workshop.
 - A. G. Baydin et al., [Automatic Differentiation in Machine Learning: a Survey](https://arxiv.org/abs/1502.05767), JMLR 2018.

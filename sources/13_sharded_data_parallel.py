@@ -203,7 +203,7 @@ def shard_model(model, **kwargs):
 `HandZero` below is written as an optimizer a real training script can use, not only for this model:
 
 - it takes **parameters or parameter groups** (each group with its own options, such as weight decay on the weights only) and the **optimizer class** to run on the chunks, with its options: `HandZero(groups, torch.optim.AdamW, stage=1, lr=1e-3)`;
-- it **leaves out every parameter that does not require grad**: a frozen parameter is not sharded, not stepped, and never decayed (§2.3 shows why "never");
+- it **leaves out every parameter that does not require grad** (freezing: notebook 01 §6): a frozen parameter is not sharded, not stepped, and never decayed (§2.3 shows why "never");
 - it flattens each group into one buffer per dtype (a bf16 model stays bf16), padded so that every rank owns the same length, so a chunk may cut a tensor in two: right only for **element-wise** optimizers, which it checks (§2.3). The inner optimizer gets one piece per parameter (the part of it in this rank's chunk), so that, as in `torch.optim`, a parameter that got no gradient in a step is skipped, not decayed: a post-accumulate-grad hook marks the parameters backward reached, and one small all-reduce makes the ranks agree;
 - it **replaces DDP**: its reduce-scatter is the gradient communication, and it divides by `N` once. Wrapped in DDP as well, the gradients would arrive averaged and be averaged again; `course_lib.sharded_optim.ShardedOptimizer`, the library's version, reads already-averaged gradients under DDP and averages them itself only when asked (`reduce_gradients=True`).
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 import torch
 
 from checks import assert_check
-from course_lib.exercises.graphs import check_fresh_grad, check_mul_saves, check_two_backwards
+from course_lib.exercises.graphs import check_fresh_grad, check_grad_norm_logger, check_mul_saves, check_two_backwards
 
 
 def test_mul_saves() -> None:
@@ -92,5 +92,83 @@ def test_two_backwards() -> None:
             (lambda w: 2 * torch.sin(w), "2 * cos(w)"),
             (lambda w: "grad", "a tensor"),
             (lambda w: torch.zeros(1), "shape"),
+        ],
+    )
+
+
+def _logger_good(model):
+    norms, handles = {}, []
+    for name, p in model.named_parameters():
+        if p.requires_grad:
+
+            def hook(p, name=name):
+                norms[name] = p.grad.norm().item()
+
+            handles.append(p.register_post_accumulate_grad_hook(hook))
+    return norms, handles
+
+
+def _logger_tensor_hook(model):  # sees one micro-batch's gradient, before accumulation
+    norms, handles = {}, []
+    for name, p in model.named_parameters():
+        if p.requires_grad:
+            handles.append(p.register_hook(lambda g, name=name: norms.__setitem__(name, g.norm().item())))
+    return norms, handles
+
+
+def _logger_first_only(model):  # keeps the first value it sees
+    norms, handles = {}, []
+    for name, p in model.named_parameters():
+        if p.requires_grad:
+            handles.append(
+                p.register_post_accumulate_grad_hook(lambda p, name=name: norms.setdefault(name, p.grad.norm().item()))
+            )
+    return norms, handles
+
+
+def _logger_first_only_quiet(model):  # the same, written so that the hook returns None
+    norms, handles = {}, []
+    for name, p in model.named_parameters():
+        if p.requires_grad:
+
+            def hook(p, name=name):
+                if name not in norms:
+                    norms[name] = p.grad.norm().item()
+
+            handles.append(p.register_post_accumulate_grad_hook(hook))
+    return norms, handles
+
+
+def _logger_drops_handles(model):
+    norms, handles = _logger_good(model)
+    return norms, handles[:1]
+
+
+def _logger_hooks_frozen(model):  # registering on a frozen parameter raises
+    norms = {}
+    handles = [
+        p.register_post_accumulate_grad_hook(lambda p, name=name: norms.__setitem__(name, p.grad.norm().item()))
+        for name, p in model.named_parameters()
+    ]
+    return norms, handles
+
+
+def _logger_blank(model):
+    raise NotImplementedError
+
+
+def test_grad_norm_logger() -> None:
+    assert_check(
+        check_grad_norm_logger,
+        right=[_logger_good],
+        not_done=[_logger_blank, ...],
+        wrong=[
+            (_logger_tensor_hook, "register_post_accumulate_grad_hook sees the sum"),
+            (_logger_first_only, "a hook should return None"),
+            (_logger_first_only_quiet, "first micro-batch"),
+            (_logger_drops_handles, "still ran"),
+            (_logger_hooks_frozen, "raised"),
+            (lambda m: ({}, []), "handles should hold"),
+            (lambda m: {}, "pair"),
         ],
     )

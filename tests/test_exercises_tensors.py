@@ -4,7 +4,13 @@ import torch
 from torch import nn
 
 from checks import assert_check
-from course_lib.exercises.tensors import LEAF_QUESTION, check_leaves, check_module_state, check_sgd_step
+from course_lib.exercises.tensors import (
+    LEAF_QUESTION,
+    check_freeze_for_finetuning,
+    check_leaves,
+    check_module_state,
+    check_sgd_step,
+)
 
 RIGHT = {"x": True, "w": True, "x2": True, "h": False, "loss": False}
 
@@ -154,3 +160,72 @@ def test_sgd_step() -> None:
             ("sgd", "expected a function"),
         ],
     )
+
+
+def _freeze_good(model):
+    model.requires_grad_(False)
+    model[-1].requires_grad_(True)
+    return torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3, weight_decay=0.01)
+
+
+def _freeze_all_in_optimizer(model):  # frozen right, but every parameter handed to AdamW: decay moves them
+    model.requires_grad_(False)
+    model[-1].requires_grad_(True)
+    return torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
+
+
+def _freeze_nothing(model):
+    return torch.optim.AdamW(model[-1].parameters(), lr=1e-3, weight_decay=0.01)
+
+
+def _freeze_everything(model):
+    model.requires_grad_(False)
+    return torch.optim.AdamW(model[-1].parameters(), lr=1e-3, weight_decay=0.01)
+
+
+def _freeze_sgd(model):
+    model[:-1].requires_grad_(False)
+    return torch.optim.SGD(model[-1].parameters(), lr=1e-3)
+
+
+def _freeze_wrong_lr(model):
+    model[:-1].requires_grad_(False)
+    return torch.optim.AdamW(model[-1].parameters(), lr=1e-2, weight_decay=0.01)
+
+
+def _freeze_slice(model):  # the other idiom: freeze a slice, hand the optimizer the head
+    model[:-1].requires_grad_(False)
+    return torch.optim.AdamW(model[-1].parameters(), lr=1e-3, weight_decay=0.01)
+
+
+def _freeze_blank(model):
+    raise NotImplementedError
+
+
+def test_freeze_for_finetuning() -> None:
+    assert_check(
+        check_freeze_for_finetuning,
+        right=[_freeze_good, _freeze_slice],
+        not_done=[_freeze_blank, ...],
+        wrong=[
+            (_freeze_all_in_optimizer, "nothing else"),
+            (_freeze_nothing, "freeze it"),
+            (_freeze_everything, "train it"),
+            (_freeze_sgd, "AdamW"),
+            (_freeze_wrong_lr, "lr=1e-3"),
+            (lambda m: 3, "AdamW"),
+        ],
+    )
+
+
+def test_freeze_for_finetuning_catches_a_frozen_parameter_that_moves() -> None:
+    """The drift check itself: a frozen parameter handed to AdamW with zeroed gradients moves."""
+    model = torch.nn.Linear(3, 3)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1, weight_decay=0.1)
+    model(torch.ones(1, 3)).sum().backward()
+    opt.step()
+    opt.zero_grad(set_to_none=False)
+    model.requires_grad_(False)
+    before = model.weight.detach().clone()
+    opt.step()
+    assert not torch.equal(model.weight, before)

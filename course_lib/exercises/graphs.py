@@ -8,7 +8,7 @@ import torch
 
 from .core import Wrong, call_learner, exercise
 
-__all__ = ["check_mul_saves", "check_fresh_grad", "check_two_backwards"]
+__all__ = ["check_grad_norm_logger", "check_mul_saves", "check_fresh_grad", "check_two_backwards"]
 
 
 def _saved_by_mul_of_input_and_weight() -> set[str]:
@@ -79,3 +79,64 @@ def check_two_backwards(two_backwards: Any) -> str:
     if not torch.allclose(result, expected):
         raise Wrong("after two backward passes through y = sin(w).sum(), w.grad should be 2 * cos(w)")
     return "retain_graph=True on the first backward keeps the saved tensors for the second"
+
+
+def _logger_model() -> torch.nn.Sequential:
+    gen = torch.Generator().manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 5), torch.nn.Tanh(), torch.nn.Linear(5, 2))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen))
+    model[0].bias.requires_grad_(False)  # frozen: it gets no gradient, so no entry
+    return model
+
+
+def _backward_through_hooks(model: torch.nn.Module, batch: torch.Tensor) -> None:
+    try:  # the learner's hooks run inside this backward
+        model(batch).square().sum().backward()
+    except Exception as e:
+        raise Wrong(f"your hook raised {type(e).__name__} during backward: {e} (a hook should return None)") from None
+
+
+def _norms(model: torch.nn.Module) -> dict[str, float]:
+    return {n: p.grad.norm().item() for n, p in model.named_parameters() if p.grad is not None}
+
+
+@exercise("a gradient-norm logger", todo="write log_grad_norms(model) as described above")
+def check_grad_norm_logger(log_grad_norms: Any) -> str:
+    model = _logger_model()
+    result = call_learner(log_grad_norms, model)
+    if not (isinstance(result, tuple) and len(result) == 2):
+        raise Wrong("return a pair (norms, handles): the dict the hooks fill, and the list of their handles")
+    norms, handles = result
+    if not isinstance(norms, dict) or not isinstance(handles, list):
+        raise Wrong("return (norms, handles) with norms a dict and handles a list")
+    if not handles or not all(callable(getattr(h, "remove", None)) for h in handles):
+        raise Wrong("handles should hold what each register_... call returned (they have a .remove())")
+    gen = torch.Generator().manual_seed(1)
+    batches = [torch.randn(3, 4, generator=gen) for _ in range(2)]
+    _backward_through_hooks(model, batches[0])
+    one = _norms(model)
+    _backward_through_hooks(model, batches[1])  # a second micro-batch, accumulated
+    expected = _norms(model)
+    if set(norms) != set(expected):
+        raise Wrong(
+            f"norms should have one entry per parameter that gets a gradient, {sorted(expected)}; "
+            f"it has {sorted(map(str, norms))} (a frozen parameter gets no gradient and no entry)"
+        )
+    got = {k: float(v) for k, v in norms.items()}
+    if all(abs(got[k] - expected[k]) <= 1e-5 * max(1.0, expected[k]) for k in expected):
+        pass
+    elif all(abs(got[k] - one[k]) <= 1e-5 * max(1.0, one[k]) for k in one):
+        raise Wrong("the norms are the first micro-batch's: record the norm each time the hook runs")
+    else:
+        raise Wrong(
+            "the norms are not those of the accumulated p.grad: a tensor hook (register_hook) sees one "
+            "backward's gradient before it is added; register_post_accumulate_grad_hook sees the sum"
+        )
+    for h in handles:
+        h.remove()
+    _backward_through_hooks(model, batches[0])
+    if any(abs(float(norms[k]) - expected[k]) > 1e-5 * max(1.0, expected[k]) for k in expected):
+        raise Wrong("after every handle's remove() the hooks still ran: return the handles of all of them")
+    return "post-accumulate hooks see .grad after each accumulation; DDP starts its all-reduces from the same place"

@@ -8,7 +8,7 @@ import torch
 
 from .core import NotDone, Wrong, call_learner, exercise, grads_of, is_placeholder
 
-__all__ = ["LEAF_QUESTION", "check_leaves", "check_module_state", "check_sgd_step"]
+__all__ = ["LEAF_QUESTION", "check_freeze_for_finetuning", "check_leaves", "check_module_state", "check_sgd_step"]
 
 # The code the leaf exercise asks about; the notebook prints it, the check runs it.
 LEAF_QUESTION = """\
@@ -137,3 +137,45 @@ def check_sgd_step(sgd_step: Any) -> str:
         if p.grad is not None:
             raise Wrong("reset each gradient afterwards (p.grad = None), or the next backward adds to it")
     return "this is what optimizer.step() and optimizer.zero_grad() do for plain SGD"
+
+
+def _finetuning_model() -> torch.nn.Sequential:
+    gen = torch.Generator().manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.ReLU(), torch.nn.Linear(8, 8), torch.nn.Linear(8, 3))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen) * 0.3)
+    return model
+
+
+@exercise("freeze for fine-tuning", todo="write freeze_for_finetuning(model) as described above")
+def check_freeze_for_finetuning(freeze_for_finetuning: Any) -> str:
+    model = _finetuning_model()
+    opt = call_learner(freeze_for_finetuning, model)
+    if not isinstance(opt, torch.optim.AdamW):
+        raise Wrong(f"return a torch.optim.AdamW, not {type(opt).__name__}")
+    head = {id(p) for p in model[-1].parameters()}
+    for name, p in model.named_parameters():
+        if p.requires_grad != (id(p) in head):
+            which = "train" if id(p) in head else "freeze"
+            raise Wrong(f"{name}: requires_grad is {p.requires_grad}; {which} it (only the last layer trains)")
+    given = [p for g in opt.param_groups for p in g["params"]]
+    if {id(p) for p in given} != head or len(given) != len(head):
+        raise Wrong(
+            "the optimizer should hold the last layer's parameters and nothing else: "
+            "build it from the parameters that require grad"
+        )
+    if any(g.get("lr") != 1e-3 or g.get("weight_decay") != 0.01 for g in opt.param_groups):
+        raise Wrong("use lr=1e-3 and weight_decay=0.01")
+    frozen = [(p, p.detach().clone()) for p in model.parameters() if id(p) not in head]
+    gen = torch.Generator().manual_seed(1)
+    for _ in range(2):  # two steps, gradients zeroed the old way: a frozen weight in the optimizer would move
+        opt.zero_grad(set_to_none=False)
+        model(torch.randn(5, 6, generator=gen)).square().mean().backward()
+        opt.step()
+    if any(not torch.equal(p, before) for p, before in frozen):
+        raise Wrong("a frozen parameter changed during training")
+    fresh_head = _finetuning_model()[-1]
+    if all(torch.equal(p.detach(), q) for p, q in zip(model[-1].parameters(), fresh_head.parameters())):
+        raise Wrong("the last layer did not train")
+    return "only the head trains; backward records nothing for the frozen layers and the optimizer never sees them"
