@@ -190,9 +190,14 @@ def simulated_mlp(
     >>> len(m), sum(p.numel() for p in m.parameters())
     (3, 216)
     """
-    width = check_int("width", width, minimum=1)
-    depth = check_int("depth", depth, minimum=1)
+    width = check_int("width", width, minimum=1, maximum=2**16)
+    depth = check_int("depth", depth, minimum=1, maximum=10_000)
     seed = check_int("seed", seed)
+    if width * (width + 1) * 4 * depth > 2**32:
+        raise ValueError(
+            f"width {width} and depth {depth} make {width * (width + 1) * 4 * depth:,} bytes of weights: "
+            "more than the 4 GiB a simulated model may take"
+        )
     torch.manual_seed(seed)
     layers = [
         SimulatedLayer(nn.Sequential(nn.Linear(width, width), nn.Tanh()), forward_ms, backward_ms, timeline, f"L{i}")

@@ -28,8 +28,8 @@ def matmul_tflops(n: int, dtype: torch.dtype, *, device: str = "cuda", tf32: boo
     >>> matmul_tflops(64, torch.float32, device="cpu", repeats=2) > 0
     True
     """
-    check_int("n", n, minimum=1)
-    check_int("repeats", repeats, minimum=1)
+    check_int("n", n, minimum=1, maximum=2**15)
+    check_int("repeats", repeats, minimum=1, maximum=10_000)
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise TypeError(f"dtype must be a floating-point torch.dtype, got {dtype!r}")
     on_cuda = torch.device(device).type == "cuda"

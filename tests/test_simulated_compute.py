@@ -125,8 +125,10 @@ def test_span_and_timeline_validation() -> None:
         SimulatedLayer(nn.Identity(), 1, 1, timeline=[])  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="name must be a string"):
         SimulatedLayer(nn.Identity(), 1, 1, name=None)  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="depth must be >= 1"):
+    with pytest.raises(ValueError, match=r"depth must be in \[1, 10000\]"):
         simulated_mlp(4, 0, 1, 1)
+    with pytest.raises(ValueError, match="more than the 4 GiB"):
+        simulated_mlp(2**15, 2, 1, 1)  # refused before a byte is allocated
 
 
 SPANS = [
