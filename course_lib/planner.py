@@ -36,7 +36,7 @@ from __future__ import annotations
 import math
 from itertools import product
 
-from .planner_layout import Cluster, Layout, PlanError, Prediction, check_config, check_layout
+from .planner_layout import Cluster, Layout, PlanError, Prediction, check_config, check_layout, h100_cluster
 from .planner_model import predict, shard_params
 from .sharding import Precision
 from .transformer import CHECKPOINTINGS, TransformerConfig
@@ -52,6 +52,7 @@ __all__ = [
     "candidate_layouts",
     "check_layout",
     "format_plan",
+    "h100_cluster",
     "plan",
     "predict",
     "shard_params",

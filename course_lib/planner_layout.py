@@ -12,7 +12,16 @@ from .sharding import PRECISIONS, STAGES, Precision
 from .transformer import CHECKPOINTINGS, TransformerConfig
 from .validation import check_int, check_number
 
-__all__ = ["Cluster", "Layout", "PlanError", "Prediction", "check_config", "check_layout", "check_precision"]
+__all__ = [
+    "Cluster",
+    "Layout",
+    "PlanError",
+    "Prediction",
+    "check_config",
+    "check_layout",
+    "check_precision",
+    "h100_cluster",
+]
 
 Checkpointing = Literal["none", "full", "selective"]
 GiB = 2**30
@@ -54,6 +63,18 @@ class Cluster:
     @property
     def devices(self) -> int:
         return self.devices_per_node * self.nodes
+
+
+def h100_cluster(nodes: int = 1) -> Cluster:
+    """``nodes`` nodes of 8 H100 SXM GPUs: 80 GB and 989 TFLOP/s of dense bf16 each (NVIDIA's H100 datasheet),
+    NVLink 4 inside a node (450 GB/s per direction, 5 us per message) and one 400 Gb/s InfiniBand NIC per GPU
+    between nodes (50 GB/s, 10 us): the cluster notebooks 16 and 18 plan for.
+
+    >>> h100_cluster(2).devices
+    16
+    """
+    nodes = check_int("nodes", nodes, minimum=1)
+    return Cluster(8, 80 * 10**9, 989e12, AlphaBeta(5e-6, 450e9), AlphaBeta(10e-6, 50e9), nodes=nodes)
 
 
 @dataclass(frozen=True)

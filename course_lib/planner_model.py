@@ -62,11 +62,16 @@ def predict(
     global_batch: int,
     precision: str | Precision = "mixed_adam",
     sequence_parallel: bool = False,
+    float8_all_gather: bool = False,
+    async_tensor_parallel: bool = False,
 ) -> Prediction:
     """Memory per rank and time per step of ``layout`` (see the module's docstring for what is counted).
 
     ``precision`` is :mod:`course_lib.sharding`'s: ``"mixed_adam"`` keeps bf16 activations, the
-    ``fp32_*`` ones float32 activations.
+    ``fp32_*`` ones float32 activations. ``float8_all_gather`` (ZeRO-3 only: FSDP2 with torchao's float8
+    training) all-gathers the parameters as one byte each; the reduce-scatters keep the gradient's bytes.
+    ``async_tensor_parallel`` (micro-pipelined TP) splits each tensor-parallel collective into ``tensor``
+    chunks that overlap the matrix products: only the first chunk, and what the compute cannot cover, stays exposed.
 
     >>> from course_lib.transformer import PRESETS
     >>> from course_lib.comm_model import AlphaBeta
@@ -83,10 +88,17 @@ def predict(
     global_batch = check_int("global_batch", global_batch, minimum=1)
     prec = check_precision(precision)
     check_layout(c, layout, seq_len, global_batch)
+    for name, flag in (("float8_all_gather", float8_all_gather), ("async_tensor_parallel", async_tensor_parallel)):
+        if not isinstance(flag, bool):
+            raise TypeError(f"{name} must be True or False, got {flag!r}")
+    if float8_all_gather and layout.zero != 3:
+        raise ValueError(f"float8_all_gather applies to ZeRO-3 (FSDP2), not to ZeRO-{layout.zero}")
     if layout.devices > cluster.devices:
         raise ValueError(f"the layout needs {layout.devices} devices, the cluster has {cluster.devices}")
     memory = _memory(c, layout, seq_len, prec, sequence_parallel)
-    time = _time(c, cluster, layout, seq_len, global_batch, prec, sequence_parallel)
+    time = _time(
+        c, cluster, layout, seq_len, global_batch, prec, sequence_parallel, float8_all_gather, async_tensor_parallel
+    )
     step = sum(time.values())
     tps = global_batch * seq_len / step
     fpt = training_flops_per_token(c, seq_len, causal=True)
@@ -141,6 +153,8 @@ def _time(
     global_batch: int,
     prec: Precision,
     sequence_parallel: bool,
+    float8_all_gather: bool = False,
+    async_tensor_parallel: bool = False,
 ) -> dict[str, float]:
     """Seconds per step: compute, the pipeline bubble, and the communication on the critical path."""
     T, P, C, D = layout.tensor, layout.pipeline, layout.context, layout.data
@@ -168,6 +182,8 @@ def _time(
         calls = 4 * c.n_layers // P + 2 + 3
         steps = 2 * (T - 1) * calls
         tp_time = layout.accumulation * (steps * tp_link.alpha + sum(parts.values()) / P / tp_link.beta)
+        if async_tensor_parallel:  # the first of T chunks waits; the rest run under the matrix products
+            tp_time = tp_time / T + max(0.0, tp_time * (T - 1) / T - compute)
     cp_time = 0.0
     if C > 1:
         per_layer = ring_attention_bytes(
@@ -185,7 +201,8 @@ def _time(
     all_reduce = _ring(dp_link, n_params * prec.gradient, D)
     half = all_reduce / 2
     m = layout.accumulation
-    dp_time = {0: all_reduce, 1: all_reduce, 2: m * half + half, 3: m * 3 * half}[layout.zero]
+    gather = _ring(dp_link, n_params * 1, D) / 2 if float8_all_gather else half  # float8: a byte a parameter
+    dp_time = {0: all_reduce, 1: all_reduce, 2: m * half + half, 3: m * (2 * gather + half)}[layout.zero]
     # hidden: ZeRO-3's gathers prefetch during forward and backward; the others' overlap the backward (2/3)
     overlap = compute if layout.zero == 3 else compute * 2 / 3
     exposed_dp = max(0.0, dp_time - overlap)

@@ -28,7 +28,8 @@ __all__ = ["OUTLIVED", "STRICT_ENV", "end_process_group", "holders"]
 
 OUTLIVED = "outlived destroy_process_group()"  # the words of the warning, for tests and launchers to look for
 STRICT_ENV = "COURSE_LIB_STRICT_TEARDOWN"
-_MAX_COLLECTIONS = 200  # passes of the garbage collector: one per link of the longest chain held through C++
+_MAX_COLLECTIONS = 2000  # gc passes: one per link of the longest chain held through C++ (FSDPMemTracker on 32
+# blocks: 226; the loop stops at the first pass that frees nothing)
 
 
 def _describe(obj: Any) -> str:

@@ -60,6 +60,14 @@ CANNOT_RUN_ON_CPU = {
     "an NCCL all_reduce returns to the host before it is done": (
         "the claim is NCCL's stream semantics; gloo's all_reduce blocks the calling thread until it is done"
     ),
+    "a float8 matrix product against bf16 (GPUs with compute capability 8.9 or later)": (
+        "it times 8192^3 float8 and bf16 products on tensor cores with CUDA events; on a CPU they take minutes, and"
+        " notebook 16 §8.2 runs the same torch._scaled_mm on the CPU at a small size"
+    ),
+    "an FSDP2 trace of fsdp_train.py read by Holistic Trace Analysis (needs 2 GPUs and HTA)": (
+        "HTA reads GPU kernels only (it finds no compute or NCCL kernels in a CPU trace), and the cell launches"
+        " two GPU processes"
+    ),
     "context_parallel's ring attention with CUDA SDPA, against full attention": (
         "context_parallel dispatches on the CUDA SDPA kernels (flash, efficient, cuDNN); on the CPU kernel it raises"
         " NotImplementedError, which notebook 15 §3 shows in an unguarded cell"

@@ -27,6 +27,8 @@ ROOT = Path(__file__).resolve().parents[1]
 JUPYTER = ("jupyterlab", "jupyterlab_rise", "jupytext", "ipykernel", "ipywidgets", "notebook_shim")
 DEV_TOOLS = ("pytest", "nbval", "ruff", "mypy", "playwright", "pre_commit")
 NOT_INSTALLED = {"apex"}  # notebook 18 demonstrates that Apex is not part of PyTorch and not installed
+# GPU tools a GPU cell imports when they are installed (pyproject's gpu-tools extra): never on a CPU machine
+GPU_TOOLS = {"hta"}  # Holistic Trace Analysis, notebook 16 §6
 WRITTEN = re.compile(r"^# %%writefile _runs/(?:[\w-]+/)*(\w+)\.py", re.M)  # _runs/x.py and _runs/n15/x.py
 
 
@@ -41,9 +43,8 @@ def course_imports() -> set[str]:
                 names |= {a.name.split(".")[0] for a in node.names}
             elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
                 names.add(node.module.split(".")[0])
-    return (
-        {n for n in names if n not in sys.stdlib_module_names} - written - NOT_INSTALLED - {"course_lib", "__future__"}
-    )
+    third_party = {n for n in names if n not in sys.stdlib_module_names}
+    return third_party - written - NOT_INSTALLED - GPU_TOOLS - {"course_lib", "__future__"}
 
 
 def main() -> int:

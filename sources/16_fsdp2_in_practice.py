@@ -10,7 +10,9 @@ By the end you will be able to:
 - combine `MixedPrecisionPolicy` and activation checkpointing with `fully_shard`, and say which dtype each tensor has;
 - clip gradients that are DTensors and check the norm against one process;
 - save a sharded run with `torch.distributed.checkpoint` and resume it exactly;
-- run HSDP on a 2-D `replicate × shard` mesh and say which collective runs on which dimension, and say what `CPUOffloadPolicy` moves between host and device.
+- run HSDP on a 2-D `replicate × shard` mesh and say which collective runs on which dimension, and say what `CPUOffloadPolicy` moves between host and device;
+- size FSDP2's memory for Llama 3 8B on 8 ranks on a laptop, with a fake process group, fake tensors and `FSDPMemTracker`, and say which terms decide whether a step fits;
+- take a checkpoint without stopping training (`dcp.async_save`), say what float8 training, async tensor parallelism, the compiler's reordering and torchft add, and map this script onto torchtitan's options.
 
 This notebook assumes: notebook 05 (activation checkpointing), 07 (autocast and bf16), 08 (gradient accumulation), 10 (a DDP training script and `torchrun`), 13 (`fully_shard`, DTensor, `torch.distributed.checkpoint`) and 14 (the transformer and its blocks). No GPU: every run here is CPU processes over gloo, launched with `course_lib.launch`; the script has a `--device cuda` path for a machine with GPUs.
 """
@@ -64,7 +66,8 @@ One line is not FSDP practice: `import torch.distributed.nn` before `init_proces
 
     torchrun --nproc_per_node=N fsdp_train.py --out DIR [--device cpu|cuda] [--replicate R] [--steps 4]
              [--batch 16] [--micro-batches 2] [--seq-len 64] [--lr 3e-3] [--clip 1.0]
-             [--bf16] [--checkpointing] [--cpu-offload] [--no-prefetch] [--save-at K] [--resume DIR --from-step K]
+             [--bf16] [--checkpointing] [--cpu-offload] [--no-prefetch] [--save-at K [--async-save]]
+             [--resume DIR --from-step K] [--profile DIR]
     python fsdp_train.py --out DIR       # one process, nothing sharded: the reference
 
 1. process group and mesh: gloo between CPU processes (an explicit CPU mesh), or NCCL with one GPU
@@ -75,8 +78,10 @@ One line is not FSDP practice: `import torch.distributed.nn` before `init_proces
 3. each step accumulates --micro-batches micro-batches without reduce-scattering all but the last,
    clips the global gradient norm and steps AdamW;
 4. a sharded checkpoint (model and optimizer, torch.distributed.checkpoint) after step --save-at, which
-   --resume DIR --from-step K loads to carry on;
-5. the full parameters gathered to rank 0 and saved, with the losses and gradient norms.
+   --resume DIR --from-step K loads to carry on; with --async-save the state is copied to CPU memory and
+   written by a background thread while training goes on;
+5. the full parameters gathered to rank 0 and saved, with the losses and gradient norms;
+6. with --profile DIR, a torch.profiler trace per rank of the steps after the first two, for Perfetto or HTA.
 """
 import argparse
 import contextlib
@@ -84,6 +89,7 @@ import hashlib
 import json
 import os
 import sys
+import time
 import warnings
 
 import torch
@@ -243,6 +249,16 @@ def train(args, device):
         log(f"resumed from {args.resume} at step {args.from_step}")
     seen, counts, by_group = watch_dtypes(model), [], []
     losses, norms = [], []
+    # An asynchronous save runs its collectives from a background thread: they get a gloo group of their own, so
+    # that they never interleave with the training loop's collectives on the default group.
+    save_group = dist.new_group(backend="gloo") if mesh is not None and args.async_save else None
+    pending, stall = None, None  # the save still being written; how long the loop was blocked by the checkpoint
+    tracing = contextlib.ExitStack()
+    if args.profile:  # one trace per rank of the steps after the first two (warm-up); on a GPU, its kernels too
+        kinds = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if device.type == "cuda" else [])
+        profiler = tracing.enter_context(torch.profiler.profile(
+            activities=kinds, schedule=torch.profiler.schedule(wait=1, warmup=1, active=args.steps - args.from_step - 2),
+            on_trace_ready=torch.profiler.tensorboard_trace_handler(args.profile)))
     for step in range(args.from_step, args.steps):
         total = torch.zeros((), device=device)
         batches = list(micro_batches(step, args, rank, world))
@@ -269,10 +285,22 @@ def train(args, device):
         losses.append(total.item())
         norms.append(norm.item())
         log(f"step {step}: loss ~{losses[-1]:.4f}, gradient norm before clipping ~{norms[-1]:.4f}")
+        if args.profile:
+            profiler.step()
         if mesh is not None and step + 1 == args.save_at:  # every rank writes its shards, in parallel
+            start = time.perf_counter()
             model_sd, optim_sd = get_state_dict(model, opt)
-            dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=f"{args.out}/dcp_step{step + 1}")
-            log(f"saved {args.out}/dcp_step{step + 1}")
+            state, where = {"model": model_sd, "optim": optim_sd}, f"{args.out}/dcp_step{step + 1}"
+            if args.async_save:  # copy to CPU memory now; a thread writes the files while the next steps run
+                pending = dcp.async_save(state, checkpoint_id=where, process_group=save_group)
+            else:
+                dcp.save(state, checkpoint_id=where)
+            stall = time.perf_counter() - start
+            log(f"{'saving' if args.async_save else 'saved'} {where}")
+    tracing.close()  # the trace files are written here
+    if pending is not None:
+        pending.result()  # the files are complete (a job must wait before the next save, and before it exits)
+        log(f"saved {args.out}/dcp_step{args.save_at} in the background")
     p = next(p for n, p in model.named_parameters() if n.endswith("q_proj.weight"))
     dtypes = {"stored": str(p.dtype), "forward weight": seen["weight"], "forward input": seen["input"],
               "gradient": grad_dtype, "optimizer state": str(
@@ -288,7 +316,8 @@ def train(args, device):
         torch.save(full, f"{args.out}/final.pt")
         with open(f"{args.out}/log.json", "w") as f:
             json.dump({"losses": losses, "norms": norms, "world": world, "dtypes": dtypes, "units": UNIT_SIZES,
-                       "counts": counts, "by_group": by_group, "holdings": held, "peak_device_bytes": peak}, f)
+                       "counts": counts, "by_group": by_group, "holdings": held, "peak_device_bytes": peak,
+                       "checkpoint_stall_s": stall}, f)
     return model
 
 
@@ -310,8 +339,10 @@ def parse(argv=None):
     p.add_argument("--cpu-offload", action="store_true", help="CPUOffloadPolicy: shards and AdamW on the CPU")
     p.add_argument("--no-prefetch", action="store_true")
     p.add_argument("--save-at", type=int, default=0, help="write a sharded checkpoint after this many steps")
+    p.add_argument("--async-save", action="store_true", help="dcp.async_save: write the checkpoint in the background")
     p.add_argument("--resume", default="", help="a checkpoint folder written by --save-at")
     p.add_argument("--from-step", type=int, default=0, help="the step the checkpoint was written after")
+    p.add_argument("--profile", default="", help="write a profiler trace per rank into this folder (3+ steps)")
     return p.parse_args(argv)
 
 
@@ -544,6 +575,325 @@ if requires_gpu("CPU offload's saving of GPU memory (one-process FSDP2 on the GP
         print(f"{' '.join(flags) or 'no offload':<13}: shard on {h['parameter']}, gradient on {h['gradient']}, "
               f"AdamW on {h['AdamW state']}; peak GPU memory {gpu_log['peak_device_bytes'] / 2**20:.2f} MiB")
 
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+`--profile DIR` writes one `torch.profiler` trace per rank (notebook 17 §7 reads such traces on the CPU). On GPUs the trace also holds every kernel, on its CUDA stream: NCCL's all-gathers and reduce-scatters on their own streams beside the compute kernels. [Holistic Trace Analysis](https://github.com/facebookresearch/HolisticTraceAnalysis) (HTA, `pip install HolisticTraceAnalysis`) reads the folder and answers two questions per rank: how the GPU's time splits into computation, communication, memory copies and idleness, and what fraction of the communication ran while compute kernels were running. HTA reads GPU kernels only, so the cell runs where there are GPUs and HTA is installed.
+"""
+
+# %% slideshow={"slide_type": "-"}
+if requires_gpu("an FSDP2 trace of fsdp_train.py read by Holistic Trace Analysis (needs 2 GPUs and HTA)"):
+    import importlib.util
+
+    if torch.cuda.device_count() < 2 or importlib.util.find_spec("hta") is None:
+        print("needs 2 GPUs and `pip install HolisticTraceAnalysis`")
+    else:
+        from hta.trace_analysis import TraceAnalysis
+
+        shutil.rmtree("_runs/fsdp_gpu_trace", ignore_errors=True)
+        run_torchrun("_runs/fsdp_train.py", nproc_per_node=2, args=["--out", "_runs/fsdp_gpu_traced", "--device",
+                     "cuda", "--bf16", "--steps", "6", "--profile", "_runs/fsdp_gpu_trace"], timeout=600, echo="none",
+                     device="cuda")
+        analysis = TraceAnalysis(trace_dir="_runs/fsdp_gpu_trace")
+        print(analysis.get_temporal_breakdown(visualize=False))   # per rank: compute, communication, memory, idle
+        print(analysis.get_comm_comp_overlap(visualize=False))    # per rank: communication hidden under compute
+
+# %% [markdown] slideshow={"slide_type": "slide"}
+"""
+## 7. Memory at Llama scale, sized on a laptop
+
+The runs above measure a tiny model. Before renting 8 GPUs for Llama 3 8B you want to know whether a step fits, and the course's memory model (notebook 13's ZeRO bytes, notebook 14's activations) is one answer. PyTorch has a second one that runs FSDP2 itself, without the GPUs or the memory:
+
+- a **fake process group** (`init_process_group("fake", ...)`) makes this process the first rank of a world of eight; every collective returns an output of the right shape and moves nothing;
+- **`FakeTensorMode`** gives every tensor a shape, a dtype and a device but no storage, so an 8-billion-parameter model and its 8,192-token activations cost no memory, and each operator runs in microseconds;
+- **`FSDPMemTracker`**, a dispatch mode, files every tensor created during the step under parameters (sharded or gathered), gradients, activations, temporaries and optimizer state, and keeps the peak.
+
+All three are private or testing APIs of torch 2.13 (`torch.testing._internal`, `torch._subclasses`, `torch.distributed._tools`); the course reaches them through `course_lib.torch_private`. The script builds notebook 14's transformer at Llama 3 8B's configuration, shards it as `fsdp_train.py` does with the bf16 policy, and tracks one forward, backward and AdamW step of 8,192 tokens; then again with the embedding and the head as units of their own, as torchtitan shards them.
+"""
+
+# %% slideshow={"slide_type": "-"}
+# %%writefile _runs/fsdp_memory.py
+"""FSDP2's memory per rank for a large configuration over N fake ranks, on one CPU: nothing is allocated."""
+import json
+import sys
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+from course_lib.teardown import end_process_group
+# private and testing torch APIs: a fake world, fake tensors, FSDP2's memory tracker
+from course_lib.torch_private import fake_process_group, fake_tensor_mode, fsdp_memory_tracker
+from course_lib.transformer import PRESETS, Transformer
+
+
+def step_memory(config, mesh, own_units, seq_len):
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    with fake_tensor_mode():                         # from here on, no tensor has storage
+        model = Transformer(config, device="meta")
+        if own_units:                                # torchtitan's units: the embedding, and the head
+            fully_shard(model.embed, mesh=mesh, mp_policy=policy)
+            fully_shard(model.head, mesh=mesh, mp_policy=policy)
+        for block in model.layers:
+            fully_shard(block, mesh=mesh, mp_policy=policy)
+        fully_shard(model, mesh=mesh, mp_policy=policy)
+        model.to_empty(device="cpu")
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        for p in model.parameters():                 # AdamW makes its state in its first step: make it now
+            p.grad = torch.zeros_like(p)
+        opt.step()
+        opt.zero_grad()
+        tokens = torch.randint(0, config.vocab_size, (1, seq_len))
+        tracker = fsdp_memory_tracker(model, opt)
+        with tracker:
+            loss = model.loss(tokens, tokens)
+            after_forward = tracker.get_tracker_snapshot("current")
+            loss.backward()
+            after_backward = tracker.get_tracker_snapshot("current")
+            opt.step()
+        peak = tracker.get_tracker_snapshot("peak")
+    names = lambda snap: {getattr(k, "value", k): v for k, v in snap[torch.device("cpu")].items()}  # noqa: E731
+    return {"forward": names(after_forward), "backward": names(after_backward), "peak": names(peak),
+            "parameter tensors": len(list(model.parameters()))}
+
+
+world, seq_len, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+fake_process_group(world)                            # rank 0 of `world`; the collectives move nothing
+mesh = init_device_mesh("cpu", (world,))             # outside fake_tensor_mode: the mesh is real
+try:
+    result = {units: step_memory(PRESETS["llama3-8b"], mesh, units == "own units", seq_len)
+              for units in ("blocks + root", "own units")}
+    json.dump(result, open(out, "w"))
+finally:
+    del mesh
+    end_process_group(barrier=False)                # destroy the group, check that it is gone
+
+# %% slideshow={"slide_type": "subslide"}
+from course_lib.planner import Layout, h100_cluster, predict
+
+start = time.perf_counter()
+run_script(["python", "_runs/fsdp_memory.py", "8", "8192", "_runs/fsdp_memory.json"], timeout=300, echo="none")
+tracked = json.load(open("_runs/fsdp_memory.json"))
+print(f"Llama 3 8B, 8 fake ranks, one step of 8,192 tokens: sized in ~{time.perf_counter() - start:.0f} s")
+llama8b, GiB = PRESETS["llama3-8b"], 2**30
+node = h100_cluster(nodes=1)  # 8 H100s: 80 GB, 989 TFLOP/s, NVLink inside, 50 GB/s InfiniBand between nodes
+course = {prec: predict(llama8b, node, Layout(data=8, zero=3, micro_batch=1), seq_len=8192, global_batch=8,
+                        precision=prec).memory for prec in ("fp32_adam", "mixed_adam")}
+t = tracked["blocks + root"]
+rows = [("parameters (fp32 shards)", t["peak"]["Sharded Param"], course["fp32_adam"]["parameters"]),
+        ("gradients (fp32 shards, after backward)", t["backward"]["Sharded Grad"], course["fp32_adam"]["gradients"]),
+        ("AdamW's two moments", t["peak"]["OptState"], course["fp32_adam"]["optimizer state"]),
+        ("activations (bf16, after forward)", t["forward"]["Activation"], course["mixed_adam"]["activations"])]
+print(f"{'GiB per rank':<42}{'tracker':>9}{'course':>9}")
+for what, measured, model in rows:
+    print(f"{what:<42}{measured / GiB:>9.2f}{model / GiB:>9.2f}")
+counters = 4 * t["parameter tensors"]  # AdamW's step count: one fp32 scalar per parameter tensor
+state_equal = rows[0][1] == rows[0][2] and rows[1][1] == rows[1][2] and rows[2][1] == rows[2][2] + counters
+act_gap = rows[3][1] / rows[3][2] - 1
+print(f"model state equal to the byte (AdamW's {t['parameter tensors']} step counters, {counters:,} bytes, "
+      f"aside): {state_equal}; activations within 1 %: {abs(act_gap) < 0.01} ({100 * act_gap:+.1f} %)")
+assert state_equal and abs(act_gap) < 0.01
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+The model state agrees to the byte with the course's `fp32_adam` row, not its `mixed_adam` one: under FSDP2's bf16 policy the fp32 shard *is* the master copy, its gradient is fp32, and AdamW adds its two moments, 4 + 4 + 8 bytes a parameter (the mixed-precision recipe of notebook 13 splits the same 16 bytes as 2 + 2 + 12). The activations agree within a few tenths of a percent: the policy casts the rotary tables to bf16 on entry to each block, a copy per block that the course's count leaves out. The peak is where the two models part:
+"""
+
+# %% slideshow={"slide_type": "-"}
+V, tokens = llama8b.vocab_size, 8192
+for units, snap in tracked.items():
+    peak = snap["peak"]
+    print(f"{units:<14}: peak {peak['Total'] / GiB:.2f} GiB = state and activations + gathered parameters "
+          f"{peak['Unsharded Param'] / GiB:.2f} + temporaries {peak['Temp'] / GiB:.2f}")
+course_total = sum(course["fp32_adam"][k] for k in ("parameters", "gradients", "optimizer state"))
+course_total += course["mixed_adam"]["activations"]
+print(f"the course's model: {course_total / GiB:.2f} GiB; fp32 logits and their gradient, 2 x tokens x V x 4 bytes: "
+      f"{2 * tokens * V * 4 / GiB:.2f} GiB")
+assert tracked["blocks + root"]["peak"]["Temp"] == 2 * tokens * V * 4
+assert tracked["own units"]["peak"]["Total"] < tracked["blocks + root"]["peak"]["Total"]
+
+# %% [markdown] slideshow={"slide_type": "fragment"}
+"""
+Two terms decide whether the step fits, and neither is model state or activations. The **temporaries** are the loss's: the logits are cast to fp32 for the cross-entropy, and backward holds their gradient beside them, 2 × 8,192 × 128,256 × 4 bytes. The **gathered parameters** are the root unit's: FSDP2 keeps the root gathered from forward to the end of backward, and with a 128,256-token vocabulary the embedding and the untied head are the largest parameters of the model. Sharding them as units of their own, as torchtitan does, lowers the peak. Section 3's script keeps them in the root, which suits the tiny model and not a real vocabulary. On an 80 GB card with 10 % headroom the difference decides whether the step fits: the tracker's peak is what to check before renting the GPUs, and the course's planner (notebook 18) counts state and activations only.
+"""
+
+# %% [markdown] slideshow={"slide_type": "slide"}
+"""
+## 8. What torchtitan adds
+
+[torchtitan](https://github.com/pytorch/torchtitan) is PyTorch's reference stack for training large models: Meta's Llama 3 recipes on the same `fully_shard`, DTensor, `torch.distributed.pipelining` and `torch.distributed.checkpoint` this course teaches, plus the parts below, each switched on by a flag. The script of this notebook maps onto it flag for flag (the table at the end of the section).
+
+### 8.1 Asynchronous checkpoints
+
+`dcp.save` blocks every rank until its shards are on disk. `dcp.async_save` copies the state to CPU memory (the *staging*), hands the write to a background thread, and returns a future: training goes on while the files are written. The future must be waited on before the next save and before the job exits. The background write runs collectives (the ranks agree on a plan and on the metadata) from another thread, so it gets a gloo group of its own: on the default group they would interleave with the training loop's and the ranks would disagree on the order. `--async-save` does all three. The run below saves after step 2, like section 2's run, and both checkpoints are read back without a process group (`dcp_to_torch_save`).
+"""
+
+# %% slideshow={"slide_type": "-"}
+from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+shutil.rmtree("_runs/fsdp_async", ignore_errors=True)
+run_torchrun("_runs/fsdp_train.py", nproc_per_node=2, args=["--out", "_runs/fsdp_async", "--save-at", "2",
+                                                            "--async-save"], timeout=300, echo="none")
+async_log = json.load(open("_runs/fsdp_async/log.json"))
+for name in ("fsdp", "fsdp_async"):
+    dcp_to_torch_save(f"_runs/{name}/dcp_step2", f"_runs/{name}/step2.pt")
+
+
+def flat(tree, prefix=""):
+    """The checkpoint's leaves, by their path of keys."""
+    if isinstance(tree, dict):
+        return {k: v for key, sub in tree.items() for k, v in flat(sub, f"{prefix}{key}.").items()}
+    return {prefix: tree}
+
+
+blocking = flat(torch.load("_runs/fsdp/step2.pt", weights_only=False))
+background = flat(torch.load("_runs/fsdp_async/step2.pt", weights_only=False))
+same = blocking.keys() == background.keys() and all(
+    torch.equal(v, background[k]) if torch.is_tensor(v) else v == background[k] for k, v in blocking.items())
+print(f"the step-2 checkpoint, written in the background while steps 2 and 3 ran: {len(background)} entries, "
+      f"equal bit for bit to the blocking save's: {same}")
+print(f"the training loop was blocked at the save for ~{1e3 * fsdp_log['checkpoint_stall_s']:.0f} ms by dcp.save and "
+      f"~{1e3 * async_log['checkpoint_stall_s']:.0f} ms by dcp.async_save (rank 0)")
+assert same and async_log["losses"] == fsdp_log["losses"]
+
+# %% [markdown] slideshow={"slide_type": "fragment"}
+"""
+The checkpoint holds the state of the moment of the save, although the parameters changed twice while it was being written: the staging copy is what the thread writes. What remains of the stall is that copy. On a GPU it is a device-to-host copy of every rank's shards; torchtitan's `async_with_pinned_mem` mode stages into pinned memory from another process, so that even the copy overlaps training.
+
+### 8.2 float8 training
+
+Hopper and later GPUs multiply 8-bit floats at twice the bf16 rate. Two formats exist, and `torch.finfo` gives their ranges; notebook 06's bit-by-bit view applies to them too.
+"""
+
+# %% slideshow={"slide_type": "-"}
+for dtype in (torch.float8_e4m3fn, torch.float8_e5m2, torch.bfloat16):
+    info = torch.finfo(dtype)
+    print(f"{str(dtype):<21} {info.bits} bits, largest {info.max:>9.4g}, smallest normal {info.tiny:.2e}, "
+          f"relative step {info.eps}")
+e4m3 = torch.finfo(torch.float8_e4m3fn)
+print(f"e4m3's normal numbers span largest / smallest normal = {e4m3.max / e4m3.tiny:,.0f}")
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+`e4m3` (three stored mantissa bits, largest 448) carries weights and activations, `e5m2` (wider range, coarser) is the usual choice for gradients. With a range that narrow, every tensor is **scaled** before the cast: divide by `amax / 448` so that its largest element lands on the largest float8, multiply back after the product. torchao's recipes differ in where the scales come from: **tensorwise** (one scale per tensor, the fastest) and **rowwise** (one per row of the activations and per column of the weight, more accurate; `rowwise_with_gw_hp` also keeps the weight gradient's product in bf16). A float8 number keeps the same relative precision across its normal range, which spans 448 / 2⁻⁶ = 28,672: one scale serves a tensor well until its largest element is that many times its typical one. One outlier row past that shows the difference: under a tensorwise scale every other row falls below the smallest normal float8, where precision is lost.
+"""
+
+# %% slideshow={"slide_type": "-"}
+from course_lib.torch_private import scaled_mm  # torch._scaled_mm: a private API, the kernel under torchao's recipes
+
+seed_everything(0)
+x, w = torch.randn(64, 256), torch.randn(256, 128) / 16
+x[0] *= 1e5                                                     # one outlier row of activations
+F8_MAX = torch.finfo(torch.float8_e4m3fn).max
+scale_x = {"tensorwise": x.abs().max() / F8_MAX, "rowwise": x.abs().amax(dim=1, keepdim=True) / F8_MAX}
+scale_w = {"tensorwise": w.abs().max() / F8_MAX, "rowwise": w.abs().amax(dim=0, keepdim=True) / F8_MAX}
+exact = x @ w
+errors = {}
+for recipe in ("tensorwise", "rowwise"):
+    x8 = (x / scale_x[recipe]).to(torch.float8_e4m3fn)
+    w8 = (w / scale_w[recipe]).t().contiguous().to(torch.float8_e4m3fn).t()  # the kernel wants it column-major
+    product = scaled_mm(x8, w8, scale_x[recipe], scale_w[recipe], torch.float32)
+    rescaled = (x8.float() * scale_x[recipe]) @ (w8.float() * scale_w[recipe])
+    assert torch.allclose(product, rescaled, rtol=1e-4, atol=1e-3)           # the kernel = scale, cast, multiply
+    errors[recipe] = ((product - exact)[1:].norm() / exact[1:].norm()).item()  # the rows without the outlier
+    print(f"{recipe:<10}: relative error of the other rows {errors[recipe]:.4f}")
+print(f"rowwise scaling is {errors['tensorwise'] / errors['rowwise']:.0f}x more accurate here")
+assert errors["rowwise"] < errors["tensorwise"] / 4
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+float8 also shrinks FSDP2's traffic. With torchao's `enable_fsdp_float8_all_gather` (tensorwise only), each unit's shard is cast to float8 **before** its all-gather, so the all-gathers move one byte per parameter instead of bf16's two; the reduce-scatters keep the gradient's precision. The planner's `float8_all_gather` flag counts it; for Llama 3 8B with ZeRO-3 over 4 nodes of 8 H100s (32 ranks, 2 micro-batches of 8,192 tokens each):
+"""
+
+# %% slideshow={"slide_type": "-"}
+from course_lib.planner import shard_params
+
+gathered = {dt: 2 * 2 * shard_params(llama8b) * nbytes for dt, nbytes in (("bf16", 2), ("float8", 1))}
+print(f"parameters gathered per rank and step (forward and backward, 2 micro-batches): bf16 "
+      f"{gathered['bf16'] / 1e9:.1f} GB, float8 {gathered['float8'] / 1e9:.1f} GB")
+nodes4 = h100_cluster(nodes=4)
+zero3 = Layout(data=32, zero=3, micro_batch=1, accumulation=2)
+dp = {f8: predict(llama8b, nodes4, zero3, seq_len=8192, global_batch=64, float8_all_gather=f8).time
+      for f8 in (False, True)}
+print(f"ZeRO-3 traffic per step beyond what compute hides: {dp[False]['data-parallel (not hidden)']:.3f} s with bf16 "
+      f"gathers, {dp[True]['data-parallel (not hidden)']:.3f} s with float8")
+assert gathered["float8"] * 2 == gathered["bf16"]
+assert dp[True]["data-parallel (not hidden)"] < dp[False]["data-parallel (not hidden)"]
+
+# %% [markdown] slideshow={"slide_type": "fragment"}
+"""
+Across nodes the gathers run over the network between the nodes and outlast the compute; halving their bytes removes most of the excess (inside one node, NVLink hides them either way). The cell below runs on a GPU: it times a bf16 product against the same product in float8 with both scalings (the GPU needs float8 units: compute capability 8.9 or later).
+"""
+
+# %% slideshow={"slide_type": "-"}
+if requires_gpu("a float8 matrix product against bf16 (GPUs with compute capability 8.9 or later)"):
+    if torch.cuda.get_device_capability() < (8, 9):
+        print(f"{torch.cuda.get_device_name()} has no float8 units (compute capability 8.9 or later)")
+    else:
+        n = 8192
+        a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+        b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+        cases = {"bf16": lambda: a @ b}
+        for recipe in ("tensorwise", "rowwise"):
+            sa = (a.abs().amax() if recipe == "tensorwise" else a.abs().amax(1, keepdim=True)).float() / F8_MAX
+            sb = (b.abs().amax() if recipe == "tensorwise" else b.abs().amax(0, keepdim=True)).float() / F8_MAX
+            a8 = (a / sa).to(torch.float8_e4m3fn)
+            b8 = (b / sb).t().contiguous().to(torch.float8_e4m3fn).t()
+            cases[f"float8 {recipe}"] = lambda a8=a8, b8=b8, sa=sa, sb=sb: scaled_mm(a8, b8, sa, sb, torch.bfloat16)
+        for name, fn in cases.items():
+            fn()
+            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            begin.record()
+            for _ in range(20):
+                fn()
+            end.record()
+            torch.cuda.synchronize()
+            seconds = begin.elapsed_time(end) / 1e3 / 20
+            print(f"{name:<18}: ~{2 * n**3 / seconds / 1e12:.0f} TFLOP/s")
+
+# %% [markdown] slideshow={"slide_type": "slide"}
+"""
+### 8.3 Async tensor parallelism, the compiler's reordering, fault tolerance
+
+**Async TP.** Notebook 15's tensor parallelism waits for each all-gather before the matrix product that consumes it, and for each product before its reduce-scatter. torchtitan's `--parallelism.enable_async_tensor_parallel` lets Inductor's micro-pipelining pass (`torch._inductor.config._micro_pipeline_tp`, over *symmetric memory*, buffers that every GPU of the node can read and write directly) split each pair into `T` chunks, so that chunk *i*'s transfer runs under chunk *i − 1*'s product. Only the first chunk waits, plus whatever the products cannot cover. The planner's `async_tensor_parallel` flag models exactly that; for Llama 3 8B on 8 nodes with TP 8 inside each node:
+"""
+
+# %% slideshow={"slide_type": "-"}
+nodes8 = h100_cluster(nodes=8)
+tp8 = Layout(data=8, tensor=8, zero=1, micro_batch=1, accumulation=4, checkpointing="full")
+tp_time = {a: predict(llama8b, nodes8, tp8, seq_len=8192, global_batch=32, async_tensor_parallel=a).time
+           for a in (False, True)}
+waits = {a: t["tensor-parallel collectives"] for a, t in tp_time.items()}
+print(f"tensor-parallel collectives on the critical path: {waits[False]:.3f} s per step, {waits[True]:.3f} s with "
+      f"async TP ({waits[False] / waits[True]:.0f}x less), against {tp_time[False]['compute']:.2f} s of compute")
+assert waits[True] < waits[False]
+
+# %% [markdown] slideshow={"slide_type": "fragment"}
+"""
+**The compiler's reordering.** Notebook 17 compiles FSDP2 block by block, and the collectives stay where FSDP2's hooks put them. torchtitan's SimpleFSDP experiment writes FSDP as DTensor redistributions the compiler can see, and Inductor's overlap scheduling pass (`torch._inductor.fx_passes.overlap_scheduling`) then buckets the all-gathers and reduce-scatters and moves them to overlap compute; the older `reorder_for_compute_comm_overlap` setting is off by default in 2.13.
+
+**Fault tolerance beyond a restart.** Notebook 11 restarts the whole job from its last checkpoint when a rank dies. [torchft](https://github.com/pytorch/torchft) keeps the job running instead: the ranks are split into *replica groups* that each hold a full copy of the sharded model (HSDP's replicate dimension, section 6); a *lighthouse* server takes a quorum of the healthy groups every step, the data-parallel all-reduce runs among those only, and a group that comes back fetches the weights live from a healthy peer. Its process groups can be torn down and rebuilt without killing the trainer. torchtitan turns it on with `--fault_tolerance.enable`.
+
+### 8.4 This notebook's script in torchtitan's words
+
+Every flag of `fsdp_train.py`, read from the script itself, with the torchtitan option that does the same job and the line of torchtitan's configuration that defines it; then the flags of notebook 18's capstone script, which adds tensor parallelism, `torch.compile` and restarts:
+"""
+
+# %% slideshow={"slide_type": "-"}
+import re
+
+from IPython.display import Markdown, display
+
+from course_lib.torchtitan_map import TORCHTITAN_EXTRAS, TORCHTITAN_FLAGS, torchtitan_table
+
+flags = re.findall(r'add_argument\("(--[a-z0-9-]+)"', open("_runs/fsdp_train.py").read())
+display(Markdown(torchtitan_table("fsdp_train.py", flags)))
+capstone = [f for f in TORCHTITAN_FLAGS["capstone_train.py"] if f not in flags]  # the flags the two share: above
+display(Markdown(torchtitan_table("capstone_train.py", capstone)))
+print(f"{len(flags)} + {len(capstone)} flags, each mapped; torchtitan's options for what the scripts leave to other notebooks:")
+for feature, (option, line, note) in TORCHTITAN_EXTRAS.items():
+    print(f"  {feature:<28} {option} ({note})")
+
 # %% [markdown] slideshow={"slide_type": "slide"}
 """
 ## Summary
@@ -555,6 +905,9 @@ if requires_gpu("CPU offload's saving of GPU memory (one-process FSDP2 on the GP
 - `torch.distributed.checkpoint` writes and reads each rank's shards of the model and the optimizer; with a deterministic data order the resumed run is bit for bit the uninterrupted one.
 - HSDP (`--replicate 2` on 4 ranks): replicas hold the same shards bit for bit; all-gathers and reduce-scatters run inside a shard group, one all-reduce per unit and step across replicas; it trained like one process within the same tolerances.
 - `CPUOffloadPolicy` keeps shards, gradients and AdamW's state on the CPU (4 × the shard per rank off the device) and copies each gathered shard to the device and each gradient shard back, counted per step from the collectives.
+- A fake process group, `FakeTensorMode` and `FSDPMemTracker` size a Llama 3 8B step over 8 ranks on one CPU: the model state agrees with the course's model to the byte, the activations within 1 %, and the peak adds what decides an OOM: the loss's fp32 logits and their gradient, and the root unit's gathered embedding and head (units of their own remove it).
+- `dcp.async_save` (its own gloo group, the future waited on before the next save) writes the same checkpoint while training goes on; only the staging copy stalls the loop.
+- float8 (e4m3 for weights and activations, e5m2 for gradients) needs a scale per tensor or per row; an outlier row ruins a tensorwise scale. FSDP2's float8 all-gather moves one byte per parameter instead of bf16's two; async TP hides all but one chunk of TP's collectives; torchft keeps training when a replica group fails; each flag of the script has its torchtitan option.
 """
 
 # %% [markdown] slideshow={"slide_type": "slide"}
@@ -566,7 +919,8 @@ if requires_gpu("CPU offload's saving of GPU memory (one-process FSDP2 on the GP
 """
 
 # %% slideshow={"slide_type": "-"}
-from course_lib.exercises.fsdp_in_practice import check_block_gather_bytes, check_collectives_per_step
+from course_lib.exercises.fsdp_in_practice import (check_block_gather_bytes, check_collectives_per_step,
+                                                   check_float8_scales)
 
 
 def collectives(n_blocks, micro_batches, sync_every_micro_batch):
@@ -583,6 +937,19 @@ def gather_bytes(config, param_dtype):
 
 print(check_block_gather_bytes(gather_bytes))
 
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+3. §8.2's scales. Write `float8_scales(x, recipe)`: the fp32 scale(s) by which `x` is divided before its cast to `torch.float8_e4m3fn`, so that its largest magnitude lands on e4m3's largest value; for `recipe="tensorwise"` one scale (a 0-d tensor), for `"rowwise"` one per row, shaped `(rows, 1)` so that `x / scale` broadcasts.
+"""
+
+
+# %% slideshow={"slide_type": "-"}
+def float8_scales(x, recipe):
+    raise NotImplementedError  # your code here
+
+
+print(check_float8_scales(float8_scales))
+
 # %% [markdown] slideshow={"slide_type": "slide"}
 """
 ## References
@@ -591,4 +958,9 @@ print(check_block_gather_bytes(gather_bytes))
 - PyTorch tutorials: [Getting started with FSDP2](https://pytorch.org/tutorials/intermediate/FSDP_tutorial.html), [Distributed checkpoint recipe](https://pytorch.org/tutorials/recipes/distributed_checkpoint_recipe.html).
 - The `torchtitan` repository (PyTorch's reference for large-model training): per-block `fully_shard`, meta-device initialization and activation checkpointing applied before sharding.
 - Y. Zhao et al., *PyTorch FSDP: Experiences on Scaling Fully Sharded Data Parallel*, VLDB 2023, [arXiv:2304.11277](https://arxiv.org/abs/2304.11277).
+- torchtitan: W. Liang et al., *TorchTitan: One-stop PyTorch native solution for production ready LLM pre-training*, 2024, [arXiv:2410.06511](https://arxiv.org/abs/2410.06511); [pytorch/torchtitan](https://github.com/pytorch/torchtitan), `torchtitan/config/job_config.py` at commit 238fa99 (the flag table), `torchtitan/models/llama3/infra/parallelize.py` (`apply_fsdp`: the embedding, and the norm with the head, as units of their own).
+- PyTorch docs: [`torch.distributed.checkpoint.async_save`](https://pytorch.org/docs/stable/distributed.checkpoint.html); `torch/distributed/_tools/fsdp2_mem_tracker.py` (FSDPMemTracker), and torchtitan's `scripts/estimate/estimation.py`, which sizes memory the same way.
+- torchao: [float8 training](https://github.com/pytorch/ao/tree/main/torchao/float8) (`Float8LinearConfig.from_recipe_name`: `tensorwise`, `rowwise`, `rowwise_with_gw_hp`; `enable_fsdp_float8_all_gather`); P. Micikevicius et al., *FP8 Formats for Deep Learning*, 2022, [arXiv:2209.05433](https://arxiv.org/abs/2209.05433).
+- Async tensor parallelism: [Distributed w/ TorchTitan: Introducing Async Tensor Parallelism in PyTorch](https://discuss.pytorch.org/t/distributed-w-torchtitan-introducing-async-tensor-parallelism-in-pytorch/209487); Inductor's `torch/_inductor/fx_passes/micro_pipeline_tp.py`.
+- [pytorch/torchft](https://github.com/pytorch/torchft): replica groups, the lighthouse, `ProcessGroupBabyNCCL`.
 """

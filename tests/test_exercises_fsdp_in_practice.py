@@ -8,6 +8,7 @@ from course_lib.exercises.fsdp_in_practice import (
     block_gather_bytes,
     check_block_gather_bytes,
     check_collectives_per_step,
+    check_float8_scales,
     collectives_per_step,
 )
 from course_lib.transformer import PRESETS
@@ -63,5 +64,25 @@ def test_block_gather_bytes() -> None:
             (lambda c, dt: _bytes(c, dt) - 2 * c.d_model * size(dt), "norm weights"),
             (lambda c, dt: _bytes(c, dt) // size(dt), "number of parameters"),
             (lambda c, dt: _bytes(c, dt) // 2 + 1, "count every parameter"),
+        ],
+    )
+
+
+def _scales(x: torch.Tensor, recipe: str) -> torch.Tensor:
+    top = torch.finfo(torch.float8_e4m3fn).max
+    return x.abs().max() / top if recipe == "tensorwise" else x.abs().amax(dim=1, keepdim=True) / top
+
+
+def test_float8_scales() -> None:
+    assert_check(
+        check_float8_scales,
+        right=[_scales],
+        not_done=[_blank, ...],
+        wrong=[
+            (lambda x, r: x.abs().max() / 448 if r == "tensorwise" else x.abs().amax(dim=1) / 448, "as a column"),
+            (lambda x, r: x.abs().max() / 448, "rowwise: the scale should have shape (6, 1)"),
+            (lambda x, r: x.abs().max() if r == "tensorwise" else x.abs().amax(dim=1, keepdim=True), "peaks at 1"),
+            (lambda x, r: x.max() / 448 if r == "tensorwise" else x.amax(dim=1, keepdim=True) / 448, "exactly 448"),
+            (lambda x, r: 1.0, "tensor of scales"),
         ],
     )

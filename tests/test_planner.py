@@ -186,6 +186,37 @@ def test_data_parallel_traffic_is_hidden_behind_backward_until_it_is_longer() ->
     assert _predict(Layout(data=4, micro_batch=4)).time["data-parallel (not hidden)"] == 0.0  # hidden on CPU's numbers
 
 
+def test_float8_all_gather_sends_a_byte_a_parameter_in_zero3_gathers_only() -> None:
+    slow = Cluster(8, 2**30, 1e15, intra=AlphaBeta(0.0, 1e6), inter=AlphaBeta(0.0, 1e6))  # compute ~0, alpha 0
+    lay = Layout(data=4, zero=3, micro_batch=2, accumulation=2)
+    base = predict(TINY, slow, lay, seq_len=64, global_batch=16, precision="mixed_adam")
+    f8 = predict(TINY, slow, lay, seq_len=64, global_batch=16, precision="mixed_adam", float8_all_gather=True)
+    n = shard_params(TINY)
+    rs = predict_all_reduce(slow.intra, n * 2, 4) / 2  # the gradients: bf16 under mixed_adam
+    ag_bf16, ag_f8 = predict_all_reduce(slow.intra, n * 2, 4) / 2, predict_all_reduce(slow.intra, n * 1, 4) / 2
+    assert ag_f8 == pytest.approx(ag_bf16 / 2)
+    dp, dp8 = base.time["data-parallel (not hidden)"], f8.time["data-parallel (not hidden)"]
+    compute = base.time["compute"]
+    assert dp == pytest.approx(2 * (2 * ag_bf16 + rs) - compute)
+    assert dp8 == pytest.approx(2 * (2 * ag_f8 + rs) - compute)
+    with pytest.raises(ValueError, match="ZeRO-3"):
+        predict(TINY, slow, Layout(data=4, zero=1, micro_batch=4), seq_len=64, global_batch=16, float8_all_gather=True)
+    with pytest.raises(TypeError, match="float8_all_gather must be True or False"):
+        predict(TINY, slow, lay, seq_len=64, global_batch=16, float8_all_gather=1)  # type: ignore[arg-type]
+
+
+def test_async_tensor_parallel_leaves_one_chunk_exposed_while_compute_covers_the_rest() -> None:
+    lay = Layout(data=2, tensor=4, micro_batch=4)
+    fast = Cluster(8, 2**30, 5e9, intra=AlphaBeta(1e-6, 1e12), inter=AlphaBeta(1e-6, 1e12))  # collectives << compute
+    sync = predict(TINY, fast, lay, seq_len=64, global_batch=8).time["tensor-parallel collectives"]
+    hidden = predict(TINY, fast, lay, seq_len=64, global_batch=8, async_tensor_parallel=True)
+    assert hidden.time["tensor-parallel collectives"] == pytest.approx(sync / 4)
+    slow = Cluster(8, 2**30, 1e18, intra=AlphaBeta(1e-3, 1e6), inter=AlphaBeta(1e-3, 1e6))  # compute ~0
+    sync = predict(TINY, slow, lay, seq_len=64, global_batch=8).time["tensor-parallel collectives"]
+    a = predict(TINY, slow, lay, seq_len=64, global_batch=8, async_tensor_parallel=True).time
+    assert a["tensor-parallel collectives"] == pytest.approx(sync - a["compute"])  # nothing to hide behind
+
+
 # --- the search ---------------------------------------------------------------------------------------
 
 
@@ -208,3 +239,13 @@ def test_candidates_are_all_valid_and_cover_the_devices() -> None:
         assert lay.devices == 4
     assert Layout(data=2, tensor=2, micro_batch=8) in layouts
     assert not [lay for lay in layouts if lay.tensor > 2] or all(lay.tensor in (1, 2, 4) for lay in layouts)
+
+
+def test_the_h100_cluster_is_the_one_the_notebooks_plan_for() -> None:
+    from course_lib.planner import h100_cluster
+
+    c = h100_cluster(4)
+    assert (c.devices, c.memory_bytes, c.peak_flops) == (32, 80 * 10**9, 989e12)
+    assert (c.intra.beta, c.inter.beta) == (450e9, 50e9)
+    with pytest.raises(ValueError, match="nodes"):
+        h100_cluster(0)

@@ -137,3 +137,63 @@ def test_the_profilers_memory_events_are_read() -> None:
         del x
     sizes = [nbytes for _, nbytes in tp.profiler_memory_events(prof)]
     assert 4096 in sizes and -4096 in sizes, sizes
+
+
+_FAKE_WORLD = """
+import torch, torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+from course_lib.torch_private import fake_process_group, fake_tensor_mode, fsdp_memory_tracker
+fake_process_group(8)
+mesh = init_device_mesh("cpu", (8,))
+with fake_tensor_mode():
+    model = torch.nn.Sequential(torch.nn.Linear(4096, 4096), torch.nn.Linear(4096, 4096))
+    for layer in model:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    opt = torch.optim.AdamW(model.parameters())
+    tracker = fsdp_memory_tracker(model, opt)
+    with tracker:
+        model(torch.randn(8, 4096)).sum().backward()
+        opt.step()
+    peak = tracker.get_tracker_snapshot("peak")[torch.device("cpu")]
+print(dist.get_world_size(), {getattr(k, "value", k): v for k, v in peak.items()}["Sharded Param"])
+dist.destroy_process_group()
+"""
+
+
+def test_a_fake_world_sizes_fsdp_shards_without_memory() -> None:
+    """Eight ranks of two 4096 x 4096 layers, in one process: each rank's shard is an eighth, and no storage exists."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", _FAKE_WORLD], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-2000:]
+    world, sharded = out.stdout.split()
+    assert int(world) == 8 and int(sharded) == 2 * (4096 * 4096 + 4096) * 4 // 8
+
+
+def test_the_fake_world_and_the_tracker_check_their_arguments() -> None:
+    import torch
+
+    with pytest.raises(ValueError, match="world_size"):
+        tp.fake_process_group(0)
+    with pytest.raises(ValueError, match="rank"):
+        tp.fake_process_group(4, rank=4)
+    with pytest.raises(TypeError, match="FSDP2 module"):
+        tp.fsdp_memory_tracker(torch.nn.Linear(2, 2), torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=0.1))
+    assert type(tp.fake_tensor_mode()).__name__ == "FakeTensorMode"
+
+
+def test_a_float8_product_is_the_scaled_product() -> None:
+    """torch._scaled_mm has CPU kernels in 2.13: the float8 product, rescaled, is the product within float8's error."""
+    import torch
+
+    gen = torch.Generator().manual_seed(0)
+    a, b = torch.randn(16, 32, generator=gen), torch.randn(32, 16, generator=gen)
+    sa, sb = a.abs().max() / 448, b.abs().max() / 448
+    a8, b8 = (a / sa).to(torch.float8_e4m3fn), (b / sb).t().contiguous().to(torch.float8_e4m3fn).t()
+    out = tp.scaled_mm(a8, b8, sa, sb, torch.float32)
+    assert (out - a @ b).abs().max() < 0.1 * (a @ b).abs().max()
+    with pytest.raises(TypeError, match="tensors"):
+        tp.scaled_mm(a8, b8, 1.0, sb, torch.float32)

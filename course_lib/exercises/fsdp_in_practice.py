@@ -10,7 +10,13 @@ import torch
 from ..transformer import PRESETS, Transformer, TransformerConfig
 from .core import Wrong, as_number, call_learner, exercise
 
-__all__ = ["block_gather_bytes", "check_block_gather_bytes", "check_collectives_per_step", "collectives_per_step"]
+__all__ = [
+    "block_gather_bytes",
+    "check_block_gather_bytes",
+    "check_collectives_per_step",
+    "check_float8_scales",
+    "collectives_per_step",
+]
 
 
 def collectives_per_step(n_blocks: int, micro_batches: int, *, sync_every_micro_batch: bool = False) -> dict[str, int]:
@@ -96,3 +102,30 @@ def check_block_gather_bytes(gather_bytes: Any) -> str:
             raise Wrong(f"{call} = {got:,.0f} is the number of parameters: multiply by the bytes per element")
         raise Wrong(f"{call} = {got:,.0f}: count every parameter of one block (attention, MLP, norms)")
     return "one block's parameters whole, in the policy's param_dtype: the largest buffer a block unit gathers"
+
+
+@exercise("float8 scales", todo="write float8_scales(x, recipe) as described above")
+def check_float8_scales(fn: Any) -> str:
+    top = torch.finfo(torch.float8_e4m3fn).max
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(6, 5, generator=gen)
+    x[2] *= 1e5  # an outlier row
+    for recipe in ("tensorwise", "rowwise"):
+        scale = call_learner(fn, x.clone(), recipe)
+        if not isinstance(scale, torch.Tensor):
+            raise Wrong(f"float8_scales should return a tensor of scales, got {type(scale).__name__} for {recipe!r}")
+        want_shape = () if recipe == "tensorwise" else (x.shape[0], 1)
+        if tuple(scale.shape) != want_shape:
+            raise Wrong(
+                f"{recipe}: the scale should have shape {want_shape} (one per tensor, or one per row kept as a "
+                f"column so that x / scale broadcasts), got {tuple(scale.shape)}"
+            )
+        scaled = (x / scale).abs()
+        peaks = scaled.max() if recipe == "tensorwise" else scaled.amax(dim=1)
+        if torch.allclose(peaks, torch.ones_like(peaks), rtol=1e-5):
+            raise Wrong(f"{recipe}: x / scale peaks at 1; the largest element should land on e4m3's largest, {top:g}")
+        if not torch.allclose(peaks, torch.full_like(peaks, top), rtol=1e-5):
+            raise Wrong(
+                f"{recipe}: x / scale should peak at exactly {top:g} (per row for rowwise): scale = amax / {top:g}"
+            )
+    return "tensorwise: one amax / 448; rowwise: one per row, and the outlier row no longer squeezes the others"
