@@ -518,6 +518,135 @@ print("global seed 0:", orders[0], "| global seed 1234:", orders[1234], "| sampl
 assert orders[0] == orders[1234] != other_seed
 _ = seed_everything(0)  # back to the notebook's seed
 
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+### Feeding the ranks: workers, their seeds, pinned memory, and resuming mid-epoch
+
+So far every loader read its samples in the training process (`num_workers=0`): while a sample is read, the model waits. With `num_workers=k` the `DataLoader` starts `k` worker processes that read the next batches while the model trains. Four things then need care; the job below shows each on 2 ranks.
+
+1. **Seeds.** Each worker is a copy of the process that made it. PyTorch reseeds `torch`, `random` and NumPy's global generator in every worker (from `base_seed + worker_id`), but a generator the *dataset* owns is copied as it is: every worker draws the same "random" augmentations. And `base_seed` itself comes from the global seed, which every rank of a DDP job sets alike: worker *k* of rank 0 and worker *k* of rank 1 draw the same numbers. The fix: a `worker_init_fn` that reseeds what the dataset owns from `get_worker_info().seed`, and `generator=torch.Generator().manual_seed(seed + rank)` for each rank's loader.
+2. **Waiting.** A sample that takes 10 ms to read (disk, network, decoding) costs the step 10 ms without workers, and almost nothing with them: the reads overlap the compute, and since waiting for I/O takes no CPU, even more workers than cores help.
+3. **`persistent_workers=True`** keeps the workers between epochs; without it, every epoch starts new processes (and pays their start-up again).
+4. **Resuming mid-epoch.** A checkpoint taken in the middle of an epoch must also say where in the epoch it was. The job's sampler keeps `(epoch, start)` and skips the first `start` samples; each augmentation is drawn from a generator seeded by `(seed, epoch, index)`, so a sample gets the same augmentation whichever worker, and however many workers, load it.
+"""
+
+# %% slideshow={"slide_type": "-"}
+# %%writefile _runs/loader_job.py
+"""The input pipeline of a DDP job: worker seeding, waiting for data, persistent workers, resuming mid-epoch."""
+import os
+import statistics
+import time
+import warnings
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, get_worker_info
+
+warnings.filterwarnings("ignore", message="This DataLoader will create")  # I/O-bound workers need no core each
+
+
+class Reads(Dataset):
+    """Sample i takes `delay` seconds to read; two augmentations: from a generator the dataset owns, and from torch's."""
+
+    def __init__(self, n, delay=0.0):
+        self.n, self.delay, self.rng = n, delay, np.random.default_rng(0)
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        time.sleep(self.delay)
+        return torch.full((64,), float(i)), (int(self.rng.integers(10**6)), int(torch.randint(10**6, ()))), os.getpid()
+
+
+class Keyed(Reads):
+    def __getitem__(self, key):  # the augmentation of (epoch, i), from a generator seeded by them
+        return key[1], int(torch.randint(10**6, (), generator=torch.Generator().manual_seed(1_000_003 * key[0] + key[1])))
+
+
+class Resumable(DistributedSampler):
+    """A DistributedSampler whose place in the epoch, (epoch, start), is saved and restored."""
+
+    start = 0
+
+    def __iter__(self):
+        return iter([(self.epoch, i) for i in list(super().__iter__())[self.start:]])
+
+    def __len__(self):
+        return self.num_samples - self.start
+
+
+def reseed(worker_id):  # worker_init_fn: reseed what the dataset owns from this worker's own seed
+    get_worker_info().dataset.rng = np.random.default_rng(get_worker_info().seed)
+
+
+def pipeline(rank, world_size):
+    torch.manual_seed(0)  # as every rank of a DDP job does
+    data, out = Reads(16), {}
+    sampler = DistributedSampler(data, world_size, rank, seed=0)
+    for name, extra in (("naive", {}), ("fixed", dict(worker_init_fn=reseed, generator=torch.Generator().manual_seed(rank)))):
+        firsts = {}  # each worker's first two augmentations (the dataset's generator, torch's), by its pid
+        for _, (owned, from_torch), pid in DataLoader(data, batch_size=2, sampler=sampler, num_workers=2, **extra):
+            firsts.setdefault(pid[0].item(), (owned[0].item(), from_torch[0].item()))
+        out[name] = list(firsts.values())
+    for keep in (False, True):
+        loader = DataLoader(data, batch_size=2, sampler=sampler, num_workers=2, persistent_workers=keep)
+        out[f"pids, persistent={keep}"] = [sorted({p.item() for *_, pid in loader for p in pid}) for _ in range(3)]
+    model, slow = torch.nn.Sequential(torch.nn.Linear(64, 512), torch.nn.ReLU(), torch.nn.Linear(512, 64)), Reads(400, 0.010)
+    for workers in (0, 4):
+        batches, waits = iter(DataLoader(slow, batch_size=4, sampler=DistributedSampler(slow, world_size, rank, seed=0),
+                                         num_workers=workers)), []
+        next(batches)  # the workers' start-up is not a step
+        for _ in range(12):
+            start = time.perf_counter()
+            x, _, _ = next(batches)
+            waits.append(time.perf_counter() - start)
+            for _ in range(8):  # the step's compute
+                model(x.repeat(16, 1)).pow(2).mean().backward()
+        out[f"wait, {workers} workers"] = statistics.median(waits)
+    keyed, samplers = Keyed(32), [Resumable(Keyed(32), world_size, rank, seed=0) for _ in range(3)]
+    for s in samplers:
+        s.set_epoch(1)
+    whole = list(DataLoader(keyed, batch_size=2, sampler=samplers[0], num_workers=2))
+    head = [b for _, b in zip(range(3), DataLoader(keyed, batch_size=2, sampler=samplers[1], num_workers=2))]
+    out["state"] = {"epoch": samplers[1].epoch, "start": 3 * 2}  # saved with the checkpoint; then the job dies
+    samplers[2].set_epoch(out["state"]["epoch"])
+    samplers[2].start = out["state"]["start"]
+    tail = list(DataLoader(keyed, batch_size=2, sampler=samplers[2], num_workers=0))  # 0 workers on restart
+    out["resumed equal"] = len(whole) == len(head + tail) and all(
+        torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(whole, head + tail))
+    return out
+
+
+# %% slideshow={"slide_type": "subslide"}
+ranks = run_ranks("_runs/loader_job.py:pipeline", 2, timeout=120, echo="none")
+r0, r1 = ranks
+fresh, kept = r0["pids, persistent=False"], r0["pids, persistent=True"]
+owned, from_torch = ([w[k] for w in r0["naive"] + r1["naive"]] for k in (0, 1))  # workers 0, 1 of rank 0, then rank 1
+checks = {"a dataset-owned generator: all 4 workers draw the same": len(set(owned)) == 1,
+          "torch's generator: the 2 workers of a rank differ, but worker k of rank 0 = worker k of rank 1":
+          from_torch[0] != from_torch[1] and from_torch[:2] == from_torch[2:],
+          "with worker_init_fn and a generator per rank, all 4 workers differ, from both generators":
+          all(len({w[k] for w in r0["fixed"] + r1["fixed"]}) == 4 for k in (0, 1)), "new worker processes every epoch without persistent_workers":
+          all(set(a).isdisjoint(b) for a, b in zip(fresh, fresh[1:])), "the same two, 3 epochs, with it": kept[0] == kept[2],
+          "waiting per step without workers >= the 4 reads of 10 ms": all(r["wait, 0 workers"] >= 0.04 for r in ranks),
+          "with 4 workers, less than half that": all(r["wait, 4 workers"] < r["wait, 0 workers"] / 2 for r in ranks),
+          f"resumed at {r0['state']} with 0 workers instead of 2: the uninterrupted epoch's batches and augmentations":
+          r0["resumed equal"] and r1["resumed equal"]}
+print("\n".join(f"{ok}: {claim}" for claim, ok in checks.items()))
+print(f"median wait for a batch: ~{1e3 * r0['wait, 0 workers']:.1f} ms without workers, ~{1e3 * r0['wait, 4 workers']:.1f} ms with 4")
+assert all(checks.values())
+
+# %% [markdown] slideshow={"slide_type": "fragment"}
+"""
+The wait without workers can never be less than the four 10 ms reads of a batch, and with 4 workers it fell below half of that (the printed medians). Two more settings, for jobs on GPUs:
+
+- **`pin_memory=True`** makes the workers' batches page-locked, so that `x.to(device, non_blocking=True)` copies them to the GPU without blocking the training thread. Without an accelerator there is nothing to pin for: the loader warns every epoch that `pin_memory` is set but no accelerator is found. Write `pin = torch.accelerator.is_available()` and pass `pin_memory=pin` and `non_blocking=pin`.
+- **`prefetch_factor`** (2 by default) is how many batches each worker loads ahead.
+
+`torchdata`'s `StatefulDataLoader` keeps the same `(epoch, position)` bookkeeping inside the loader (`state_dict()` and `load_state_dict()`), including its workers' state; the sampler above needs no new dependency, and its keyed augmentation makes the resumed epoch equal to the uninterrupted one whatever the number of workers.
+"""
+
 # %% [markdown] slideshow={"slide_type": "slide"}
 """
 ## 8. Proof: 2-process DDP = 1 process on the full batch

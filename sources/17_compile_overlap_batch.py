@@ -8,6 +8,7 @@ By the end you will be able to:
 - count the graphs that DDPOptimizer cuts a compiled DDP model into and match them to DDP's buckets; compile an FSDP2 model block by block; say what compiled autograd changes;
 - find graph breaks and recompiles with `torch._dynamo.explain` and `TORCH_LOGS`, and read their reasons;
 - measure the step time that overlapping communication with compute saves in PyTorch's own DDP and FSDP2, draw it, and compare it with the α-β model's prediction;
+- export and read a `torch.profiler` trace of a distributed step, tell an input-bound, a compute-bound and a communication-bound step apart, and measure the bus bandwidth of your own machine;
 - choose a learning rate and a warmup for a larger global batch (linear scaling for SGD, square-root scaling for Adam) and recognize the critical batch size past which a larger batch stops paying.
 
 This notebook assumes: notebook 05 (`torch.compile` with `aot_eager`, its joint graph), 09 (the α-β model, HandDDP's overlap on the simulated device), 10 and 11 (DDP's buckets and `no_sync`), 13 and 16 (`fully_shard`, prefetch). No GPU: every distributed run is 2 CPU processes over gloo, launched with `course_lib.launch.run_ranks`; no C++ compiler is needed (the backends used are `aot_eager` and a counting backend of our own).
@@ -667,12 +668,241 @@ The smallest batch needs over 4 times the steps of the largest, but the largest 
 
 # %% [markdown] slideshow={"slide_type": "slide"}
 """
+## 7. Reading a trace of a distributed step
+
+Sections 4 and 5 measured overlap on a simulated device. On a real job the tool is the profiler: `torch.profiler.profile` records every operator of a few steps, and `export_chrome_trace` writes them as a timeline per rank that [Perfetto](https://ui.perfetto.dev) (or `chrome://tracing`) opens. The script below trains a small MLP for five steps under DDP or FSDP2 on 2 CPU processes, profiles the last three, labels the loading of each batch with `record_function("data")`, and writes each rank's trace. `SCENARIOS` holds a baseline and three variants that each change **one** thing: a loader that takes 200 ms per batch, a batch 128 times larger, and an extra 64 MiB all-reduce every step (a metric or an EMA synchronized too often).
+"""
+
+# %% slideshow={"slide_type": "-"}
+# %%writefile _runs/traced_step.py
+"""A few profiled training steps of DDP or FSDP2 on gloo: one Chrome trace per rank."""
+import os
+import time
+
+os.environ.setdefault("KINETO_LOG_LEVEL", "6")  # quiet the profiler's start and stop lines
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.profiler import ProfilerActivity, profile, record_function, schedule
+
+SCENARIOS = {"baseline": dict(batch=64, sleep=0.0, extra=0), "slow loader": dict(batch=64, sleep=0.2, extra=0),
+             "big batch": dict(batch=8192, sleep=0.0, extra=0), "big all-reduce": dict(batch=64, sleep=0.0, extra=2**24)}
+
+
+def batches(n, batch, sleep, seed):
+    """The loader: `sleep` seconds per batch stand for reading and decoding it."""
+    gen = torch.Generator().manual_seed(seed)
+    for _ in range(n):
+        time.sleep(sleep)
+        yield torch.randn(batch, 64, generator=gen)
+
+
+def train(rank, world_size, wrap, scenario, out):
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    knobs = SCENARIOS[scenario]
+    model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 64))
+    if wrap == "ddp":
+        model = nn.parallel.DistributedDataParallel(model)
+    else:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+        mesh = init_device_mesh("cpu", (world_size,))
+        for layer in model[::2]:
+            fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    data = batches(5, knobs["batch"], knobs["sleep"], seed=rank)
+    extra = torch.ones(knobs["extra"]) if knobs["extra"] else None
+    with profile(activities=[ProfilerActivity.CPU], schedule=schedule(wait=1, warmup=1, active=3)) as prof:
+        for _ in range(5):
+            with record_function("step"):
+                with record_function("data"):
+                    x = next(data)
+                model(x).pow(2).mean().backward()
+                opt.step()
+                opt.zero_grad()
+                if extra is not None:
+                    with record_function("comm:extra all-reduce"):  # a wait has no span of its own: name it
+                        dist.all_reduce(extra)
+            prof.step()
+    path = os.path.abspath(f"{out}/{wrap} {scenario} rank{rank}.json")
+    os.makedirs(out, exist_ok=True)
+    prof.export_chrome_trace(path)
+    return path
+
+
+def all_reduce_times(rank, world_size, sizes, repeats=7):
+    """The shortest time of an all-reduce of each size (bytes), after one warm-up: the least disturbed run."""
+    out = []
+    for nbytes in sizes:
+        t = torch.ones(nbytes // 4)
+        dist.all_reduce(t)
+        times = []
+        for _ in range(repeats):
+            dist.barrier()
+            start = time.perf_counter()
+            dist.all_reduce(t)
+            times.append(time.perf_counter() - start)
+        out.append(min(times))
+    return out
+
+
+# %% slideshow={"slide_type": "subslide"}
+import json
+
+from course_lib.launch import run_ranks as launch_ranks
+
+traces = {(wrap, "baseline"): launch_ranks("_runs/traced_step.py:train", 2, args=(wrap, "baseline", "_runs/traces"),
+                                           timeout=120, echo="none") for wrap in ("ddp", "fsdp")}
+
+
+def spans(path):
+    """The complete events ("X") of a trace: name, thread, start and end in microseconds."""
+    events = json.load(open(path))["traceEvents"]
+    return [(e["name"], e["tid"], e["ts"], e["ts"] + e["dur"]) for e in events if e.get("ph") == "X" and "dur" in e]
+
+
+for wrap in ("ddp", "fsdp"):
+    events = spans(traces[wrap, "baseline"][0])
+    main = next(tid for name, tid, *_ in events if name == "step")
+    names = sorted({(name.split(" (")[0], "main thread" if tid == main else "gloo's thread") for name, tid, *_ in events
+                    if name.startswith(("gloo:", "c10d::", "FSDP::all_gather", "FSDP::post_backward_reduce"))})
+    print(f"{wrap}, rank 0, the communication in the trace:")
+    for name, thread in names:
+        print(f"   {name:<32} on {thread}")
+
+# %% [markdown] slideshow={"slide_type": "fragment"}
+"""
+What the two traces show:
+
+- Each collective appears **twice**. On the training thread, `c10d::allreduce_` (or `_allgather_base_`, `_reduce_scatter_base_`) only *hands* it to the backend and returns; the transfer itself is a `gloo:all_reduce` or `gloo:all_gather` span on gloo's own thread, and it runs while the training thread goes on. On GPUs the second span is a `nccl:` kernel on a communication stream.
+- FSDP2 names its phases: `FSDP::all_gather` before each unit's forward and backward, `FSDP::post_backward_reduce` after. gloo has no reduce-scatter of its own: it runs an all-reduce (`gloo:all_reduce`) and keeps the rank's part.
+- Waiting has **no span of its own**. When the training thread blocks on a collective, the time shows as a gap inside the enclosing span (DDP's wait at the end of backward, or `FSDP::all_gather`). A wait you add yourself is worth a `record_function` label, as the script does for its extra all-reduce.
+- On a CPU there is no device time: the profiler's "CPU time" of a span is its wall-clock length on its thread, so it also grows when the machine is busy.
+
+To say what bounds a step, split each step's time into four parts: loading (the `data` spans), computing (the `aten::` operators on the training thread), communicating while nothing else runs (a collective in flight, `gloo:` on any thread or a `c10d::`/`FSDP::`/`comm:` span on the training thread, minus the two before), and the rest (Python, the optimizer's glue). One rank's trace can mislead: a rank that finished its backward early waits inside the next collective for its partner, still computing, and that wait looks like communication. So take, step by step, the **least** communication over the ranks (the last rank to arrive waits only for the transfer) and the **most** computing and loading.
+"""
+
+
+# %% slideshow={"slide_type": "-"}
+def union(intervals):
+    """Sorted, non-overlapping intervals covering the same time."""
+    out = []
+    for a, b in sorted(intervals):
+        if out and a <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], b)
+        else:
+            out.append([a, b])
+    return out
+
+
+def minus(intervals, cut):
+    """The parts of (union) `intervals` that (union) `cut` does not cover."""
+    out = []
+    for a, b in intervals:
+        for c, d in cut:
+            if c < b and d > a:
+                if c > a:
+                    out.append([a, c])
+                a = max(a, d)
+        if a < b:
+            out.append([a, b])
+    return out
+
+
+def length(intervals):
+    return sum(b - a for a, b in intervals)
+
+
+def step_parts(path):
+    """For each profiled step of one rank: microseconds loading, computing, communicating alone, and in total."""
+    events = spans(path)
+    main = next(tid for name, tid, *_ in events if name == "step")
+    rows = []
+    for _, _, lo, hi in sorted((e for e in events if e[0] == "step"), key=lambda e: e[2]):
+        inside = [(n, tid, max(a, lo), min(b, hi)) for n, tid, a, b in events if a < hi and b > lo]
+        data = union([[a, b] for n, tid, a, b in inside if tid == main and n == "data"])
+        launch = union([[a, b] for n, tid, a, b in inside if tid == main and n.startswith(("c10d::", "FSDP::", "comm:"))])
+        ops = union([[a, b] for n, tid, a, b in inside if tid == main and n.startswith("aten::")])
+        compute = minus(minus(ops, data), launch)
+        comm = minus(minus(union(launch + [[a, b] for n, tid, a, b in inside if n.startswith("gloo:")]), data), compute)
+        rows.append({"data": length(data), "compute": length(compute), "comm": length(comm), "step": hi - lo})
+    return rows
+
+
+def bound(paths):
+    """What bounds the steps of a job, from every rank's trace: the largest share of the critical path."""
+    per_rank = [step_parts(p) for p in paths]
+    total = {k: 0.0 for k in ("data", "compute", "comm", "step")}
+    for steps in zip(*per_rank):
+        for k in ("data", "compute"):
+            total[k] += max(s[k] for s in steps)
+        total["comm"] += min(s["comm"] for s in steps)
+        total["step"] += max(s["step"] for s in steps)
+    shares = {k: total[k] / total["step"] for k in ("data", "compute", "comm")}
+    return max(shares, key=shares.get), shares
+
+
+LABEL = {"data": "input-bound", "compute": "compute-bound", "comm": "communication-bound"}
+expected = {"slow loader": "data", "big batch": "compute", "big all-reduce": "comm"}
+for scenario, kind in expected.items():
+    paths = launch_ranks("_runs/traced_step.py:train", 2, args=("ddp", scenario, "_runs/traces"), timeout=120,
+                         echo="none")
+    found, shares = bound(paths)
+    print(f"DDP, {scenario:<15}: {LABEL[found]:<20} (loading ~{shares['data']:.0%}, computing ~{shares['compute']:.0%}, "
+          f"communicating ~{shares['comm']:.0%} of the step)")
+    assert found == kind and shares[kind] > 0.5
+
+# %% [markdown] slideshow={"slide_type": "fragment"}
+"""
+Each change moved the step to another bound, and the trace says which: the fix differs for each. An input-bound step wants loader workers (notebook 10 §7) or faster storage; a compute-bound step wants faster kernels (`torch.compile`, bf16, a better GPU) and can afford more communication; a communication-bound step wants fewer or smaller messages (buckets, `no_sync`, a sparser metric) or overlap. The same reading works on a GPU trace, where the compute is kernels on a stream; notebook 16 §6 runs Holistic Trace Analysis on the GPU traces of `fsdp_train.py --profile`, which computes these shares per rank (its "temporal breakdown") and how much of the communication ran under compute.
+
+On GPUs, one effect never shows in a CPU trace or in the simulated device of section 4: overlapped communication is not free. NCCL's kernels run on the same GPU as the compute, take some of its streaming multiprocessors and memory bandwidth, and slow the compute kernels they overlap; a trace shows it as compute kernels that run longer while a `nccl:` kernel is active than when it is not (Rashidi et al. measure this interference in the references).
+
+### Bus bandwidth of your own machine
+
+The number to know about a cluster is the bandwidth its all-reduce reaches. `nccl-tests`, NVIDIA's benchmark, reports two: the *algorithm bandwidth* (bytes / time) and the *bus bandwidth*, the algorithm bandwidth × 2(n − 1)/n for an all-reduce over n ranks. The factor is the share of the data a ring all-reduce sends over each link (notebook 09 §2), so the bus bandwidth can be compared with the link's own speed and does not change with n. Measured on this machine's 2 processes, with notebook 09's α-β model fitted to it:
+"""
+
+# %% slideshow={"slide_type": "-"}
+from course_lib.comm_model import fit_alpha_beta
+
+sizes = [2**k for k in range(12, 25, 2)]  # 4 KiB to 16 MiB
+times = launch_ranks("_runs/traced_step.py:all_reduce_times", 2, args=(sizes,), timeout=120, echo="none")[0]
+n = 2
+print(f"{'message':>10} {'time':>10} {'algbw':>12} {'busbw':>12}")
+for nbytes, t in zip(sizes, times):
+    algbw = nbytes / t
+    print(f"{nbytes / 2**10:>7,.0f} KiB ~{t * 1e6:>7,.0f} us ~{algbw / 1e9:>7.2f} GB/s ~{algbw * 2 * (n - 1) / n / 1e9:>7.2f} GB/s")
+fit = fit_alpha_beta(sizes, times)
+print(f"alpha-beta fit: latency ~{fit.alpha * 1e6:.0f} us, bandwidth ~{fit.beta / 1e9:.2f} GB/s "
+      f"(worst relative error ~{fit.max_rel_error:.0%})")
+assert fit.alpha > 0 and fit.beta > 0 and times[-1] > times[0]
+
+fig, ax = plt.subplots(figsize=(6.5, 3.5))
+ax.loglog(sizes, [s / t / 1e9 for s, t in zip(sizes, times)], "o-", label="measured bus bandwidth (n = 2)")
+ax.loglog(sizes, [s / (fit.alpha + s / fit.beta) / 1e9 for s in sizes], "--", label="alpha-beta fit")
+ax.set_xlabel("message size (bytes)")
+ax.set_ylabel("bus bandwidth (GB/s)")
+ax.set_title("All-reduce bus bandwidth between 2 CPU processes (gloo)")
+ax.legend()
+plt.show()
+
+# %% [markdown] slideshow={"slide_type": "fragment"}
+"""
+Small messages are latency-bound (the bandwidth climbs with the size), large ones approach the link's rate: the α-β curve says the same, with α and β of this machine. On a GPU cluster, `all_reduce_perf` from nccl-tests, run over 2 to N GPUs inside a node and then across nodes, gives the two bus bandwidths that the planner's `Cluster(intra=..., inter=...)` expects (notebook 18 §4).
+"""
+
+# %% [markdown] slideshow={"slide_type": "slide"}
+"""
 ## Summary
 
 - Under DDP, `torch.compile`'s DDPOptimizer cuts the graph where DDP's buckets begin, so each bucket's all-reduce can start between the subgraphs' backwards: 2 graphs for DDP's 2 default buckets; with `bucket_cap_mb=2`, 5 graphs for DDP's 4 buckets (it always assumes a 1 MiB first bucket); 1 graph with `optimize_ddp=False`.
 - FSDP2: compile each block (`block.compile()`) before or after `fully_shard`; the hooks stay between the compiled pieces and the losses equal eager.
 - `torch._dynamo.explain` lists graph breaks and their reasons, `TORCH_LOGS=recompiles` the guard that failed; compiled autograd captures the backward at run time as one more graph.
 - Overlap measured with PyTorch's own DDP and FSDP2 on a simulated device: DDP hid 3 of 4 all-reduces under backward; FSDP2's prefetch on a CPU needs the private `_set_unshard_async_op(True)` and hides the all-gathers only; both savings agree with the α-β prediction in order of magnitude (the printed `~` numbers; on a busy machine the collectives take longer than the idle fit predicts, and overlap hides more).
+- A profiler trace shows each collective twice (handed over on the training thread, run on the backend's thread); waiting has no span. Split each step into loading, computing and communicating alone, taking the least communication over the ranks: one change each made the step input-, compute- or communication-bound. The bus bandwidth (algorithm bandwidth × 2(n − 1)/n) and the α-β fit describe a cluster's links.
 - A `k` times larger global batch needs a larger learning rate (linear for SGD, about `sqrt(k)` for Adam, with warmup), and past the critical batch size a larger batch buys few steps.
 """
 
@@ -686,8 +916,8 @@ The smallest batch needs over 4 times the steps of the largest, but the largest 
 """
 
 # %% slideshow={"slide_type": "-"}
-from course_lib.exercises.compile_overlap_batch import (check_ddp_optimizer_graphs, check_exposed_wait,
-                                                        check_scaled_lr)
+from course_lib.exercises.compile_overlap_batch import (check_ddp_optimizer_graphs, check_exposed_comm,
+                                                        check_exposed_wait, check_scaled_lr)
 
 
 def ddp_optimizer_graphs(layer_bytes, bucket_cap_bytes, first_bucket_cap_bytes=2**20):
@@ -712,6 +942,19 @@ def exposed_wait(backward_ms, allreduce_ms):
 
 print(check_exposed_wait(exposed_wait))
 
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+4. Section 7's reading of a trace, for any spans. Write `exposed_comm(compute, comm)`: given the `(start, end)` intervals in which the training thread computed and those in which a collective was in flight (either list may overlap itself, as nested or concurrent spans of a trace do), return how long communication ran while nothing computed.
+"""
+
+
+# %% slideshow={"slide_type": "-"}
+def exposed_comm(compute, comm):
+    raise NotImplementedError  # your code here
+
+
+print(check_exposed_comm(exposed_comm))
+
 # %% [markdown] slideshow={"slide_type": "slide"}
 """
 ## References
@@ -719,6 +962,9 @@ print(check_exposed_wait(exposed_wait))
 - PyTorch docs: [`torch.compile`](https://pytorch.org/docs/stable/generated/torch.compile.html), [torch.compiler troubleshooting](https://pytorch.org/docs/stable/torch.compiler_troubleshooting.html) (`TORCH_LOGS`, `torch._dynamo.explain`, graph breaks and recompiles), [DistributedDataParallel](https://pytorch.org/docs/stable/generated/torch.nn.parallel.DistributedDataParallel.html) (`bucket_cap_mb`, `no_sync`, communication hooks), [`fully_shard`](https://pytorch.org/docs/stable/distributed.fsdp.fully_shard.html) (`set_modules_to_forward_prefetch`).
 - PyTorch tutorials: [Compiled Autograd](https://pytorch.org/tutorials/intermediate/compiled_autograd_tutorial.html), [Regional compilation](https://pytorch.org/tutorials/recipes/regional_compilation.html); the DDPOptimizer's design is described in the docstring of `torch/_dynamo/backends/distributed.py`.
 - P. Goyal et al., *Accurate, Large Minibatch SGD: Training ImageNet in 1 Hour*, 2017, [arXiv:1706.02677](https://arxiv.org/abs/1706.02677) (linear scaling, warmup).
+- PyTorch docs: [`torch.profiler`](https://pytorch.org/docs/stable/profiler.html) and the tutorial [Profiling your PyTorch module](https://pytorch.org/tutorials/beginner/profiler.html); [Perfetto](https://ui.perfetto.dev); [Holistic Trace Analysis](https://hta.readthedocs.io).
+- S. Rashidi et al., *T3: Transparent Tracking & Triggering for Fine-grained Overlap of Compute & Collectives*, ASPLOS 2024, [arXiv:2401.16677](https://arxiv.org/abs/2401.16677) (overlapped collectives slow the compute they share the GPU with).
+- NVIDIA, [nccl-tests: performance reported](https://github.com/NVIDIA/nccl-tests/blob/master/doc/PERFORMANCE.md) (algorithm and bus bandwidth).
 - S. Malladi et al., *On the SDEs and Scaling Rules for Adaptive Gradient Algorithms*, NeurIPS 2022, [arXiv:2205.10287](https://arxiv.org/abs/2205.10287) (square-root scaling for Adam).
 - S. McCandlish, J. Kaplan, D. Amodei et al., *An Empirical Model of Large-Batch Training*, 2018, [arXiv:1812.06162](https://arxiv.org/abs/1812.06162) (the critical batch size).
 - J. Kaplan et al., *Scaling Laws for Neural Language Models*, 2020, [arXiv:2001.08361](https://arxiv.org/abs/2001.08361) (the critical batch size against the loss).

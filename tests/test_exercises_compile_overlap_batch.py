@@ -7,9 +7,11 @@ import pytest
 from checks import assert_check
 from course_lib.exercises.compile_overlap_batch import (
     check_ddp_optimizer_graphs,
+    check_exposed_comm,
     check_exposed_wait,
     check_scaled_lr,
     ddp_optimizer_graphs,
+    exposed_comm,
     exposed_wait,
     scaled_lr,
 )
@@ -114,5 +116,26 @@ def test_exposed_wait() -> None:
             (lambda b, c: c[-1], "waits for the one before it"),
             (lambda b, c: max(0.0, max(sum(b[: i + 1]) + x for i, x in enumerate(c)) - sum(b)), "one link"),
             (lambda b, c: 1.0, "expected"),
+        ],
+    )
+
+
+def test_exposed_comm() -> None:
+    assert exposed_comm([(0, 4), (6, 8)], [(3, 7), (7.5, 10)]) == 4.0
+    assert exposed_comm([], [(1, 2), (1.5, 3)]) == 2.0
+    with pytest.raises(ValueError, match="ends before it starts"):
+        exposed_comm([], [(3, 1)])
+
+    def no_merge(compute, comm):  # subtracts, but counts overlapping intervals twice
+        return sum(b - a for a, b in comm) - sum(max(0.0, min(b, d) - max(a, c)) for a, b in comm for c, d in compute)
+
+    assert_check(
+        check_exposed_comm,
+        right=[exposed_comm],
+        not_done=[_blank, ...],
+        wrong=[
+            (lambda compute, comm: sum(b - a for a, b in comm), "subtract what compute covers"),
+            (no_merge, "merge them first"),
+            (lambda compute, comm: 0.0, "expected"),
         ],
     )

@@ -12,9 +12,11 @@ from .core import Wrong, as_number, call_learner, exercise
 __all__ = [
     "RULES",
     "check_ddp_optimizer_graphs",
+    "check_exposed_comm",
     "check_exposed_wait",
     "check_scaled_lr",
     "ddp_optimizer_graphs",
+    "exposed_comm",
     "exposed_wait",
     "scaled_lr",
 ]
@@ -174,3 +176,51 @@ def check_exposed_wait(fn: Any) -> str:
             raise Wrong(f"{call} = {got:g}: the all-reduces share one link, so they run one after the other")
         raise Wrong(f"{call} = {got:g}, expected {want:g}")
     return "each all-reduce starts when its bucket is ready and the link is free; the step waits for the last"
+
+
+def exposed_comm(compute: Sequence[Sequence[float]], comm: Sequence[Sequence[float]]) -> float:
+    """How long communication runs while nothing computes: the length of the union of the ``comm`` intervals
+    (start, end) minus the union of the ``compute`` intervals, as read from a trace (notebook 17 §7).
+
+    >>> exposed_comm([(0, 4), (6, 8)], [(3, 7), (7.5, 10)])
+    4.0
+    """
+
+    def union(iv: Sequence[Sequence[float]]) -> list[list[float]]:
+        out: list[list[float]] = []
+        for a, b in sorted((float(check_number("start", p[0])), float(check_number("end", p[1]))) for p in iv):
+            if b < a:
+                raise ValueError(f"an interval ends before it starts: ({a}, {b})")
+            if out and a <= out[-1][1]:
+                out[-1][1] = max(out[-1][1], b)
+            else:
+                out.append([a, b])
+        return out
+
+    busy, left = union(compute), 0.0
+    for a, b in union(comm):
+        covered = sum(max(0.0, min(b, d) - max(a, c)) for c, d in busy)
+        left += (b - a) - covered
+    return left
+
+
+_COMM_CASES: list[tuple[list[tuple[float, float]], list[tuple[float, float]]]] = [
+    ([(0, 4), (6, 8)], [(3, 7), (7.5, 10)]),
+    ([(0, 10)], [(2, 3)]),
+    ([], [(1, 2), (1.5, 3)]),
+    ([(0, 1), (0.5, 2)], [(1, 5)]),
+    ([(2, 3)], [(0, 1)]),
+]
+
+
+@exercise("communication not hidden by compute", todo="write exposed_comm(compute, comm)")
+def check_exposed_comm(fn: Any) -> str:
+    for compute, comm in _COMM_CASES:
+        got = as_number(call_learner(fn, list(compute), list(comm)), "exposed_comm")
+        want = exposed_comm(compute, comm)
+        if compute and math.isclose(got, sum(b - a for a, b in comm)) and not math.isclose(got, want):
+            raise Wrong(f"compute {compute}, comm {comm}: {got} is all the communication; subtract what compute covers")
+        if not math.isclose(got, want, abs_tol=1e-9):
+            hint = " (overlapping intervals count once: merge them first)" if len(comm) > 1 or len(compute) > 1 else ""
+            raise Wrong(f"compute {compute}, comm {comm}: expected {want}, got {got}{hint}")
+    return "merge each kind first, then subtract: what a trace calls exposed communication"
