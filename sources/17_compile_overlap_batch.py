@@ -871,10 +871,11 @@ from course_lib.comm_model import fit_alpha_beta
 sizes = [2**k for k in range(12, 25, 2)]  # 4 KiB to 16 MiB
 times = launch_ranks("_runs/traced_step.py:all_reduce_times", 2, args=(sizes,), timeout=120, echo="none")[0]
 n = 2
-print(f"{'message':>10} {'time':>10} {'algbw':>12} {'busbw':>12}")
+print(f"{'message':>11} {'time':>12} {'algbw':>13} {'busbw':>13}")
 for nbytes, t in zip(sizes, times):
     algbw = nbytes / t
-    print(f"{nbytes / 2**10:>7,.0f} KiB ~{t * 1e6:>7,.0f} us ~{algbw / 1e9:>7.2f} GB/s ~{algbw * 2 * (n - 1) / n / 1e9:>7.2f} GB/s")
+    busbw = algbw * 2 * (n - 1) / n
+    print(f"{nbytes / 2**10:>7,.0f} KiB {f'~{t * 1e6:.0f}':>9} us {f'~{algbw / 1e9:.2f}':>8} GB/s {f'~{busbw / 1e9:.2f}':>8} GB/s")
 fit = fit_alpha_beta(sizes, times)
 print(f"alpha-beta fit: latency ~{fit.alpha * 1e6:.0f} us, bandwidth ~{fit.beta / 1e9:.2f} GB/s "
       f"(worst relative error ~{fit.max_rel_error:.0%})")
