@@ -2,7 +2,7 @@
 """
 # 16 · FSDP2 in practice: a training script you can lift into your project
 
-Notebook 13 showed what `fully_shard` does to a few linear layers. A real job shards a real model, and the way it is written matters: the model must never exist whole on one device (it may not fit), each transformer block must be its own unit so that only one block (two, with prefetch) is gathered at a time, accumulation must not reduce-scatter after every micro-batch, and the checkpoint must be written by every rank in parallel. This notebook writes that script once, for notebook 14's transformer, runs it on CPU processes, and checks each of those choices with a measurement.
+Notebook 13 showed what `fully_shard` does to a few linear layers. A real job shards a real model, and the way it is written matters: the model must never exist whole on one device (it may not fit), each transformer block must be its own unit so that only one block (two, with prefetch) is gathered at a time, accumulation must choose between reduce-scattering every micro-batch and keeping whole gradients, and the checkpoint must be written by every rank in parallel. This notebook writes that script once, for notebook 14's transformer, runs it on CPU processes, and checks each of those choices with a measurement.
 
 By the end you will be able to:
 - build a model on the `meta` device, shard it block by block with `fully_shard` on an explicit mesh, materialize it with `to_empty` and initialize it exactly like an unsharded model;
@@ -30,7 +30,7 @@ from course_lib.device import requires_gpu
 from course_lib.equivalence import compare_gradients
 from course_lib.launch import run_script, run_torchrun
 from course_lib.seeding import seed_everything
-from course_lib.transformer import PRESETS
+from course_lib.transformer import PRESETS, param_count
 
 seed_everything(0)
 os.makedirs("_runs", exist_ok=True)  # scratch folder for the scripts this notebook writes (git ignores it)
@@ -443,10 +443,13 @@ print(f"one step: {per_step}; the same counts every step: {all(c == counts[i % m
 print(f"reduce-scatters per step: {per_step['reduce_scatter']} with sync on the last micro-batch only, "
       f"{synced['reduce_scatter']} if every micro-batch synchronized")
 assert per_step == collectives_per_step(n_blocks, micro) and per_step["reduce_scatter"] < synced["reduce_scatter"]
+llama_params = param_count(PRESETS["llama3-8b"])
+print(f"Llama 3 8B on 8 ranks: gradients kept unsharded in fp32 between syncs {4 * llama_params / 1e9:.1f} GB per rank; "
+      f"the rank's whole ZeRO-3 state (fp32 shards, gradients, AdamW's moments) {16 * llama_params / 8 / 1e9:.1f} GB")
 
 # %% [markdown] slideshow={"slide_type": "fragment"}
 """
-Per micro-batch the root unit is gathered once (it stays gathered until backward is done: FSDP2 does not reshard the root after forward, since backward starts with it) and each block twice, in forward and again in backward (`reshard_after_forward` at its default, `None`, is `True` for the blocks, which frees a block's full parameters after its forward, and `False` for the root). Skipping the sync keeps the unsharded gradients of the whole model on every rank until the last micro-batch: accumulation trades the reduce-scatters saved for memory, exactly DDP's `no_sync` trade (notebook 10 §9). What it does **not** save are the all-gathers: every micro-batch gathers the parameters again, unless `reshard_after_forward=False` keeps them (notebook 13).
+Per micro-batch the root unit is gathered once (it stays gathered until backward is done: FSDP2 does not reshard the root after forward, since backward starts with it) and each block twice, in forward and again in backward (`reshard_after_forward` at its default, `None`, is `True` for the blocks, which frees a block's full parameters after its forward, and `False` for the root). Skipping the sync is **not** DDP's `no_sync` trade (notebook 10 §9). DDP keeps a whole gradient anyway, so `no_sync` costs it nothing; FSDP2 must then keep every unit's gradient *unsharded*, in the reduce dtype (fp32 under the bf16 policy), until the last micro-batch: the last printed line shows that for Llama 3 8B this is more than the rank's whole sharded state. So the script's choice suits a small model like this one; for a large model, reduce-scatter every micro-batch (`set_requires_gradient_sync(True)`, the default), or, with HSDP, keep reduce-scattering inside the shard group and skip only the replicas' all-reduce (`set_requires_all_reduce(False)`), as torchtitan does. What it does **not** save are the all-gathers: every micro-batch gathers the parameters again, unless `reshard_after_forward=False` keeps them (notebook 13).
 """
 
 # %% [markdown] slideshow={"slide_type": "slide"}
@@ -899,7 +902,7 @@ for feature, (option, line, note) in TORCHTITAN_EXTRAS.items():
 ## Summary
 
 - Build on `meta`, `fully_shard` each block and then the root on an explicit mesh of the device you chose, `to_empty`, initialize: no rank ever holds the whole model, and the sharded run trained like one process (losses and gradient norms within 1e-5, final parameters within 1e-4).
-- One unit per block: an all-gather holds one block's parameters. Per micro-batch the root is gathered once and each block twice; `set_requires_gradient_sync(False)` skips the reduce-scatters of all micro-batches but the last, not the all-gathers.
+- One unit per block: an all-gather holds one block's parameters. Per micro-batch the root is gathered once and each block twice; `set_requires_gradient_sync(False)` skips the reduce-scatters of all micro-batches but the last, not the all-gathers, and keeps every gradient unsharded meanwhile: right for a small model, not for a large one.
 - `MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)` computes in bf16 on fp32 shards, gradients and optimizer state; checkpoint each block first, then shard it.
 - `clip_grad_norm_` on DTensor gradients returns the global norm.
 - `torch.distributed.checkpoint` writes and reads each rank's shards of the model and the optimizer; with a deterministic data order the resumed run is bit for bit the uninterrupted one.
