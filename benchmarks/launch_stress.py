@@ -107,6 +107,13 @@ CATALOG = [
         args=["--out", "OUT", "--replicate", "2", "--cpu-offload"],
     ),
     Job(
+        "16 fsdp_train.py --async-save --profile",
+        "torchrun",
+        "_runs/fsdp_train.py",
+        args=["--out", "OUT", "--save-at", "2", "--async-save", "--profile", "OUT"],
+    ),
+    Job("16 fsdp_memory.py (a fake 8-rank world)", "run_script", "python _runs/fsdp_memory.py 8 1024 OUT"),
+    Job(
         "18 capstone_train.py",
         "torchrun",
         "_runs/capstone_train.py",
@@ -120,6 +127,19 @@ CATALOG = [
     Job("15 sp.py:section2", "run_ranks", "_runs/n15/sp.py:section2"),
     Job("15 ring.py:section3", "run_ranks", "_runs/n15/ring.py:section3", nproc=4),
     Job("15 ep.py:section4", "run_ranks", "_runs/n15/ep.py:section4"),
+    Job("10 loader_job.py:pipeline (DataLoader workers)", "run_ranks", "_runs/loader_job.py:pipeline"),
+    Job(
+        "17 traced_step.py:train (DDP, profiled)",
+        "run_ranks",
+        "_runs/traced_step.py:train",
+        args=["ddp", "baseline", "OUT"],
+    ),
+    Job(
+        "17 traced_step.py:train (FSDP2, profiled)",
+        "run_ranks",
+        "_runs/traced_step.py:train",
+        args=["fsdp", "baseline", "OUT"],
+    ),
 ]
 
 

@@ -69,7 +69,8 @@ def predict(
 
     ``precision`` is :mod:`course_lib.sharding`'s: ``"mixed_adam"`` keeps bf16 activations, the
     ``fp32_*`` ones float32 activations. ``float8_all_gather`` (ZeRO-3 only: FSDP2 with torchao's float8
-    training) all-gathers the parameters as one byte each; the reduce-scatters keep the gradient's bytes.
+    training) all-gathers the blocks' linear weights as one byte each (the embedding, the head and the norms keep
+    their bytes); the reduce-scatters keep the gradient's bytes.
     ``async_tensor_parallel`` (micro-pipelined TP) splits each tensor-parallel collective into ``tensor``
     chunks that overlap the matrix products: only the first chunk, and what the compute cannot cover, stays exposed.
 
@@ -201,7 +202,11 @@ def _time(
     all_reduce = _ring(dp_link, n_params * prec.gradient, D)
     half = all_reduce / 2
     m = layout.accumulation
-    gather = _ring(dp_link, n_params * 1, D) / 2 if float8_all_gather else half  # float8: a byte a parameter
+    gather = half
+    if float8_all_gather:  # torchao casts the blocks' linear weights to float8; the rest is gathered as before
+        parts = param_counts(c)
+        linear = (parts["attention"] + parts["mlp"]) // c.n_layers // T * (c.n_layers // P)
+        gather = _ring(dp_link, linear * 1 + (n_params - linear) * prec.gradient, D) / 2
     dp_time = {0: all_reduce, 1: all_reduce, 2: m * half + half, 3: m * (2 * gather + half)}[layout.zero]
     # hidden: ZeRO-3's gathers prefetch during forward and backward; the others' overlap the backward (2/3)
     overlap = compute if layout.zero == 3 else compute * 2 / 3

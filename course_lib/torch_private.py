@@ -391,7 +391,7 @@ def fsdp_memory_tracker(model: Any, optimizer: Any) -> Any:
 
 
 def scaled_mm(a: Any, b: Any, scale_a: Any, scale_b: Any, out_dtype: Any) -> Any:
-    """``(a * scale_a) @ (b * scale_b)`` of float8 operands on a GPU with float8 units (SM 8.9+); fp32 scales, one
+    """``(a * scale_a) @ (b * scale_b)`` of float8 operands (a CPU kernel in 2.13; on GPUs, SM 8.9+); fp32 scales, one
     per tensor or per row of ``a`` and column of ``b``. ``torch._scaled_mm``; public: torchao's float8 training."""
     if not all(isinstance(t, torch.Tensor) for t in (a, b, scale_a, scale_b)):
         raise TypeError("a, b, scale_a and scale_b must be tensors")

@@ -58,7 +58,7 @@ TORCHTITAN_FLAGS: dict[str, dict[str, _Row]] = {
         "--no-prefetch": (
             None,
             None,
-            "FSDP2's implicit prefetch; `--parallelism.fsdp_reshard_after_forward` (line 336) is the nearest knob",
+            "torchtitan relies on FSDP2's implicit prefetch; explicit orders are set in code",
         ),
         "--save-at": ("--checkpoint.interval", 519, "with `--checkpoint.enable` (line 488)"),
         "--async-save": ("--checkpoint.async_mode", 591, "`async` (a thread, as here) or `async_with_pinned_mem`"),

@@ -487,7 +487,7 @@ check_sgd_step(sgd_step)
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-**4. Freeze for fine-tuning.** Write `freeze_for_finetuning(model)` for an `nn.Sequential`: freeze every layer but the last, and return an `AdamW` (`lr=1e-3`, `weight_decay=0.01`) that holds the last layer's parameters and nothing else. The check trains two steps with `zero_grad(set_to_none=False)`, the case where a frozen parameter left in the optimizer still moves (§6).
+**4. Freeze for fine-tuning.** Write `freeze_for_finetuning(model)` for an `nn.Sequential`: freeze every layer but the last, and return an `AdamW` (`lr=1e-3`, `weight_decay=0.01`) that holds the last layer's parameters and nothing else. The check gives the frozen parameters a zeroed gradient, as earlier training would leave them, then trains two steps with `zero_grad(set_to_none=False)`: a frozen parameter left in the optimizer would move (§6).
 """
 
 # %% slideshow={"slide_type": "fragment"}

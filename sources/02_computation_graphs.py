@@ -436,7 +436,7 @@ assert order["module hook, layer 2"] < order["tensor hook, hidden activation"]
 """
 Backward runs from the loss to the inputs: layer 2's hooks fire before the hidden activation's, and layer 0's parameters are ready last. The last layer's gradients are complete long before backward ends, which is what lets DDP overlap communication with the rest of backward.
 
-Two differences between the tensor hook and the post-accumulate hook matter in practice. A tensor hook on a parameter sees the gradient of *this* backward, before it is added to `.grad`, and can change it; the post-accumulate hook sees `.grad` after the addition. With two micro-batches accumulated (notebook 08), only the second sees the sum. Every `register_*` returns a handle whose `remove()` takes the hook off.
+Two differences between the tensor hook and the post-accumulate hook matter in practice. A tensor hook on a parameter sees the gradient of *this* backward, before it is added to `.grad`, and can change it; the post-accumulate hook sees `.grad` after the addition. With two micro-batches accumulated (notebook 08), only the post-accumulate hook sees the sum, on the second micro-batch. Every `register_*` returns a handle whose `remove()` takes the hook off.
 """
 
 # %% slideshow={"slide_type": "fragment"}

@@ -580,7 +580,7 @@ if requires_gpu("CPU offload's saving of GPU memory (one-process FSDP2 on the GP
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-`--profile DIR` writes one `torch.profiler` trace per rank (notebook 17 §7 reads such traces on the CPU). On GPUs the trace also holds every kernel, on its CUDA stream: NCCL's all-gathers and reduce-scatters on their own streams beside the compute kernels. [Holistic Trace Analysis](https://github.com/facebookresearch/HolisticTraceAnalysis) (HTA, `pip install HolisticTraceAnalysis`) reads the folder and answers two questions per rank: how the GPU's time splits into computation, communication, memory copies and idleness, and what fraction of the communication ran while compute kernels were running. HTA reads GPU kernels only, so the cell runs where there are GPUs and HTA is installed.
+`--profile DIR` writes one `torch.profiler` trace per rank (notebook 17 §8 reads such traces on the CPU). On GPUs the trace also holds every kernel, on its CUDA stream: NCCL's all-gathers and reduce-scatters on their own streams beside the compute kernels. [Holistic Trace Analysis](https://github.com/facebookresearch/HolisticTraceAnalysis) (HTA, `pip install HolisticTraceAnalysis`) reads the folder and answers two questions per rank: how the GPU's time splits into computation, non-computation (communication and memory copies) and idleness, and what fraction of the communication ran while compute kernels were running. HTA reads GPU kernels only, so the cell runs where there are GPUs and HTA is installed.
 """
 
 # %% slideshow={"slide_type": "-"}
@@ -610,7 +610,7 @@ The runs above measure a tiny model. Before renting 8 GPUs for Llama 3 8B you wa
 - **`FakeTensorMode`** gives every tensor a shape, a dtype and a device but no storage, so an 8-billion-parameter model and its 8,192-token activations cost no memory, and each operator runs in microseconds;
 - **`FSDPMemTracker`**, a dispatch mode, files every tensor created during the step under parameters (sharded or gathered), gradients, activations, temporaries and optimizer state, and keeps the peak.
 
-All three are private or testing APIs of torch 2.13 (`torch.testing._internal`, `torch._subclasses`, `torch.distributed._tools`); the course reaches them through `course_lib.torch_private`. The script builds notebook 14's transformer at Llama 3 8B's configuration, shards it as `fsdp_train.py` does with the bf16 policy, and tracks one forward, backward and AdamW step of 8,192 tokens; then again with the embedding and the head as units of their own, as torchtitan shards them.
+All three are private or testing APIs of torch 2.13 (`torch.testing._internal`, `torch._subclasses`, `torch.distributed._tools`); the course reaches them through `course_lib.torch_private`. The script builds notebook 14's transformer at Llama 3 8B's configuration, shards it as `fsdp_train.py` does with the bf16 policy, and tracks one forward, backward and AdamW step of 8,192 tokens; then again with torchtitan's units: the embedding as a unit of its own, and the final norm with the head as another, which stays gathered after forward (the loss needs it at once, and backward starts with it).
 """
 
 # %% slideshow={"slide_type": "-"}
@@ -634,9 +634,9 @@ def step_memory(config, mesh, own_units, seq_len):
     policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     with fake_tensor_mode():                         # from here on, no tensor has storage
         model = Transformer(config, device="meta")
-        if own_units:                                # torchtitan's units: the embedding, and the head
+        if own_units:  # torchtitan's units: the embedding; the final norm with the head, kept gathered after forward
             fully_shard(model.embed, mesh=mesh, mp_policy=policy)
-            fully_shard(model.head, mesh=mesh, mp_policy=policy)
+            fully_shard([model.norm, model.head], mesh=mesh, mp_policy=policy, reshard_after_forward=False)
         for block in model.layers:
             fully_shard(block, mesh=mesh, mp_policy=policy)
         fully_shard(model, mesh=mesh, mp_policy=policy)
@@ -695,11 +695,17 @@ state_equal = rows[0][1] == rows[0][2] and rows[1][1] == rows[1][2] and rows[2][
 act_gap = rows[3][1] / rows[3][2] - 1
 print(f"model state equal to the byte (AdamW's {t['parameter tensors']} step counters, {counters:,} bytes, "
       f"aside): {state_equal}; activations within 1 %: {abs(act_gap) < 0.01} ({100 * act_gap:+.1f} %)")
-assert state_equal and abs(act_gap) < 0.01
+mixed = [course["mixed_adam"][k] / GiB for k in ("parameters", "gradients", "optimizer state")]
+print("the mixed_adam row splits the same bytes otherwise: " + ", ".join(f"{x:.2f}" for x in mixed) + " GiB")
+rotary = llama8b.n_layers * 2 * 8192 * llama8b.head_dim * 2  # cos and sin tables, bf16, one copy per block
+beyond = rows[3][1] - rows[3][2]
+print(f"activations beyond the course's count: {beyond / 2**20:.1f} MiB; 32 blocks x the rotary tables cast to bf16: "
+      f"{rotary / 2**20:.1f} MiB; within 0.1 MiB: {abs(beyond - rotary) < 0.1 * 2**20}")
+assert state_equal and abs(act_gap) < 0.01 and abs(beyond - rotary) < 0.1 * 2**20
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-The model state agrees to the byte with the course's `fp32_adam` row, not its `mixed_adam` one: under FSDP2's bf16 policy the fp32 shard *is* the master copy, its gradient is fp32, and AdamW adds its two moments, 4 + 4 + 8 bytes a parameter (the mixed-precision recipe of notebook 13 splits the same 16 bytes as 2 + 2 + 12). The activations agree within a few tenths of a percent: the policy casts the rotary tables to bf16 on entry to each block, a copy per block that the course's count leaves out. The peak is where the two models part:
+The model state agrees to the byte with the course's `fp32_adam` row, not its `mixed_adam` one: under FSDP2's bf16 policy the fp32 shard *is* the master copy, its gradient is fp32, and AdamW adds its two moments, 4 + 4 + 8 bytes a parameter (the mixed-precision recipe of notebook 13 splits the same 16 bytes as 2 + 2 + 12, the last printed split). The activations differ by the rotary tables, to within a tenth of a MiB: the policy casts them to bf16 on entry to each block, a copy per block that the course's count leaves out. The peak is where the two models part:
 """
 
 # %% slideshow={"slide_type": "-"}
@@ -712,12 +718,16 @@ course_total = sum(course["fp32_adam"][k] for k in ("parameters", "gradients", "
 course_total += course["mixed_adam"]["activations"]
 print(f"the course's model: {course_total / GiB:.2f} GiB; fp32 logits and their gradient, 2 x tokens x V x 4 bytes: "
       f"{2 * tokens * V * 4 / GiB:.2f} GiB")
+usable = 0.9 * node.memory_bytes  # the planner's limit: 90 % of an 80 GB H100
+for units, snap in tracked.items():
+    print(f"{units:<14}: {(usable - snap['peak']['Total']) / GiB:.2f} GiB below the planner's limit "
+          f"({usable / GiB:.2f} GiB); the course's model leaves {(usable - course_total) / GiB:.2f} GiB")
 assert tracked["blocks + root"]["peak"]["Temp"] == 2 * tokens * V * 4
 assert tracked["own units"]["peak"]["Total"] < tracked["blocks + root"]["peak"]["Total"]
 
 # %% [markdown] slideshow={"slide_type": "fragment"}
 """
-Two terms decide whether the step fits, and neither is model state or activations. The **temporaries** are the loss's: the logits are cast to fp32 for the cross-entropy, and backward holds their gradient beside them, 2 × 8,192 × 128,256 × 4 bytes. The **gathered parameters** are the root unit's: FSDP2 keeps the root gathered from forward to the end of backward, and with a 128,256-token vocabulary the embedding and the untied head are the largest parameters of the model. Sharding them as units of their own, as torchtitan does, lowers the peak. Section 3's script keeps them in the root, which suits the tiny model and not a real vocabulary. On an 80 GB card with 10 % headroom the difference decides whether the step fits: the tracker's peak is what to check before renting the GPUs, and the course's planner (notebook 18) counts state and activations only.
+Two terms that the course's count leaves out take most of the margin. The **temporaries** are the loss's: the logits are cast to fp32 for the cross-entropy, and backward holds their gradient beside them, 2 × 8,192 × 128,256 × 4 bytes. The **gathered parameters** are the root unit's: FSDP2 keeps the root gathered from forward to the end of backward, and with a 128,256-token vocabulary the embedding and the untied head are the largest parameters of the model. torchtitan's units let the embedding go after forward (the head stays, as the loss needs it), which lowers the peak by the embedding's bf16 copy. The script of section 1 keeps both in the root, which suits the tiny model and not a real vocabulary. The course's model leaves about 7 GiB of margin under the planner's 90 % limit; the tracker's peak leaves under 1 GiB with the script's units and under 2 GiB with torchtitan's, so a slightly longer sequence, or the allocator's fragmentation, would not fit. That is why the tracker's peak, not state plus activations, is what to check before renting the GPUs; the course's planner (notebook 18) counts state and activations only.
 """
 
 # %% [markdown] slideshow={"slide_type": "slide"}
@@ -728,7 +738,7 @@ Two terms decide whether the step fits, and neither is model state or activation
 
 ### 8.1 Asynchronous checkpoints
 
-`dcp.save` blocks every rank until its shards are on disk. `dcp.async_save` copies the state to CPU memory (the *staging*), hands the write to a background thread, and returns a future: training goes on while the files are written. The future must be waited on before the next save and before the job exits. The background write runs collectives (the ranks agree on a plan and on the metadata) from another thread, so it gets a gloo group of its own: on the default group they would interleave with the training loop's and the ranks would disagree on the order. `--async-save` does all three. The run below saves after step 2, like section 2's run, and both checkpoints are read back without a process group (`dcp_to_torch_save`).
+`dcp.save` blocks every rank until its shards are on disk. `dcp.async_save` copies the state to CPU memory (the *staging*), hands the write to a background thread, and returns a future: training goes on while the files are written. Three rules come with it, and `--async-save` follows each: wait on the future before the next save and before the job exits; stage before the next optimizer step changes the parameters (the call itself does); and give the background write a gloo group of its own, because it runs collectives (the ranks agree on a plan and on the metadata) from another thread, and on the default group they would interleave with the training loop's and the ranks would disagree on the order. The run below saves after two steps (steps 0 and 1), like section 2's run, and both checkpoints are read back without a process group (`dcp_to_torch_save`).
 """
 
 # %% slideshow={"slide_type": "-"}
@@ -753,19 +763,19 @@ blocking = flat(torch.load("_runs/fsdp/step2.pt", weights_only=False))
 background = flat(torch.load("_runs/fsdp_async/step2.pt", weights_only=False))
 same = blocking.keys() == background.keys() and all(
     torch.equal(v, background[k]) if torch.is_tensor(v) else v == background[k] for k, v in blocking.items())
-print(f"the step-2 checkpoint, written in the background while steps 2 and 3 ran: {len(background)} entries, "
-      f"equal bit for bit to the blocking save's: {same}")
+print(f"the checkpoint after step 1, written by a background thread while the loop went on: {len(background)} "
+      f"entries, equal bit for bit to the blocking save's: {same}")
 print(f"the training loop was blocked at the save for ~{1e3 * fsdp_log['checkpoint_stall_s']:.0f} ms by dcp.save and "
       f"~{1e3 * async_log['checkpoint_stall_s']:.0f} ms by dcp.async_save (rank 0)")
 assert same and async_log["losses"] == fsdp_log["losses"]
 
 # %% [markdown] slideshow={"slide_type": "fragment"}
 """
-The checkpoint holds the state of the moment of the save, although the parameters changed twice while it was being written: the staging copy is what the thread writes. What remains of the stall is that copy. On a GPU it is a device-to-host copy of every rank's shards; torchtitan's `async_with_pinned_mem` mode stages into pinned memory from another process, so that even the copy overlaps training.
+The checkpoint holds the state of the moment of the save, although steps 2 and 3 changed the parameters after the call returned: the staging copy is what the thread writes. What remains of the stall is that copy (and the plan's collectives, which the blocking save runs too). On a GPU it is a device-to-host copy of every rank's shards; torchtitan's `async_with_pinned_mem` mode stages asynchronously into pinned shared memory and writes from a separate process, so that the copy too overlaps training.
 
 ### 8.2 float8 training
 
-Hopper and later GPUs multiply 8-bit floats at twice the bf16 rate. Two formats exist, and `torch.finfo` gives their ranges; notebook 06's bit-by-bit view applies to them too.
+GPUs of compute capability 8.9 and later (Ada, Hopper, Blackwell) multiply 8-bit floats at twice the bf16 rate (NVIDIA's H100 datasheet: 1,979 against 989 TFLOP/s, dense). Two formats exist, and `torch.finfo` gives their ranges; notebook 06's bit-by-bit view applies to them too.
 """
 
 # %% slideshow={"slide_type": "-"}
@@ -778,7 +788,7 @@ print(f"e4m3's normal numbers span largest / smallest normal = {e4m3.max / e4m3.
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-`e4m3` (three stored mantissa bits, largest 448) carries weights and activations, `e5m2` (wider range, coarser) is the usual choice for gradients. With a range that narrow, every tensor is **scaled** before the cast: divide by `amax / 448` so that its largest element lands on the largest float8, multiply back after the product. torchao's recipes differ in where the scales come from: **tensorwise** (one scale per tensor, the fastest) and **rowwise** (one per row of the activations and per column of the weight, more accurate; `rowwise_with_gw_hp` also keeps the weight gradient's product in bf16). A float8 number keeps the same relative precision across its normal range, which spans 448 / 2⁻⁶ = 28,672: one scale serves a tensor well until its largest element is that many times its typical one. One outlier row past that shows the difference: under a tensorwise scale every other row falls below the smallest normal float8, where precision is lost.
+`e4m3` (three stored mantissa bits, largest 448) carries weights and activations, `e5m2` (wider range, coarser) carries gradients in torchao's tensorwise recipe (its rowwise recipes use `e4m3` throughout, with scales rounded to powers of 2). With a range that narrow, every tensor is **scaled** before the cast: divide by `amax / 448` so that its largest element lands on the largest float8, multiply back after the product. torchao's recipes differ in where the scales come from: **tensorwise** (one scale per tensor, the fastest) and **rowwise** (one per row of the activations and per column of the weight, more accurate; `rowwise_with_gw_hp` also keeps the weight gradient's product in bf16). A float8 number keeps the same relative precision across its normal range, which spans 448 / 2⁻⁶ = 28,672: one scale serves a tensor well until its largest element is that many times its typical one. One outlier row past that shows the difference: under a tensorwise scale every other row falls below the smallest normal float8, where precision is lost.
 """
 
 # %% slideshow={"slide_type": "-"}
@@ -805,27 +815,35 @@ assert errors["rowwise"] < errors["tensorwise"] / 4
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-float8 also shrinks FSDP2's traffic. With torchao's `enable_fsdp_float8_all_gather` (tensorwise only), each unit's shard is cast to float8 **before** its all-gather, so the all-gathers move one byte per parameter instead of bf16's two; the reduce-scatters keep the gradient's precision. The planner's `float8_all_gather` flag counts it; for Llama 3 8B with ZeRO-3 over 4 nodes of 8 H100s (32 ranks, 2 micro-batches of 8,192 tokens each):
+float8 also shrinks FSDP2's traffic. With torchao's `enable_fsdp_float8_all_gather` (tensorwise only), each block's linear weights are cast to float8 **before** their all-gather, so they move one byte per parameter instead of bf16's two; the embedding, the norms and the head keep bf16, and the reduce-scatters keep the gradient's precision. Counted for Llama 3 8B with the script's units (blocks gathered twice per micro-batch, the root once), then the planner's `float8_all_gather` flag for ZeRO-3 over 4 nodes of 8 H100s (32 ranks, 2 micro-batches of 8,192 tokens each):
 """
 
 # %% slideshow={"slide_type": "-"}
-from course_lib.planner import shard_params
+from course_lib.transformer import param_counts
 
-gathered = {dt: 2 * 2 * shard_params(llama8b) * nbytes for dt, nbytes in (("bf16", 2), ("float8", 1))}
-print(f"parameters gathered per rank and step (forward and backward, 2 micro-batches): bf16 "
-      f"{gathered['bf16'] / 1e9:.1f} GB, float8 {gathered['float8'] / 1e9:.1f} GB")
+parts = param_counts(llama8b)
+linear = parts["attention"] + parts["mlp"]  # the blocks' linear weights: what torchao converts to float8
+root = parts["embedding"] + parts["head"] + llama8b.d_model  # with the final norm
+others = param_count(llama8b) - linear - root  # the blocks' norms
+gathered = {dt: 2 * (2 * (linear * lin_bytes + others * 2) + root * 2) for dt, lin_bytes in (("bf16", 2), ("float8", 1))}
+print(f"parameters gathered per rank and step (2 micro-batches): bf16 {gathered['bf16'] / 1e9:.1f} GB, float8 "
+      f"{gathered['float8'] / 1e9:.1f} GB ({gathered['float8'] / gathered['bf16']:.2f} of bf16's)")
 nodes4 = h100_cluster(nodes=4)
 zero3 = Layout(data=32, zero=3, micro_batch=1, accumulation=2)
 dp = {f8: predict(llama8b, nodes4, zero3, seq_len=8192, global_batch=64, float8_all_gather=f8).time
       for f8 in (False, True)}
-print(f"ZeRO-3 traffic per step beyond what compute hides: {dp[False]['data-parallel (not hidden)']:.3f} s with bf16 "
-      f"gathers, {dp[True]['data-parallel (not hidden)']:.3f} s with float8")
-assert gathered["float8"] * 2 == gathered["bf16"]
+print(f"4 nodes, ZeRO-3 traffic per step beyond what compute hides: {dp[False]['data-parallel (not hidden)']:.3f} s "
+      f"with bf16 gathers, {dp[True]['data-parallel (not hidden)']:.3f} s with float8, of {dp[False]['compute']:.3f} s "
+      "of compute")
+one_node = {f8: predict(llama8b, node, Layout(data=8, zero=3, micro_batch=1, accumulation=8), seq_len=8192,
+                        global_batch=64, float8_all_gather=f8).time["data-parallel (not hidden)"] for f8 in (False, True)}
+print(f"one node (NVLink), the same per rank: {one_node[False]:.3f} s and {one_node[True]:.3f} s")
+assert 0.5 < gathered["float8"] / gathered["bf16"] < 0.6 and one_node[False] == one_node[True] == 0.0
 assert dp[True]["data-parallel (not hidden)"] < dp[False]["data-parallel (not hidden)"]
 
 # %% [markdown] slideshow={"slide_type": "fragment"}
 """
-Across nodes the gathers run over the network between the nodes and outlast the compute; halving their bytes removes most of the excess (inside one node, NVLink hides them either way). The cell below runs on a GPU: it times a bf16 product against the same product in float8 with both scalings (the GPU needs float8 units: compute capability 8.9 or later).
+Across nodes the gathers run over the network between the nodes and outlast the compute; float8's smaller gathers remove most of the excess. Inside one node, NVLink hides them either way. The cell below runs on a GPU: it times a bf16 product against the same product in float8 with both scalings (the GPU needs float8 units: compute capability 8.9 or later).
 """
 
 # %% slideshow={"slide_type": "-"}
@@ -873,7 +891,7 @@ assert waits[True] < waits[False]
 
 # %% [markdown] slideshow={"slide_type": "fragment"}
 """
-**The compiler's reordering.** Notebook 17 compiles FSDP2 block by block, and the collectives stay where FSDP2's hooks put them. torchtitan's SimpleFSDP experiment writes FSDP as DTensor redistributions the compiler can see, and Inductor's overlap scheduling pass (`torch._inductor.fx_passes.overlap_scheduling`) then buckets the all-gathers and reduce-scatters and moves them to overlap compute; the older `reorder_for_compute_comm_overlap` setting is off by default in 2.13.
+**The compiler's reordering.** Notebook 17 compiles FSDP2 block by block, and the collectives stay where FSDP2's hooks put them. torchtitan's SimpleFSDP experiment writes FSDP as DTensor redistributions the compiler can see, and Inductor's overlap scheduling pass (`torch._inductor.fx_passes.overlap_scheduling`) then buckets the all-gathers and reduce-scatters and moves them to overlap compute; both it and the older `reorder_for_compute_comm_overlap` setting are off by default in 2.13: SimpleFSDP calls the pass itself (`torchtitan/experiments/simple_fsdp/backend.py`).
 
 **Fault tolerance beyond a restart.** Notebook 11 restarts the whole job from its last checkpoint when a rank dies. [torchft](https://github.com/pytorch/torchft) keeps the job running instead: the ranks are split into *replica groups* that each hold a full copy of the sharded model (HSDP's replicate dimension, section 6); a *lighthouse* server takes a quorum of the healthy groups every step, the data-parallel all-reduce runs among those only, and a group that comes back fetches the weights live from a healthy peer. Its process groups can be torn down and rebuilt without killing the trainer. torchtitan turns it on with `--fault_tolerance.enable`.
 

@@ -668,7 +668,7 @@ The smallest batch needs over 4 times the steps of the largest, but the largest 
 
 # %% [markdown] slideshow={"slide_type": "slide"}
 """
-## 7. Reading a trace of a distributed step
+## 8. Reading a trace of a distributed step
 
 Sections 4 and 5 measured overlap on a simulated device. On a real job the tool is the profiler: `torch.profiler.profile` records every operator of a few steps, and `export_chrome_trace` writes them as a timeline per rank that [Perfetto](https://ui.perfetto.dev) (or `chrome://tracing`) opens. The script below trains a small MLP for five steps under DDP or FSDP2 on 2 CPU processes, profiles the last three, labels the loading of each batch with `record_function("data")`, and writes each rank's trace. `SCENARIOS` holds a baseline and three variants that each change **one** thing: a loader that takes 200 ms per batch, a batch 128 times larger, and an extra 64 MiB all-reduce every step (a metric or an EMA synchronized too often).
 """
@@ -776,7 +776,7 @@ for wrap in ("ddp", "fsdp"):
 """
 What the two traces show:
 
-- Each collective appears **twice**. On the training thread, `c10d::allreduce_` (or `_allgather_base_`, `_reduce_scatter_base_`) only *hands* it to the backend and returns; the transfer itself is a `gloo:all_reduce` or `gloo:all_gather` span on gloo's own thread, and it runs while the training thread goes on. On GPUs the second span is a `nccl:` kernel on a communication stream.
+- Each collective appears **twice**. On the training thread, `c10d::allreduce_` (or `_allgather_base_`, `_reduce_scatter_base_`) only *hands* it to the backend and returns; the transfer itself is a `gloo:all_reduce` or `gloo:all_gather` span on gloo's own thread, and it runs while the training thread goes on. On GPUs the second span is an NCCL kernel (`ncclDevKernel_...`) on a communication stream, beside the CPU-side `nccl:all_reduce` annotation.
 - FSDP2 names its phases: `FSDP::all_gather` before each unit's forward and backward, `FSDP::post_backward_reduce` after. gloo has no reduce-scatter of its own: it runs an all-reduce (`gloo:all_reduce`) and keeps the rank's part.
 - Waiting has **no span of its own**. When the training thread blocks on a collective, the time shows as a gap inside the enclosing span (DDP's wait at the end of backward, or `FSDP::all_gather`). A wait you add yourself is worth a `record_function` label, as the script does for its extra all-reduce.
 - On a CPU there is no device time: the profiler's "CPU time" of a span is its wall-clock length on its thread, so it also grows when the machine is busy.
@@ -856,13 +856,13 @@ for scenario, kind in expected.items():
 
 # %% [markdown] slideshow={"slide_type": "fragment"}
 """
-Each change moved the step to another bound, and the trace says which: the fix differs for each. An input-bound step wants loader workers (notebook 10 §7) or faster storage; a compute-bound step wants faster kernels (`torch.compile`, bf16, a better GPU) and can afford more communication; a communication-bound step wants fewer or smaller messages (buckets, `no_sync`, a sparser metric) or overlap. The same reading works on a GPU trace, where the compute is kernels on a stream; notebook 16 §6 runs Holistic Trace Analysis on the GPU traces of `fsdp_train.py --profile`, which computes these shares per rank (its "temporal breakdown") and how much of the communication ran under compute.
+Each change moved the step to another bound, and the trace says which: the fix differs for each. An input-bound step wants loader workers (notebook 10 §7) or faster storage; a compute-bound step wants faster kernels (`torch.compile`, bf16, a better GPU) and can afford more communication; a communication-bound step wants fewer or smaller messages (buckets, `no_sync`, a sparser metric) or overlap. The same reading works on a GPU trace, where the compute is kernels on a stream; notebook 16 §6 runs Holistic Trace Analysis on the GPU traces of `fsdp_train.py --profile`, which splits each rank's GPU time into computation, non-computation and idleness (its "temporal breakdown") and measures how much of the communication ran under compute.
 
-On GPUs, one effect never shows in a CPU trace or in the simulated device of section 4: overlapped communication is not free. NCCL's kernels run on the same GPU as the compute, take some of its streaming multiprocessors and memory bandwidth, and slow the compute kernels they overlap; a trace shows it as compute kernels that run longer while a `nccl:` kernel is active than when it is not (Rashidi et al. measure this interference in the references).
+On GPUs, one effect never shows in a CPU trace or in the simulated device of section 4: overlapped communication is not free. NCCL's kernels run on the same GPU as the compute, take some of its streaming multiprocessors and memory bandwidth, and slow the compute kernels they overlap; a trace shows it as compute kernels that run longer while an NCCL kernel is active than when it is not (Rashidi et al. measure this interference in the references).
 
 ### Bus bandwidth of your own machine
 
-The number to know about a cluster is the bandwidth its all-reduce reaches. `nccl-tests`, NVIDIA's benchmark, reports two: the *algorithm bandwidth* (bytes / time) and the *bus bandwidth*, the algorithm bandwidth × 2(n − 1)/n for an all-reduce over n ranks. The factor is the share of the data a ring all-reduce sends over each link (notebook 09 §2), so the bus bandwidth can be compared with the link's own speed and does not change with n. Measured on this machine's 2 processes, with notebook 09's α-β model fitted to it:
+The number to know about a cluster is the bandwidth its all-reduce reaches. `nccl-tests`, NVIDIA's benchmark, reports two: the *algorithm bandwidth* (bytes / time) and the *bus bandwidth*, the algorithm bandwidth × 2(n − 1)/n for an all-reduce over n ranks. The factor is the share of the data a ring all-reduce sends over each link (notebook 09 §2), so the bus bandwidth can be compared with the link's own speed whatever n is; the cell prints the factor for a few n. With 2 processes it is 1, and the two columns agree. Measured on this machine's 2 processes, with notebook 09's α-β model fitted to it:
 """
 
 # %% slideshow={"slide_type": "-"}
@@ -876,13 +876,14 @@ for nbytes, t in zip(sizes, times):
     algbw = nbytes / t
     busbw = algbw * 2 * (n - 1) / n
     print(f"{nbytes / 2**10:>7,.0f} KiB {f'~{t * 1e6:.0f}':>9} us {f'~{algbw / 1e9:.2f}':>8} GB/s {f'~{busbw / 1e9:.2f}':>8} GB/s")
+print("bus bandwidth / algorithm bandwidth, 2(n - 1)/n: " + ", ".join(f"n = {k}: {2 * (k - 1) / k:.2f}" for k in (2, 4, 8, 64)))
 fit = fit_alpha_beta(sizes, times)
 print(f"alpha-beta fit: latency ~{fit.alpha * 1e6:.0f} us, bandwidth ~{fit.beta / 1e9:.2f} GB/s "
       f"(worst relative error ~{fit.max_rel_error:.0%})")
 assert fit.alpha > 0 and fit.beta > 0 and times[-1] > times[0]
 
 fig, ax = plt.subplots(figsize=(6.5, 3.5))
-ax.loglog(sizes, [s / t / 1e9 for s, t in zip(sizes, times)], "o-", label="measured bus bandwidth (n = 2)")
+ax.loglog(sizes, [s / t / 1e9 for s, t in zip(sizes, times)], "o-", label="measured (algorithm = bus bandwidth for n = 2)")
 ax.loglog(sizes, [s / (fit.alpha + s / fit.beta) / 1e9 for s in sizes], "--", label="alpha-beta fit")
 ax.set_xlabel("message size (bytes)")
 ax.set_ylabel("bus bandwidth (GB/s)")
@@ -945,7 +946,7 @@ print(check_exposed_wait(exposed_wait))
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-4. Section 7's reading of a trace, for any spans. Write `exposed_comm(compute, comm)`: given the `(start, end)` intervals in which the training thread computed and those in which a collective was in flight (either list may overlap itself, as nested or concurrent spans of a trace do), return how long communication ran while nothing computed.
+4. Section 8's reading of a trace, for any spans. Write `exposed_comm(compute, comm)`: given the `(start, end)` intervals in which the training thread computed and those in which a collective was in flight (either list may overlap itself, as nested or concurrent spans of a trace do), return how long communication ran while nothing computed.
 """
 
 

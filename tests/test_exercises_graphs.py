@@ -153,6 +153,16 @@ def _logger_hooks_frozen(model):  # registering on a frozen parameter raises
     return norms, handles
 
 
+def _logger_late_binding(model):  # every hook reads `name` when it runs: the last parameter's name
+    norms, handles = {}, []
+    for name, p in model.named_parameters():
+        if p.requires_grad:
+            handles.append(
+                p.register_post_accumulate_grad_hook(lambda p: norms.__setitem__(name, p.grad.norm().item()))  # noqa: B023
+            )
+    return norms, handles
+
+
 def _logger_blank(model):
     raise NotImplementedError
 
@@ -167,7 +177,8 @@ def test_grad_norm_logger() -> None:
             (_logger_first_only, "a hook should return None"),
             (_logger_first_only_quiet, "first micro-batch"),
             (_logger_drops_handles, "still ran"),
-            (_logger_hooks_frozen, "raised"),
+            (_logger_hooks_frozen, "skip the parameters with requires_grad=False"),
+            (_logger_late_binding, "bind it as a default"),
             (lambda m: ({}, []), "handles should hold"),
             (lambda m: {}, "pair"),
         ],

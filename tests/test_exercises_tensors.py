@@ -174,6 +174,11 @@ def _freeze_all_in_optimizer(model):  # frozen right, but every parameter handed
     return torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
 
 
+def _freeze_head_twice(model):  # the head's parameters listed twice
+    model[:-1].requires_grad_(False)
+    return torch.optim.AdamW([*model[-1].parameters(), model[-1].weight], lr=1e-3, weight_decay=0.01)
+
+
 def _freeze_nothing(model):
     return torch.optim.AdamW(model[-1].parameters(), lr=1e-3, weight_decay=0.01)
 
@@ -208,7 +213,8 @@ def test_freeze_for_finetuning() -> None:
         right=[_freeze_good, _freeze_slice],
         not_done=[_freeze_blank, ...],
         wrong=[
-            (_freeze_all_in_optimizer, "nothing else"),
+            (_freeze_all_in_optimizer, "weight decay changed it"),
+            (_freeze_head_twice, "nothing else"),
             (_freeze_nothing, "freeze it"),
             (_freeze_everything, "train it"),
             (_freeze_sgd, "AdamW"),

@@ -275,6 +275,25 @@ def test_a_job_that_hangs_is_killed_at_the_timeout_with_each_ranks_last_words() 
 
 
 @pytest.mark.slow  # launches a process tree
+def test_a_hung_ranks_last_words_come_before_a_traceback_it_printed_while_waiting() -> None:
+    """A rank that gave up waiting (a backend's own timeout racing the launcher's) prints a traceback and lingers:
+    the timeout's message still quotes where it waited, not the traceback's last lines."""
+    code = (
+        "import sys, time, traceback; print(f'[rank{sys.argv[1]}]: waiting in recv', flush=True)\n"
+        "if sys.argv[1] == '1':\n"
+        "    try:\n        raise RuntimeError('timed out waiting for the peer')\n"
+        "    except RuntimeError:\n        traceback.print_exc(file=sys.stdout); sys.stdout.flush()\n"
+        "time.sleep(600)"
+    )
+    with pytest.raises(LaunchError, match="did not finish within the timeout of 4 s") as info:
+        run_script([["python", "-c", code, str(r)] for r in (0, 1)], timeout=4, echo="none")
+    assert info.value.reason == "timeout"
+    assert "[rank 1] last output: waiting in recv" in str(info.value), str(info.value)
+    assert "[rank 0] last output: waiting in recv" in str(info.value)
+    _assert_nothing_left()
+
+
+@pytest.mark.slow  # launches a process tree
 def test_a_rank_that_hangs_in_a_collective_under_torchrun_is_killed(jobs: Path) -> None:
     # torchrun's workers run in their own sessions: the marker sweep must find and kill them too. The
     # timeout leaves room for `import torch` on a loaded machine; the outcome is a timeout either way.

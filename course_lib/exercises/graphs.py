@@ -105,7 +105,12 @@ def _norms(model: torch.nn.Module) -> dict[str, float]:
 @exercise("a gradient-norm logger", todo="write log_grad_norms(model) as described above")
 def check_grad_norm_logger(log_grad_norms: Any) -> str:
     model = _logger_model()
-    result = call_learner(log_grad_norms, model)
+    try:
+        result = call_learner(log_grad_norms, model)
+    except Wrong as e:
+        if "doesn't require gradient" in str(e):
+            raise Wrong(f"{e} (skip the parameters with requires_grad=False: a frozen one gets no gradient)") from None
+        raise
     if not (isinstance(result, tuple) and len(result) == 2):
         raise Wrong("return a pair (norms, handles): the dict the hooks fill, and the list of their handles")
     norms, handles = result
@@ -119,6 +124,12 @@ def check_grad_norm_logger(log_grad_norms: Any) -> str:
     one = _norms(model)
     _backward_through_hooks(model, batches[1])  # a second micro-batch, accumulated
     expected = _norms(model)
+    if len(norms) == 1 and len(expected) > 1:
+        raise Wrong(
+            f"norms has one entry, {sorted(map(str, norms))}: every hook wrote under the same name. A lambda in a "
+            "loop reads the loop variable when it runs, not when it was made: bind it as a default "
+            "(lambda p, name=name: ...)"
+        )
     if set(norms) != set(expected):
         raise Wrong(
             f"norms should have one entry per parameter that gets a gradient, {sorted(expected)}; "

@@ -160,21 +160,26 @@ def check_freeze_for_finetuning(freeze_for_finetuning: Any) -> str:
             which = "train" if id(p) in head else "freeze"
             raise Wrong(f"{name}: requires_grad is {p.requires_grad}; {which} it (only the last layer trains)")
     given = [p for g in opt.param_groups for p in g["params"]]
-    if {id(p) for p in given} != head or len(given) != len(head):
-        raise Wrong(
-            "the optimizer should hold the last layer's parameters and nothing else: "
-            "build it from the parameters that require grad"
-        )
     if any(g.get("lr") != 1e-3 or g.get("weight_decay") != 0.01 for g in opt.param_groups):
         raise Wrong("use lr=1e-3 and weight_decay=0.01")
     frozen = [(p, p.detach().clone()) for p in model.parameters() if id(p) not in head]
+    for (
+        p,
+        _,
+    ) in frozen:  # as after earlier training: a zeroed gradient, not None (what zero_grad(set_to_none=False) leaves)
+        p.grad = torch.zeros_like(p)
     gen = torch.Generator().manual_seed(1)
-    for _ in range(2):  # two steps, gradients zeroed the old way: a frozen weight in the optimizer would move
+    for _ in range(2):
         opt.zero_grad(set_to_none=False)
         model(torch.randn(5, 6, generator=gen)).square().mean().backward()
         opt.step()
     if any(not torch.equal(p, before) for p, before in frozen):
-        raise Wrong("a frozen parameter changed during training")
+        raise Wrong(
+            "a frozen parameter moved: it was in the optimizer with a zeroed gradient, and AdamW's weight decay "
+            "changed it; give the optimizer the parameters that require grad only"
+        )
+    if {id(p) for p in given} != head or len(given) != len(head):
+        raise Wrong("the optimizer should hold the last layer's parameters and nothing else")
     fresh_head = _finetuning_model()[-1]
     if all(torch.equal(p.detach(), q) for p, q in zip(model[-1].parameters(), fresh_head.parameters())):
         raise Wrong("the last layer did not train")

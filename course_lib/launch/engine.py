@@ -271,7 +271,11 @@ def _timeout_error(
     for lab in known:
         if lab.startswith("agent") or lab == "main" and len(known) > 1:
             continue
-        last = [t for l2, t in lines if l2 == lab][-3:]
+        own = [t for l2, t in lines if l2 == lab]
+        # what the rank printed before any traceback (a rank that gave up waiting may have raised: its traceback is
+        # reported below, and its last lines would hide where it was waiting)
+        cut = next((i for i, t in enumerate(own) if t.lstrip().startswith("Traceback (most recent call last)")), None)
+        last = own[:cut][-3:]
         state = f" (exited, code {exits[lab]})" if lab in exits else ""
         tails.append(f"  [{lab}]{state} last output: " + (" | ".join(last) if last else "(nothing)"))
     msg = (

@@ -123,6 +123,8 @@ def _start_group(spec: dict[str, Any], rank: int, world_size: int) -> None:
             init_method=url,
             rank=rank,
             world_size=world_size,
-            timeout=timedelta(seconds=max(spec["timeout"], 1.0)),
+            # longer than the launch's own timeout: a hung job is stopped by the launcher, which reports where each
+            # rank waited, rather than by a gloo timeout racing it in one rank
+            timeout=timedelta(seconds=max(spec["timeout"], 1.0) + 10.0),
             device_id=device_id,
         )
