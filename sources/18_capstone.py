@@ -2,15 +2,16 @@
 """
 # 18 · Capstone: one training script, every technique, measured
 
-The course's techniques in one real training script for notebook 14's transformer: bf16 autocast (notebooks 06–07), full and selective activation checkpointing (04–05, 14), gradient accumulation (08), DDP (09–11) or FSDP2 (13, 16), tensor parallelism on a 2-D mesh (15), `torch.compile` (17) and distributed checkpoints (16). Each is a flag. The notebook launches combinations of them and checks that each trains like one plain process; it kills a rank and lets `torchrun` restart the job from its last checkpoint, and resumes a run saved on 4 processes on 2. A Slurm job script launches the same training on two nodes. Then it sizes parallel layouts by counting: a planner built from the course's formulas predicts memory per rank and time per step, seven layouts of the transformer run on 4 and 8 processes check its memory to within 5%, the capstone's own runs are set next to its predictions, and the same planner sizes Llama 3 on H100 clusters next to the layout Meta published. It closes with a cheat sheet: the source posts' APIs next to today's, each replacement run.
+The course's techniques in one real training script for notebook 14's transformer: bf16 autocast (notebooks 06–07), full and selective activation checkpointing (04–05, 14), gradient accumulation (08), DDP (09–11) or FSDP2 (13, 16), tensor parallelism on a 2-D mesh (15), `torch.compile` (17) and distributed checkpoints (16). Each is a flag. The notebook launches combinations of them and checks that each trains like one plain process; it kills a rank and lets `torchrun` restart the job from its last checkpoint, and resumes a run saved on 4 processes on 2. A Slurm job script launches the same training on two nodes. Then it sizes parallel layouts by counting: a planner built from the course's formulas predicts memory per rank and time per step, seven layouts of the transformer run on 4 and 8 processes check its memory to within 5%, the capstone's own runs are set next to its predictions, and the same planner sizes Llama 3 on H100 clusters next to the layout Meta published.
 
 By the end you will be able to:
 - combine autocast, checkpointing, accumulation, DDP or FSDP2, tensor parallelism and `torch.compile` in one training script without changing what it computes;
 - save and resume a sharded run with `torch.distributed.checkpoint`, after a crash and on another number of processes;
 - launch the same script with Slurm on two nodes (`sbatch`, `srun torchrun` with a c10d rendezvous) and read what `squeue`, `scancel` and a failed node show;
 - predict memory per rank and step time of a data, tensor, pipeline and context parallel layout with ZeRO and checkpointing, check the memory against a real run, and rank the layouts that fit a cluster;
-- pick the technique for a bottleneck (activation memory, batch size, model size, time);
-- translate old PyTorch code (`Variable`, `saved_variables`, `apex.amp`, `torch.cuda.amp`, `torch.distributed.launch`, `--local_rank`, ...) into the current API.
+- pick the technique for a bottleneck (activation memory, batch size, model size, time).
+
+Notebook 19 translates the posts' APIs into today's.
 
 This notebook assumes: notebooks 04–17. It runs on 2 CPU cores; timings are marked `~`. No GPU needed.
 """
@@ -19,17 +20,13 @@ This notebook assumes: notebooks 04–17. It runs on 2 CPU cores; timings are ma
 import importlib.util
 import json
 import os
-import pickle
 import shutil
 import sys
 import warnings
 
 import torch
 import torch.distributed as dist
-import torch.nn as nn
-import torch.nn.functional as F
 
-from course_lib.errors import expect_error
 from course_lib.launch import run_torchrun
 from course_lib.seeding import seed_everything
 
@@ -74,7 +71,6 @@ import argparse
 import dataclasses
 import json
 import os
-import pickle
 import statistics
 import sys
 import time
@@ -983,132 +979,6 @@ What changes on a real cluster:
 
 # %% [markdown] slideshow={"slide_type": "slide"}
 """
-## 6. Cheat sheet: the source posts' APIs and today's
-
-| the source posts write | PyTorch 2.13 | why |
-|---|---|---|
-| `Variable(x, requires_grad=True)` | `x.requires_grad_()` or `torch.tensor(..., requires_grad=True)` | `Variable` merged into `Tensor` in 0.4; it now just returns a tensor |
-| `ctx.saved_variables` | `ctx.saved_tensors` | deprecated alias, warns |
-| `from apex import amp`; `amp.initialize(model, opt, opt_level="O1")`; `with amp.scale_loss(loss, opt)` | `torch.autocast(device_type, dtype)` + `torch.amp.GradScaler(device)` | autocast is built in; Apex's amp is retired |
-| `torch.cuda.amp.autocast()`, `torch.cuda.amp.GradScaler()` | `torch.autocast("cuda", ...)`, `torch.amp.GradScaler("cuda")` | device-generic; the old names warn (`FutureWarning`) |
-| `model.half()` for "mixed" precision | `torch.autocast` (weights stay float32) | pure fp16 weights lose small updates |
-| `checkpoint(fn, x)` | `checkpoint(fn, x, use_reentrant=False)` | without the argument 2.13 warns and runs the reentrant form; an exception is announced (notebook 04 §3) |
-| `python -m torch.distributed.launch --nproc_per_node=N` | `torchrun --nproc_per_node=N` | the old launcher is deprecated |
-| `parser.add_argument("--local_rank")` | `int(os.environ["LOCAL_RANK"])` | torchrun passes no argument; the old launcher now passes `--local-rank` |
-| `nn.DataParallel(model)` | `DistributedDataParallel` | one process per device, no GIL, multi-node |
-| `dist.allreduce`, `dist.allgather` | `dist.all_reduce`, `dist.all_gather` | the source posts' names never existed |
-| `init_process_group("nccl")` everywhere | `"gloo"` on CPU, `"nccl"` on GPUs | NCCL needs CUDA |
-| `x.cuda()`, `model.cuda(0)` | `x.to(device)` with `device = torch.device(...)` | runs on any device |
-| `torch.load(path)` | `torch.load(path, weights_only=True)` (the default since 2.6) | unpickling arbitrary objects runs code |
-| `loss.backward(retain_graph=True)` "to keep gradients" | `loss.backward()` | gradients accumulate anyway; retain only keeps the graph |
-
-Each replacement, run (the GPU-only ones in their CPU form):
-"""
-
-# %% slideshow={"slide_type": "-"}
-from torch.autograd import Variable
-
-v = Variable(torch.ones(3), requires_grad=True)
-assert type(v) is torch.Tensor and v.requires_grad  # Variable(...) just gives a Tensor
-w = torch.ones(3).requires_grad_()
-print("Variable(...) is a", type(v).__name__, "| today: torch.ones(3).requires_grad_() ->", w.requires_grad)
-
-
-class Square(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x):
-        ctx.save_for_backward(x)
-        return x * x
-
-    @staticmethod
-    def backward(ctx, grad):
-        (x,) = ctx.saved_tensors  # not ctx.saved_variables
-        return 2 * x * grad
-
-
-xg = torch.randn(4, dtype=torch.float64, requires_grad=True)
-assert torch.autograd.gradcheck(Square.apply, (xg,))
-print("custom Function with ctx.saved_tensors passes gradcheck")
-
-# %% slideshow={"slide_type": "-"}
-with expect_error(ModuleNotFoundError, match="apex"):
-    import apex  # noqa: F401  (NVIDIA's Apex is not part of PyTorch and not installed)
-
-seed_everything(0)
-model = nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 10))
-opt = torch.optim.SGD(model.parameters(), lr=0.1)
-xb, yb = torch.randn(16, 64), torch.randint(0, 10, (16,))
-with torch.autocast("cpu", dtype=torch.bfloat16):  # bf16: float32's range, no loss scaling
-    out = model(xb)
-    loss = F.cross_entropy(out, yb)
-loss.backward()  # backward outside the autocast region
-opt.step()
-assert out.dtype == torch.bfloat16 and model[0].weight.dtype == torch.float32
-print(f"bf16 autocast: activations {out.dtype}, weights {model[0].weight.dtype}, no scaler")
-
-opt.zero_grad()
-scaler = torch.amp.GradScaler("cpu")  # float16 needs loss scaling (notebook 06)
-with torch.autocast("cpu", dtype=torch.float16):
-    out = model(xb)
-    loss = F.cross_entropy(out, yb)
-scaler.scale(loss).backward()
-scaler.step(opt)
-scaler.update()
-assert out.dtype == torch.float16
-print(f"fp16 autocast: activations {out.dtype}, with torch.amp.GradScaler('cpu'), scale now {scaler.get_scale():.0f}")
-
-with warnings.catch_warnings(record=True) as caught:
-    warnings.simplefilter("always")
-    torch.cuda.amp.GradScaler()
-    torch.cuda.amp.autocast()
-future = [str(c.message).split(". ")[0] for c in caught if c.category is FutureWarning]
-print("\n".join(future))
-assert len(future) == 2
-
-# %% slideshow={"slide_type": "-"}
-from torch.utils.checkpoint import checkpoint
-
-block = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 8))
-xc = torch.randn(4, 8, requires_grad=True)
-with warnings.catch_warnings(record=True) as caught:
-    warnings.simplefilter("always")
-    checkpoint(block, xc)  # the old call
-print("checkpoint without use_reentrant warns:", str(caught[0].message).split(". ")[0])
-checkpoint(block, xc, use_reentrant=False).sum().backward()
-print("checkpoint(..., use_reentrant=False): gradient of the input", tuple(xc.grad.shape))
-
-device = torch.device("cpu")  # a choice; a script takes it as an argument, e.g. --device cuda
-moved = model.to(device)  # instead of .cuda(): the same line runs on any device
-print("model.to(device) ->", next(moved.parameters()).device)
-
-torch.save(model.state_dict(), "_runs/cheat_sheet_model.pt")
-state = torch.load("_runs/cheat_sheet_model.pt", weights_only=True)
-model.load_state_dict(state)
-print("torch.load(..., weights_only=True):", len(state), "tensors loaded")
-
-
-class RunConfig:  # any Python object that is not a tensor, a number, a string or a container of those
-    lr = 0.1
-
-
-torch.save({"model": model.state_dict(), "config": RunConfig()}, "_runs/cheat_sheet_pickle.pt")
-with expect_error(pickle.UnpicklingError, match="default value of the `weights_only` argument", quiet=True) as refused:
-    torch.load("_runs/cheat_sheet_pickle.pt")  # no argument: weights_only=True since 2.6, so the class is refused
-print("torch.load(path) refused a pickled class:", str(refused.error).split(". ")[0])
-print("its message says why:", next(line.strip() for line in str(refused.error).splitlines() if "2.6" in line).split(". ")[0])
-full = torch.load("_runs/cheat_sheet_pickle.pt", weights_only=False)  # only for files you trust: it runs their code
-print("with weights_only=False:", type(full["config"]).__name__, "unpickled")
-
-assert hasattr(dist, "all_reduce") and not hasattr(dist, "allreduce") and not hasattr(dist, "allgather")
-print("dist.all_reduce / dist.all_gather exist; allreduce / allgather do not")
-
-# %% [markdown] slideshow={"slide_type": "subslide"}
-"""
-The rest of the table ran in sections 2 and 3: `torchrun` instead of `torch.distributed.launch`, `LOCAL_RANK` from the environment instead of `--local_rank` (the script's GPU path binds it), DDP instead of `DataParallel`, gloo on CPU. Notebook 10 shows the legacy launcher failing on the source posts' `--local_rank`.
-"""
-
-# %% [markdown] slideshow={"slide_type": "slide"}
-"""
 ## Summary
 
 - One script, every technique a flag: bf16 autocast, full or selective checkpointing, accumulation, DDP or FSDP2, tensor parallelism on a 2-D mesh and `torch.compile` change how and where the transformer's step runs, not what it computes: four combinations on 4 processes matched one plain process's loss at every step (float32 within 1e-4, bf16 within 1e-2).
@@ -1116,7 +986,6 @@ The rest of the table ran in sections 2 and 3: `torchrun` instead of `torch.dist
 - A Slurm job script runs the same training on two nodes: `srun` starts one `torchrun` agent per node, the agents meet at a c10d rendezvous on the first node; a recorded run shows the job, `scancel` and a failed node.
 - Choose by bottleneck: activations → checkpointing (or smaller micro-batches, bf16); batch → accumulation; time with more devices → DDP; model state too big → sharding (ZeRO, FSDP) first, then pipeline or tensor parallelism.
 - Size a layout by counting: `course_lib.planner` adds up the course's formulas; on seven real layouts of the transformer (DDP, ZeRO-1, full and selective checkpointing, accumulation, tensor × data parallel) its memory per rank is within 5% of what the ranks hold (exact for every data-parallel one). Its time ranking is a first cut: on a CPU the fixed costs it does not count decide the order, and for Llama 3 405B it prefers layouts that the published run's measurements ruled out.
-- Old code translates mechanically: `Variable` → tensors, `saved_variables` → `saved_tensors`, Apex / `torch.cuda.amp` → `torch.autocast` + `torch.amp.GradScaler`, `torch.distributed.launch --local_rank` → `torchrun` + `LOCAL_RANK`, `DataParallel` → DDP.
 """
 
 # %% [markdown] slideshow={"slide_type": "slide"}
@@ -1157,7 +1026,7 @@ print(check_tp_rank_params(tp_rank_params))
 """
 ## References
 
-- PyTorch docs: [Automatic mixed precision](https://pytorch.org/docs/stable/amp.html), [torch.utils.checkpoint](https://pytorch.org/docs/stable/checkpoint.html), [DistributedDataParallel](https://pytorch.org/docs/stable/generated/torch.nn.parallel.DistributedDataParallel.html), [torchrun](https://pytorch.org/docs/stable/elastic/run.html), [torch.load and weights_only](https://pytorch.org/docs/stable/generated/torch.load.html), [PyTorch 0.4 migration guide (Variable and Tensor merged)](https://pytorch.org/blog/pytorch-0_4_0-migration-guide/).
+- PyTorch docs: [Automatic mixed precision](https://pytorch.org/docs/stable/amp.html), [torch.utils.checkpoint](https://pytorch.org/docs/stable/checkpoint.html), [DistributedDataParallel](https://pytorch.org/docs/stable/generated/torch.nn.parallel.DistributedDataParallel.html), [torchrun](https://pytorch.org/docs/stable/elastic/run.html).
 - P. Micikevicius et al., *Mixed Precision Training*, ICLR 2018, [arXiv:1710.03740](https://arxiv.org/abs/1710.03740).
 - T. Chen et al., *Training Deep Nets with Sublinear Memory Cost*, 2016, [arXiv:1604.06174](https://arxiv.org/abs/1604.06174).
 - Llama Team, AI @ Meta, *The Llama 3 Herd of Models*, 2024, [arXiv:2407.21783](https://arxiv.org/abs/2407.21783) (Table 3: model shapes; Table 4: the 405B run's parallel layouts).
