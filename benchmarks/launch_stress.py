@@ -122,6 +122,30 @@ CATALOG = [
         "_runs/capstone_train.py",
         args=["--out", "OUT", "--runs", "ddp:--dp ddp --accum 2 --steps 2;fsdp:--dp fsdp2 --tp 2 --bf16 --steps 2"],
     ),
+    Job(
+        "18 capstone_train.py --pp (1F1B, interleaved, GPipe)",
+        "torchrun",
+        "_runs/capstone_train.py",
+        args=[
+            "--out",
+            "OUT",
+            "--runs",
+            "1f1b:--layers 4 --pp 2 --accum 4 --steps 2;interleaved:--layers 4 --pp 2 --accum 4 --schedule interleaved"
+            " --steps 2;gpipe:--layers 4 --pp 2 --accum 4 --schedule gpipe --steps 2",
+        ],
+    ),
+    Job(
+        "18 capstone_train.py --cp and DP x PP",
+        "torchrun",
+        "_runs/capstone_train.py",
+        nproc=4,
+        args=[
+            "--out",
+            "OUT",
+            "--runs",
+            "cp:--cp 2 --checkpointing full --steps 2;pp:--layers 4 --pp 2 --accum 4 --steps 2",
+        ],
+    ),
     Job("09 hand_ddp.py:compare (HandDDP, hooks)", "run_ranks", "_runs/hand_ddp.py:compare", args=[0.002]),
     Job("13 zero_job.py:report", "run_ranks", "_runs/zero_job.py:report", args=["cpu"]),
     Job("13 fsdp_job.py:report", "run_ranks", "_runs/fsdp_job.py:report", args=["cpu"]),

@@ -74,6 +74,18 @@ TORCHTITAN_FLAGS: dict[str, dict[str, _Row]] = {
             "`ddp`: shard degree 1 and `--parallelism.data_parallel_replicate_degree` N (line 313)",
         ),
         "--tp": ("--parallelism.tensor_parallel_degree", 351, ""),
+        "--pp": ("--parallelism.pipeline_parallel_degree", 360, ""),
+        "--schedule": (
+            "--parallelism.pipeline_parallel_schedule",
+            396,
+            "`1F1B` by default; `Interleaved1F1B`, `GPipe`, zero-bubble ones",
+        ),
+        "--cp": (
+            "--parallelism.context_parallel_degree",
+            428,
+            "PyTorch's `context_parallel` (all-gather of K/V by default, line 446), not the course's ring",
+        ),
+        "--layers": ("--model.flavor", 104, "a named model size (`debugmodel` by default), not a block count"),
         "--bf16": ("--training.mixed_precision_param", 282, "autocast under DDP, the FSDP2 policy under FSDP2"),
         "--checkpointing": ("--activation_checkpoint.mode", 652, "`none`, `full` or `selective`"),
         "--accum": ("--training.global_batch_size", 256, "accumulation = global batch / (local batch x DP degree)"),

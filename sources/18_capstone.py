@@ -2,10 +2,10 @@
 """
 # 18 · Capstone: one training script, every technique, measured
 
-The course's techniques in one real training script for notebook 14's transformer: bf16 autocast (notebooks 06–07), full and selective activation checkpointing (04–05, 14), gradient accumulation (08), DDP (09–11) or FSDP2 (13, 16), tensor parallelism on a 2-D mesh (15), `torch.compile` (17) and distributed checkpoints (16). Each is a flag. The notebook launches combinations of them and checks that each trains like one plain process; it kills a rank and lets `torchrun` restart the job from its last checkpoint, and resumes a run saved on 4 processes on 2. A Slurm job script launches the same training on two nodes. Then it sizes parallel layouts by counting: a planner built from the course's formulas predicts memory per rank and time per step, seven layouts of the transformer run on 4 and 8 processes check its memory to within 5%, the capstone's own runs are set next to its predictions, and the same planner sizes Llama 3 on H100 clusters next to the layout Meta published.
+The course's techniques in one real training script for notebook 14's transformer: bf16 autocast (notebooks 06–07), full and selective activation checkpointing (04–05, 14), gradient accumulation (08), DDP (09–11) or FSDP2 (13, 16), tensor parallelism on a 2-D mesh (15), pipeline parallelism with `torch.distributed.pipelining` (12), context parallelism with ring attention (15), `torch.compile` (17) and distributed checkpoints (16). Each is a flag. The notebook launches combinations of them and checks that each trains like one plain process; it kills a rank and lets `torchrun` restart the job from its last checkpoint, and resumes a run saved on 4 processes on 2. A Slurm job script launches the same training on two nodes. Then it sizes parallel layouts by counting: a planner built from the course's formulas predicts memory per rank and time per step, seven layouts of the transformer run on 4 and 8 processes check its memory to within 5%, the capstone's own runs are set next to its predictions, and the same planner sizes Llama 3 on H100 clusters next to the layout Meta published.
 
 By the end you will be able to:
-- combine autocast, checkpointing, accumulation, DDP or FSDP2, tensor parallelism and `torch.compile` in one training script without changing what it computes;
+- combine autocast, checkpointing, accumulation, DDP or FSDP2, tensor, pipeline or context parallelism and `torch.compile` in one training script without changing what it computes, and prove it with the first step's gradients;
 - save and resume a sharded run with `torch.distributed.checkpoint`, after a crash and on another number of processes;
 - launch the same script with Slurm on two nodes (`sbatch`, `srun torchrun` with a c10d rendezvous) and read what `squeue`, `scancel` and a failed node show;
 - predict memory per rank and step time of a data, tensor, pipeline and context parallel layout with ZeRO and checkpointing, check the memory against a real run, and rank the layouts that fit a cluster;
@@ -44,6 +44,7 @@ The model is notebook 14's tiny transformer (2 blocks, width 64, 256-byte vocabu
 - `--checkpointing none|full|selective`: the model's own switch (notebook 14): full keeps each block's input, selective drops attention's probabilities;
 - `--accum K`: K micro-batches per step, each loss divided by K; DDP skips its all-reduce (`no_sync`) and FSDP2 its reduce-scatter (`set_requires_gradient_sync(False)`) on all but the last;
 - `--dp ddp|fsdp2` and `--tp T`: N processes form a 2-D mesh, N/T data-parallel × T tensor-parallel (`init_device_mesh`, notebook 15). `--tp` uses `parallelize_module` with notebook 15's plan (column-parallel in, row-parallel out, the embedding and head split by vocabulary); FSDP2 shards each block, then the root, over the data dimension (notebook 16). DDP with T > 1 all-reduces the tensor-parallel shards' gradients over the data dimension by hand;
+- `--pp P` with `--schedule 1f1b|interleaved|gpipe`: N/P data-parallel × P pipeline stages with `torch.distributed.pipelining`, the `--accum` micro-batches run by the schedule; `--cp C`: N/C data-parallel × C context-parallel ranks, each with a zig-zag slice of every sequence and ring attention (section 2.1). Both average their gradients by hand, with DDP's arithmetic; `--layers L` gives the model L blocks (a pipeline needs more than 2);
 - `--compile`: `torch.compile` with the `aot_eager` backend on the CPU (traced, run by PyTorch's own kernels: notebook 17's cheap backend);
 - `--save-every K` and `--resume`: a DCP checkpoint (`torch.distributed.checkpoint`, notebook 16 §5) of the model, the optimizer, the step and each rank's random-number state every K steps; `--resume` loads the newest on whatever mesh the new run has;
 - `--device cpu|cuda` (default cpu, never chosen by availability): the GPU path binds `LOCAL_RANK`'s GPU, uses NCCL and passes `device_id=`, as notebooks 10 and 16 do.
@@ -58,13 +59,15 @@ Two parts of the script are not training practice but workarounds for defects of
 """Train the course's transformer with every technique of the course, each a flag.
 
   python capstone_train.py --out DIR                         one process: the reference
-  torchrun --nproc_per_node=N capstone_train.py --out DIR [--dp ddp|fsdp2] [--tp T] [--bf16]
-      [--checkpointing none|full|selective] [--accum K] [--compile] [--save-every K] [--resume]
-      [--device cpu|cuda] [--steps S] [--crash-at S]
+  torchrun --nproc_per_node=N capstone_train.py --out DIR [--dp ddp|fsdp2] [--tp T | --pp P | --cp C]
+      [--schedule 1f1b|interleaved|gpipe] [--layers L] [--bf16] [--checkpointing none|full|selective]
+      [--accum K] [--compile] [--save-every K] [--resume] [--device cpu|cuda] [--steps S] [--crash-at S]
 
-N processes form a 2-D mesh (N/T data-parallel) x (T tensor-parallel). Every layout trains on the same
-global batches (text windows drawn from a generator seeded by the step), so every layout computes the
-same losses up to rounding. --save-every K writes a DCP checkpoint (model, optimizer, step, each
+N processes form a 2-D mesh: (N/T data-parallel) x (T tensor-parallel), or N/P x (P pipeline stages), or
+N/C x (C context-parallel ranks, each a zig-zag slice of every sequence). --pp and --cp average the
+gradients over the data-parallel (and context-parallel) ranks by hand; --pp runs --accum K micro-batches
+through a torch.distributed.pipelining schedule. Every layout trains on the same global batches (text
+windows drawn from a generator seeded by the step), so every layout computes the same losses up to rounding. --save-every K writes a DCP checkpoint (model, optimizer, step, each
 rank's RNG state) into DIR/ckpt/step_K; --resume loads the newest one, on any number of processes.
 """
 import argparse
@@ -75,20 +78,26 @@ import statistics
 import sys
 import time
 import warnings
+import weakref
 from contextlib import nullcontext
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+import torch.nn.functional as F
 import torch.distributed.nn  # noqa: F401  (before init_process_group: notebook 10, section 10.2)
 from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_state_dict,
                                                      set_state_dict)
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
+from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 from torch.distributed.tensor import Replicate
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.checkpoint import checkpoint
 
+from course_lib.context_parallel import ring_attention, shard_sequence, zigzag_layout
 from course_lib.data import text_batch, text_corpus
 from course_lib.teardown import end_process_group
 from course_lib.transformer import PRESETS, Transformer
@@ -125,8 +134,10 @@ def tensor_parallel_(model, mesh):
 
 
 def build(args, device, mesh):
-    config = dataclasses.replace(CONFIG, checkpointing=args.checkpointing)
+    config = dataclasses.replace(CONFIG, checkpointing=args.checkpointing, n_layers=args.layers or CONFIG.n_layers)
     model = Transformer(config, seed=0).to(device)
+    if mesh is not None and args.cp > 1:
+        context_parallel_(model, mesh["cp"], args.seq_len)
     if mesh is not None and args.tp > 1:
         tensor_parallel_(model, mesh["tp"])
     net = model
@@ -134,13 +145,108 @@ def build(args, device, mesh):
         for block in model.layers:
             fully_shard(block, mesh=mesh["dp"])
         fully_shard(model, mesh=mesh["dp"])
-    elif mesh is not None and args.tp == 1:
+    elif mesh is not None and args.tp == args.pp == args.cp == 1:
         net = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
         if args.plant_bug == "sum":  # the negative control of section 2: gradients summed over the ranks, not averaged
             net.register_comm_hook(None, summing_hook)
     if args.compile:  # aot_eager: traced and run by PyTorch's own kernels (Inductor compiles C++ first: notebook 05 §3.3)
         net = torch.compile(net, backend="aot_eager" if device.type == "cpu" else "inductor")
     return model, net
+
+
+def context_parallel_(model, mesh, seq_len):
+    """Each block's attention becomes ring attention over the CP ranks; the rotary tables follow the zig-zag layout."""
+    group, layout, rank = mesh.get_group(), zigzag_layout(seq_len, mesh.size()), mesh.get_local_rank()
+
+    def ring_core(q, k, v):  # (batch, heads, local positions, head_dim): this rank's zig-zag chunks
+        if k.shape[1] != q.shape[1]:  # grouped-query attention: repeat the key/value heads first
+            k, v = (t.repeat_interleave(q.shape[1] // k.shape[1], dim=1) for t in (k, v))
+        return ring_attention(q, k, v, group, layout=layout)
+
+    for block in model.layers:
+        block.attn.core = ring_core
+    # position p's rotation for the positions this rank holds: the rows of its chunks, in order
+    model.rope_cos = shard_sequence(model.rope_cos[:seq_len], layout, rank, dim=0)
+    model.rope_sin = shard_sequence(model.rope_sin[:seq_len], layout, rank, dim=0)
+    return layout
+
+
+class Stage(nn.Module):
+    """One pipeline stage: blocks [lo, hi) of the model, with the embedding if first, the norm and head if last.
+
+    Its parameters keep the whole model's names (layers.3.attn...), so gradients compare name by name."""
+
+    def __init__(self, model, lo, hi, first, last):
+        super().__init__()
+        self.embed = model.embed if first else None
+        self.layers = nn.ModuleDict({str(i): model.layers[i] for i in range(lo, hi)})
+        self.norm, self.head = (model.norm, model.head) if last else (None, None)
+        self.rope, self.full = (model.rope_cos, model.rope_sin), model.config.checkpointing == "full"
+
+    def forward(self, x):
+        if self.embed is not None:
+            x = self.embed(x)
+        for layer in self.layers.values():
+            if self.full and torch.is_grad_enabled():
+                x = checkpoint(layer, x, self.rope, use_reentrant=False)
+            else:
+                x = layer(x, self.rope)
+        return self.head(self.norm(x)) if self.head is not None else x
+
+
+def pipeline_(args, model, mesh, device):
+    """This rank's stages (1, or 2 for the interleaved schedule) and the schedule that runs them."""
+    P, rank = mesh.size(), mesh.get_local_rank()
+    V = P * (2 if args.schedule == "interleaved" else 1)  # virtual stages; rank r holds r, r + P, ...
+    L = model.config.n_layers
+    if L % V:
+        raise ValueError(f"{L} blocks do not split into {V} pipeline stages")
+    stages = [Stage(model, v * L // V, (v + 1) * L // V, v == 0, v == V - 1) for v in range(rank, V, P)]
+    piped = [PipelineStage(m, stage_index=v, num_stages=V, device=device, group=mesh.get_group())
+             for m, v in zip(stages, range(rank, V, P))]
+
+    def loss_fn(logits, y):  # one micro-batch's mean; the schedule divides the gradients by the count (scale_grads)
+        return F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
+
+    scale = args.plant_bug != "unscaled"  # the planted bug: each micro-batch's gradient added, never averaged
+    if args.schedule == "interleaved":
+        return stages, ScheduleInterleaved1F1B(piped, n_microbatches=args.accum, loss_fn=loss_fn, scale_grads=scale)
+    kind = Schedule1F1B if args.schedule == "1f1b" else ScheduleGPipe
+    return stages, kind(piped[0], n_microbatches=args.accum, loss_fn=loss_fn, scale_grads=scale)
+
+
+class Box:  # what a saved tensor is packed into: an object a finalizer can watch
+    __slots__ = ("t", "__weakref__")
+
+
+class LiveSaved:
+    """Bytes of floating-point activations autograd keeps for backward, now and at the peak (each storage once).
+
+    Parameters and buffers are left out (they are the model state, not activations)."""
+
+    def __init__(self, module):
+        self.skip = {t.untyped_storage().data_ptr() for t in [*module.parameters(), *module.buffers()]}
+        self.now = self.peak = self.base = 0
+        self.refs = {}
+        self.hooks = torch.autograd.graph.saved_tensors_hooks(self.pack, lambda box: box.t)
+
+    def pack(self, t):
+        box = Box()
+        box.t = t
+        key = t.untyped_storage().data_ptr()
+        if t.is_floating_point() and key not in self.skip:
+            if key not in self.refs:
+                self.now += t.untyped_storage().nbytes()
+                self.peak = max(self.peak, self.now)
+            self.refs[key] = self.refs.get(key, 0) + 1
+            weakref.finalize(box, self.release, key, t.untyped_storage().nbytes())
+        return box
+
+    def release(self, key, n):  # the graph let go of a saved tensor
+        self.refs[key] -= 1
+        if not self.refs[key]:
+            del self.refs[key]
+            self.now -= n
 
 
 def summing_hook(state, bucket):
@@ -154,6 +260,13 @@ def full_grads(model):
             for n, p in model.named_parameters()}
 
 
+def stage_gather(stages, what):
+    """what(parameter) for every stage's parameters, by name, gathered from every rank (a collective)."""
+    every = [None] * dist.get_world_size()
+    dist.all_gather_object(every, {n: what(p) for m in stages for n, p in m.named_parameters()})
+    return {n: t for mine in every for n, t in mine.items()}
+
+
 def checkpoint_state(model, opt, step):
     model_sd, optim_sd = get_state_dict(model, opt)
     rank = dist.get_rank() if dist.is_initialized() else 0
@@ -163,17 +276,28 @@ def checkpoint_state(model, opt, step):
 def train(args, device):
     world = dist.get_world_size() if dist.is_initialized() else 1
     rank = dist.get_rank() if dist.is_initialized() else 0
-    if world % args.tp:
-        raise ValueError(f"{world} processes do not split into tensor-parallel groups of {args.tp}")
+    degrees = {"tp": args.tp, "pp": args.pp, "cp": args.cp}
+    if sum(d > 1 for d in degrees.values()) > 1:
+        raise ValueError("--tp, --pp and --cp each combine with data parallelism here, not with one another")
+    if (args.pp > 1 or args.cp > 1) and (args.dp != "ddp" or args.compile or args.save_every or args.resume):
+        raise ValueError("--pp and --cp run with --dp ddp (averaged by hand), without --compile and checkpoints")
+    name, degree = max(degrees.items(), key=lambda kv: kv[1])  # the mesh's second dimension ("tp" if none)
+    if world % degree:
+        raise ValueError(f"{world} processes do not split into {name} groups of {degree}")
     mesh = None
     if dist.is_initialized():
-        mesh = init_device_mesh(device.type, (world // args.tp, args.tp), mesh_dim_names=("dp", "tp"))
+        mesh = init_device_mesh(device.type, (world // degree, degree), mesh_dim_names=("dp", name))
     dp_size, dp_rank = (mesh["dp"].size(), mesh["dp"].get_local_rank()) if mesh is not None else (1, 0)
     if args.batch % (dp_size * args.accum):
         raise ValueError(f"the global batch {args.batch} must split into {dp_size} x {args.accum} micro-batches")
     micro = args.batch // (dp_size * args.accum)
     model, net = build(args, device, mesh)
-    opt = torch.optim.Adam(model.parameters(), lr=args.lr)
+    params, stages, meter, one_micro_batch = list(model.parameters()), [], None, 0
+    if mesh is not None and args.pp > 1:  # this rank's stages; only their parameters train here
+        stages, schedule = pipeline_(args, model, mesh["pp"], device)
+        params = [p for m in stages for p in m.parameters()]
+        meter = LiveSaved(model) if mesh["pp"].get_local_rank() == 0 else None  # the first stage's activations
+    opt = torch.optim.Adam(params, lr=args.lr)
     data = text_corpus().train
     autocast = torch.autocast(device.type, dtype=torch.bfloat16) if args.bf16 else nullcontext()
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))
@@ -194,8 +318,27 @@ def train(args, device):
         x, y = text_batch(data, args.batch, args.seq_len, generator=torch.Generator().manual_seed(1000 + step))
         mine = slice(dp_rank * micro * args.accum, (dp_rank + 1) * micro * args.accum)  # my rows of the global batch
         x, y = x[mine].to(device), y[mine].to(device)
+        if mesh is not None and args.cp > 1:  # my zig-zag slice of every sequence
+            x, y = (shard_sequence(t, zigzag_layout(args.seq_len, args.cp), mesh["cp"].get_local_rank()) for t in (x, y))
         total = torch.zeros((), device=device)
-        for k in range(args.accum):
+        if stages:  # the schedule runs the --accum micro-batches through the stages, forward and backward
+            if meter is not None and step == start:  # one micro-batch's activations on the first stage, alone
+                probe = LiveSaved(model)
+                with probe.hooks, autocast:
+                    stages[0](x[:micro])
+                one_micro_batch = probe.peak
+            mb_losses, pp_rank = [], mesh["pp"].get_local_rank()
+            if meter is not None:  # each step's own peak (the first step also runs the stage once to infer shapes)
+                meter.base = meter.peak = meter.now
+            with meter.hooks if meter is not None else nullcontext(), autocast:
+                if pp_rank == 0:
+                    schedule.step(x)
+                elif pp_rank == args.pp - 1:
+                    schedule.step(target=y, losses=mb_losses)
+                else:
+                    schedule.step()
+            total += sum(loss.detach().float() for loss in mb_losses) / args.accum
+        for k in range(args.accum if not stages else 0):
             last = k == args.accum - 1
             sync = net.no_sync() if isinstance(net, DDP) and not last else nullcontext()
             if args.dp == "fsdp2" and mesh is not None:
@@ -212,13 +355,22 @@ def train(args, device):
                     p.grad = p.grad.redistribute(placements=p.placements)  # the embedding's: whole, make it a shard
                 dist.all_reduce(local(p.grad), group=mesh["dp"].get_group())
                 local(p.grad).div_(dp_size)
+        if mesh is not None and (args.pp > 1 or args.cp > 1):  # data (and context) parallel by hand
+            group, n = (mesh["dp"].get_group(), dp_size) if args.pp > 1 else (None, world)  # CP: over dp x cp
+            for p in params:
+                dist.all_reduce(p.grad, group=group)
+                if args.plant_bug != "sum":
+                    p.grad.div_(n)
         if step == 0:  # the first step's gradients, before any optimizer saw them: what section 2 compares
-            first_grads = full_grads(model)
+            first_grads = stage_gather(stages, lambda p: p.grad.detach().float().cpu().clone()) if stages else full_grads(model)
         opt.step()
         opt.zero_grad(set_to_none=False)  # keep the gradients allocated: they are counted below
-        if mesh is not None:
+        if mesh is not None and args.pp == args.cp == 1:
             dist.all_reduce(total, group=mesh["dp"].get_group())
             total /= dp_size
+        elif mesh is not None:  # PP: the last stage holds the loss; CP: each rank the mean over its slice
+            dist.all_reduce(total)
+            total /= world // args.pp
         losses[step] = total.item()
         times.append(time.perf_counter() - t0)
         if args.crash_at is not None and attempt == 0 and rank == world - 1 and step + 1 == args.crash_at:
@@ -229,11 +381,14 @@ def train(args, device):
             dcp.save(checkpoint_state(model, opt, step + 1), checkpoint_id=f"{ckpt_dir}/step_{step + 1}")
     # what this rank holds between steps, counted exactly (Adam's 0-d step counters left out, as the planner does)
     state = [v for s in opt.state.values() for v in s.values() if isinstance(v, torch.Tensor) and local(v).dim() > 0]
-    held = {"parameters": nbytes(model.parameters()), "gradients": nbytes(p.grad for p in model.parameters()),
-            "optimizer state": nbytes(state)}
-    full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    held = {"parameters": nbytes(params), "gradients": nbytes(p.grad for p in params), "optimizer state": nbytes(state)}
+    if stages:
+        full = stage_gather(stages, lambda p: p.detach().cpu().clone())
+    else:
+        full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    saved = {"peak": meter.peak - meter.base, "micro_batch": one_micro_batch} if meter is not None else None
     return {"losses": losses, "held": held, "step_s": statistics.median(times) if times else 0.0, "world": world,
-            "full": full, "first_grads": first_grads}
+            "full": full, "first_grads": first_grads, "first_stage_saved": saved}
 
 
 def parse(argv=None):
@@ -242,6 +397,11 @@ def parse(argv=None):
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")  # a choice, never chosen by availability
     p.add_argument("--dp", choices=["ddp", "fsdp2"], default="ddp")
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (the mesh's second dimension)")
+    p.add_argument("--pp", type=int, default=1, help="pipeline stages (the mesh's second dimension)")
+    p.add_argument("--schedule", choices=["1f1b", "interleaved", "gpipe"], default="1f1b",
+                   help="the pipeline schedule; interleaved: 2 stages per rank")
+    p.add_argument("--cp", type=int, default=1, help="context-parallel degree: ring attention, zig-zag slices")
+    p.add_argument("--layers", type=int, default=0, help="blocks in the model (default: CONFIG's)")
     p.add_argument("--bf16", action="store_true", help="bf16 autocast")
     p.add_argument("--checkpointing", choices=["none", "full", "selective"], default="none")
     p.add_argument("--accum", type=int, default=1, help="micro-batches per optimizer step")
@@ -256,8 +416,9 @@ def parse(argv=None):
     p.add_argument("--seq-len", type=int, default=64)
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--runs", default="", help="several runs in one launch: 'NAME:FLAGS;NAME:FLAGS', each into OUT/NAME")
-    p.add_argument("--plant-bug", choices=["none", "sum"], default="none",
-                   help="sum: DDP sums the gradients instead of averaging them (section 2's negative control)")
+    p.add_argument("--plant-bug", choices=["none", "sum", "unscaled"], default="none",
+                   help="sum: the gradients summed over the ranks, not averaged (section 2's negative control); "
+                        "unscaled: the pipeline adds its micro-batches' gradients without dividing by their count")
     return p.parse_args(argv)
 
 
@@ -320,7 +481,7 @@ if __name__ == "__main__":
 """
 ## 2. Every flag, against one process
 
-The reference is the script itself as one plain process (no `torchrun`: no group, nothing sharded), run here in the notebook's kernel. One `torchrun` launch of 4 processes then runs four combinations that together use every flag but `--resume` (section 3 resumes). Each combination's loss at every step is compared with the reference's: float32 combinations must agree to within `FP32_TOL`, bf16 ones within `BF16_TOL` (bf16 keeps 8 significant bits, 7 of them stored, so a rounding is off by at most half its spacing, 2^-8 or about 0.4% of the value, notebook 06 §1; over 4 steps the loss moves by far less).
+The reference is the script itself as one plain process (no `torchrun`: no group, nothing sharded), run here in the notebook's kernel. One `torchrun` launch of 4 processes then runs six combinations that together use every flag but `--resume` (section 3 resumes); the last two are a 2 × 2 mesh of data parallelism with 2 pipeline stages (interleaved schedule) and with 2 context-parallel ranks, which section 2.1 explains. A pipeline needs more blocks than the model's 2, so the pipelined runs use `--layers 4` and their reference is a second one-process run with 4 blocks. Each combination's loss at every step is compared with the reference's: float32 combinations must agree to within `FP32_TOL`, bf16 ones within `BF16_TOL` (bf16 keeps 8 significant bits, 7 of them stored, so a rounding is off by at most half its spacing, 2^-8 or about 0.4% of the value, notebook 06 §1; over 4 steps the loss moves by far less).
 """
 
 # %% slideshow={"slide_type": "-"}
@@ -329,13 +490,15 @@ capstone = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(capstone)
 shutil.rmtree("_runs/capstone", ignore_errors=True)
 threads = torch.get_num_threads()
-capstone.main(["--out", "_runs/capstone/single"])  # one process: the reference
+capstone.main(["--out", "_runs/capstone", "--runs", "single:;single4:--layers 4"])  # one process: the references
 torch.set_num_threads(threads)  # the script takes one thread per process; give the kernel its own back
 COMBOS = {  # name: flags; 4 processes each
     "ddp+bf16+compile": "--dp ddp --bf16 --compile",
     "ddp+tp2+full+accum2": "--dp ddp --tp 2 --checkpointing full --accum 2",
     "fsdp2+tp2+bf16+selective": "--dp fsdp2 --tp 2 --bf16 --checkpointing selective",
     "fsdp2+full+accum2+save": "--dp fsdp2 --checkpointing full --accum 2 --save-every 2",
+    "dp2+pp2+interleaved": "--layers 4 --pp 2 --schedule interleaved --accum 4",
+    "dp2+cp2+full": "--cp 2 --checkpointing full",
 }
 launch4 = run_torchrun("_runs/capstone_train.py", nproc_per_node=4, timeout=600, echo="none",
                        args=["--out", "_runs/capstone", "--runs", ";".join(f"{n}:{f}" for n, f in COMBOS.items())])
@@ -347,13 +510,17 @@ def result(name):
         return json.load(f)
 
 
+def reference(flags):  # the one-process run with the same model: 4 blocks for the pipelines
+    return result("single4" if "--layers 4" in flags else "single")
+
+
 FP32_TOL, BF16_TOL = 1e-4, 1e-2
 single = result("single")
 print(f"one process: losses {', '.join(f'{v:.4f}' for v in single['losses'].values())}")
 print(f"{'combination':<26} {'processes':>9} {'tolerance':>10}   largest |loss - one process|")
 for name, flags in COMBOS.items():
     r = result(name)
-    diff = max(abs(r["losses"][s] - single["losses"][s]) for s in single["losses"])
+    diff = max(abs(r["losses"][s] - reference(flags)["losses"][s]) for s in single["losses"])
     tol = BF16_TOL if "--bf16" in flags else FP32_TOL
     assert diff < tol, (name, diff)
     print(f"{name:<26} {r['world']:>9} {tol:>10g}   ~{diff:.1e}")
@@ -361,7 +528,7 @@ print("every combination's loss at every step agrees with one process within its
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-The differences are printed after `~`: they are rounding, and rounding depends on the machine's kernels and on the order in which the ranks' contributions are added; the tolerances are what is asserted. What each row exercised: the DDP rows average gradients with an all-reduce, the FSDP2 rows reduce-scatter them into shards; the tensor-parallel rows split every matrix of a block across the 2 ranks of a mesh row, and `fsdp2+tp2` shards those pieces again over the mesh's columns (2-D: each rank holds a quarter of each block matrix). Checkpointing and accumulation change what is kept and when, not what is computed.
+The differences are printed after `~`: they are rounding, and rounding depends on the machine's kernels and on the order in which the ranks' contributions are added; the tolerances are what is asserted. What each row exercised: the DDP rows average gradients with an all-reduce, the FSDP2 rows reduce-scatter them into shards; the tensor-parallel rows split every matrix of a block across the 2 ranks of a mesh row, and `fsdp2+tp2` shards those pieces again over the mesh's columns (2-D: each rank holds a quarter of each block matrix). `dp2+pp2+interleaved` runs 4 micro-batches through 4 stages of one block, two per rank, and `dp2+cp2+full` passes key and value blocks around a ring of 2 ranks (section 2.1). Checkpointing and accumulation change what is kept and when, not what is computed.
 """
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
@@ -372,39 +539,95 @@ Losses after Adam steps are not enough. **Adam's step does not change when every
 # %% slideshow={"slide_type": "-"}
 from course_lib.equivalence import compare_gradients
 
-single_grads = torch.load("_runs/capstone/single/first_grads.pt", weights_only=True)
+
+
+def first_grads(name):
+    return torch.load(f"_runs/capstone/{name}/first_grads.pt", weights_only=True)
+
+
+def accum(flags):
+    return int(flags.split("--accum ")[1].split()[0]) if "--accum" in flags else None
+
+
+single_grads = first_grads("single")
 GRAD_TOL = {"fp32": 1e-4, "bf16": 2e-2}  # relative to each gradient's size: summation order, and bf16's rounding
 for name, flags in COMBOS.items():
     precision = "bf16" if "--bf16" in flags else "fp32"
-    match = compare_gradients(torch.load(f"_runs/capstone/{name}/first_grads.pt", weights_only=True), single_grads,
+    match = compare_gradients(first_grads(name), first_grads("single4" if "--layers 4" in flags else "single"),
                               tolerance=GRAD_TOL[precision], world_size=result(name)["world"],
-                              micro_batches=2 if "--accum 2" in flags else None)
+                              micro_batches=accum(flags))
     print(f"{name:<26} {match}")
     assert match, (name, str(match))
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-**The check must be able to fail on the bug it guards against.** A negative control plants one: `--plant-bug sum` gives DDP a communication hook that all-reduces the gradient buckets and never divides by the world size, so every rank steps with twice the gradient. The same 4 Adam steps, on 2 processes; both checks are applied to it and to the same run without the bug:
+**The check must be able to fail on the bug it guards against.** A negative control plants one: `--plant-bug sum` gives DDP a communication hook that all-reduces the gradient buckets and never divides by the world size, so every rank steps with twice the gradient. A pipeline has a bug of the same kind: its schedule applies the loss function to each micro-batch, and `scale_grads=True` (the default) divides the accumulated gradients by the number of micro-batches; `--plant-bug unscaled` turns that off, so a pipeline of 4 micro-batches steps with 4 times the gradient. The same 4 Adam steps, on 2 processes (`pp2`: 2 stages of 2 blocks, 1F1B, 4 micro-batches); both checks are applied to the bugs and to the same runs without them:
 """
 
 # %% slideshow={"slide_type": "-"}
-CONTROL = {"ddp": "--dp ddp", "ddp+summed": "--dp ddp --plant-bug sum"}
+CONTROL = {"ddp": "--dp ddp", "ddp+summed": "--dp ddp --plant-bug sum", "pp2": "--layers 4 --pp 2 --accum 4",
+           "pp2+unscaled": "--layers 4 --pp 2 --accum 4 --plant-bug unscaled"}
+GPIPE = {"pp2+gpipe": "--layers 4 --pp 2 --accum 4 --schedule gpipe"}  # read in section 2.1
 run_torchrun("_runs/capstone_train.py", nproc_per_node=2, timeout=600, echo="none",
-             args=["--out", "_runs/capstone", "--runs", ";".join(f"{n}:{f}" for n, f in CONTROL.items())])
-print(f"{'run':<11} {'loss check (Adam, within FP32_TOL)':<36} gradient check")
+             args=["--out", "_runs/capstone", "--runs", ";".join(f"{n}:{f}" for n, f in {**CONTROL, **GPIPE}.items())])
+print(f"{'run':<13} {'loss check (Adam, within FP32_TOL)':<36} gradient check")
 verdicts = {}
-for name in CONTROL:
-    loss_gap = max(abs(result(name)["losses"][s] - single["losses"][s]) for s in single["losses"])
-    match = compare_gradients(torch.load(f"_runs/capstone/{name}/first_grads.pt", weights_only=True), single_grads,
-                              tolerance=GRAD_TOL["fp32"], world_size=2)
+for name, flags in CONTROL.items():
+    loss_gap = max(abs(result(name)["losses"][s] - reference(flags)["losses"][s]) for s in single["losses"])
+    match = compare_gradients(first_grads(name), first_grads("single4" if "--layers 4" in flags else "single"),
+                              tolerance=GRAD_TOL["fp32"], world_size=2, micro_batches=accum(flags))
     verdicts[name] = (loss_gap < FP32_TOL, bool(match))
-    print(f"{name:<11} {'passes' if loss_gap < FP32_TOL else 'fails':<7}(largest gap ~{loss_gap:.1e})".ljust(48)
+    print(f"{name:<13} {'passes' if loss_gap < FP32_TOL else 'fails':<7}(largest gap ~{loss_gap:.1e})".ljust(50)
           + ("passes" if match else f"fails: {match.diagnosis}"))
-assert verdicts == {"ddp": (True, True), "ddp+summed": (True, False)}
+assert verdicts == {"ddp": (True, True), "ddp+summed": (True, False), "pp2": (True, True), "pp2+unscaled": (True, False)}
 
 # %% [markdown] slideshow={"slide_type": "fragment"}
 """
-The loss check passes the bug; the gradient check names it. Comparing losses remains useful for what it tests (the whole run, step after step); it is the gradients, or the global gradient norm before clipping, that must match to prove the scale.
+The loss check passes both bugs; the gradient check names them. Comparing losses remains useful for what it tests (the whole run, step after step); it is the gradients, or the global gradient norm before clipping, that must match to prove the scale.
+"""
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+### 2.1 Pipeline and context parallelism on the transformer
+
+Two of the rows above split what tensor and data parallelism leave whole.
+
+- **`--pp P`** cuts the model into stages with `torch.distributed.pipelining` (notebook 12 §4): each rank builds the whole model (the same weights on every rank), keeps its blocks, the first stage also the embedding, the last the final norm and the head, and wraps them in a `PipelineStage`; the loss function runs on the last stage, once per micro-batch (`--accum` of them). `--schedule` picks `Schedule1F1B`, `ScheduleGPipe` or `ScheduleInterleaved1F1B`, which gives each rank two stages (rank 0 the first and the third of 4), so the 4-block model is cut into 4 stages of one block. Each stage keeps its parameters' names in the whole model (`layers.3.mlp.up_proj.weight`), so the gradients compare name by name; the data-parallel ranks of a stage average its gradients by hand.
+- **`--cp C`** gives each rank 2 chunks of every sequence in notebook 15's zig-zag layout, one early and one late (`course_lib.context_parallel.zigzag_layout`), and every block's attention becomes `ring_attention` over the context-parallel ranks: the key and value blocks travel around the ring, causally masked by their global positions. The rotary tables are cut with the same layout, so each position keeps its own rotation. Every weight is replicated over the context-parallel ranks, and each rank's gradient covers only its own slice of the tokens, so the gradients are averaged over data × context-parallel ranks (here by hand, 4 ranks). PyTorch's own `context_parallel` is notebook 15's subject and needs a GPU.
+
+**Activations on the first stage.** The section 4 planner counts, for a pipeline of `p` stages under 1F1B, the activations of `p` micro-batches on the first stage (notebook 12 §4: the first stage runs `p` forwards before its first backward). The script measures it: a `saved_tensors_hooks` pair on rank 0 adds up the floating-point tensors autograd keeps for backward (each storage once, parameters and the rotary tables left out) and drops each when the graph lets go of it, so it knows how many bytes are alive at every moment of the schedule; it also runs one micro-batch through the first stage alone.
+"""
+
+# %% slideshow={"slide_type": "-"}
+import dataclasses
+
+from course_lib.planner import Layout, h100_cluster, predict
+from course_lib.transformer import model_saved_terms
+
+config4 = dataclasses.replace(capstone.CONFIG, n_layers=4)
+m, p_stages, mb = 4, 2, 16 // 4  # pp2: 4 micro-batches of 4 sequences of 64 bytes on 2 stages
+planned = predict(config4, h100_cluster(1), Layout(pipeline=p_stages, micro_batch=mb, accumulation=m), seq_len=64,
+                  global_batch=16, precision="fp32_adam").memory["activations"]
+outside = model_saved_terms(config4, 64, batch=mb, dtype=torch.float32)
+outside.pop("blocks")  # what lies outside the blocks: the ids, the final norm, the head, the loss
+one = result("pp2")["first_stage_saved"]["micro_batch"]  # one micro-batch through the first stage's 2 blocks
+in_flight = (planned - sum(outside.values())) / one  # the planner's count, read back from its prediction
+print(f"planner: activations {planned:,} B = {planned - sum(outside.values()):,} B in the blocks "
+      f"+ {sum(outside.values()):,} B outside them; one micro-batch on the first stage measured {one:,} B, "
+      f"so the planner holds {in_flight:g} micro-batches in flight")
+for name, rule in (("pp2", "1F1B: p"), ("pp2+gpipe", "GPipe: m")):
+    peak = result(name)["first_stage_saved"]["peak"]
+    print(f"{name:<10} first stage's peak: {peak:>10,} B = {peak / one:g} x one micro-batch ({rule})")
+assert in_flight == p_stages == result("pp2")["first_stage_saved"]["peak"] / one
+assert result("pp2+gpipe")["first_stage_saved"]["peak"] == m * one
+inter = result("dp2+pp2+interleaved")["first_stage_saved"]
+print(f"interleaved (2 stages per rank, DP 2): rank 0's peak {inter['peak']:,} B = {inter['peak'] / inter['micro_batch']:g} "
+      f"x one micro-batch of its first stage, which holds half the blocks: {inter['peak'] / inter['micro_batch'] / 2:g} whole-stage micro-batches")
+assert inter["peak"] / inter["micro_batch"] / 2 > p_stages
+
+# %% [markdown] slideshow={"slide_type": "fragment"}
+"""
+The planner's count holds byte for byte for the blocks: 1F1B's first stage peaks at exactly `p` = 2 micro-batches' activations, and GPipe's at `m` = 4, as notebook 12's simulation said. The planner also puts what lies outside the blocks (the final norm, the head, the loss's log-probabilities) on the first stage, where they are not: they belong to the last stage, so its total is an upper bound for either end. The interleaved schedule holds more on rank 0 than 1F1B: its first forward pass reaches the end of the pipeline only after both of rank 0's stages ran, so more micro-batches start before the first backward returns.
 """
 
 # %% [markdown] slideshow={"slide_type": "slide"}
@@ -981,7 +1204,8 @@ What changes on a real cluster:
 """
 ## Summary
 
-- One script, every technique a flag: bf16 autocast, full or selective checkpointing, accumulation, DDP or FSDP2, tensor parallelism on a 2-D mesh and `torch.compile` change how and where the transformer's step runs, not what it computes: four combinations on 4 processes matched one plain process's loss at every step (float32 within 1e-4, bf16 within 1e-2).
+- One script, every technique a flag: bf16 autocast, full or selective checkpointing, accumulation, DDP or FSDP2, tensor parallelism on a 2-D mesh and `torch.compile` change how and where the transformer's step runs, not what it computes: six combinations on 4 processes matched one plain process's loss at every step (float32 within 1e-4, bf16 within 1e-2) and its first step's gradients, the check that sees a wrong gradient scale: a DDP hook that sums, and a pipeline that adds its micro-batches' gradients without averaging, both pass the loss check and fail the gradient check.
+- Pipeline and context parallelism on the transformer: `torch.distributed.pipelining` with the embedding on the first stage and the norm and head on the last (1F1B, GPipe and interleaved 1F1B), and ring attention on zig-zag slices with the rotary positions cut the same way; the first stage's activations peak at exactly the planner's `p` micro-batches under 1F1B, at `m` under GPipe.
 - DCP checkpoints make a run restartable and reshardable: killed by a crash under `torchrun --max-restarts=1`, the run resumed from its last checkpoint and ended bit for bit equal to the uninterrupted one; saved on 4 processes, it resumed on 2 and stayed equal up to rounding.
 - A Slurm job script runs the same training on two nodes: `srun` starts one `torchrun` agent per node, the agents meet at a c10d rendezvous on the first node; a recorded run shows the job, `scancel` and a failed node.
 - Choose by bottleneck: activations → checkpointing (or smaller micro-batches, bf16); batch → accumulation; time with more devices → DDP; model state too big → sharding (ZeRO, FSDP) first, then pipeline or tensor parallelism.
