@@ -638,7 +638,7 @@ def section3(rank, n, batch=1, heads=4, seq=128, head_dim=16):
 """
 ### Two other ways: all-gather, and Ulysses' all-to-all over heads
 
-The ring is one of three exchanges in use. **All-gather** (Llama 3's choice): every rank gathers every key and value block at once (put back in position order), and its queries attend to the whole sequence with the causal mask by global position; backward reduce-scatters the keys' and values' gradients to their owners. Llama 3 chose it because the keys and values are small: with grouped-query attention they have 8 heads against 32 query heads in the 8B model, so gathering them costs a fraction of the queries, and a gathered key tensor takes any mask, such as the mask between documents (Llama Team, 2024, section 3.3.2). **Ulysses** (Jacobs et al., 2023) re-splits instead: an all-to-all turns this rank's positions of *every* head into *every* position of `heads / n` heads, plain causal attention runs on those heads unsplit, and a second all-to-all turns the output back. Both, by hand and forward only; the library's versions (`course_lib.context_parallel_variants`, used later) add the backward:
+The ring is one of three exchanges in use. **All-gather** (Llama 3's choice): every rank gathers every key and value block at once (put back in position order), and its queries attend to the whole sequence with the causal mask by global position; backward reduce-scatters the keys' and values' gradients to their owners. Llama 3 chose it because the keys and values are small: with grouped-query attention they have 8 heads against 32 query heads in the 8B model, so gathering them costs a fraction of the queries, and a gathered key tensor takes any mask, such as the mask between documents (Llama Team, 2024, the paper's subsection 3.3.2, *Context parallelism*). **Ulysses** (Jacobs et al., 2023) re-splits instead: an all-to-all turns this rank's positions of *every* head into *every* position of `heads / n` heads, plain causal attention runs on those heads unsplit, and a second all-to-all turns the output back. Both, by hand and forward only; the library's versions (`course_lib.context_parallel_variants`, used later) add the backward:
 """
 
 # %% slideshow={"slide_type": "-"}
@@ -763,8 +763,7 @@ To see the time it hides, `ring_forward` ran again on notebook 17's simulated de
 # %% slideshow={"slide_type": "fragment"}
 link_ms, steps = 20, 3                              # ring.py's LINK_MS; 4 ranks: 3 exchanges per forward
 assert all(res["overlapped = plain"] for res in s3)
-print(f"overlapped ring = plain ring, bit for bit (by hand forward, library forward and backward): True; "
-      f"the same bytes: True")
+print("overlapped ring = plain ring, bit for bit (by hand forward, library forward and backward), the same bytes: True")
 for compute_ms in (30, 10):
     plain, over = ([res["timing"][compute_ms, o] for res in s3] for o in (False, True))
     wall = [max(r[0] for r in runs) for runs in (plain, over)]
@@ -772,7 +771,7 @@ for compute_ms in (30, 10):
     hidden = min(r[2] for r in over) / steps * 1000
     expected = max(0, link_ms - compute_ms)
     print(f"compute {compute_ms} ms per block, transfer {link_ms} ms: forward ~{wall[0] * 1000:.0f} ms plain, "
-          f"~{wall[1] * 1000:.0f} ms overlapped; per step hidden ~{hidden:.1f} ms (min: {min(compute_ms, link_ms)}), "
+          f"~{wall[1] * 1000:.0f} ms overlapped; per step hidden ~{hidden:.1f} ms (min = {min(compute_ms, link_ms)}), "
           f"exposed ~{exposed:.1f} ms (max(0, transfer - compute) = {expected})")
     assert abs(exposed - expected) < 0.4 * link_ms and wall[1] < wall[0]
     assert hidden > 0.5 * min(compute_ms, link_ms)
@@ -1189,7 +1188,7 @@ print(check_a2a_send_counts(a2a_send_counts))
 
 - M. Shoeybi et al., *Megatron-LM: Training Multi-Billion Parameter Language Models Using Model Parallelism*, 2019, [arXiv:1909.08053](https://arxiv.org/abs/1909.08053) (the `f` and `g` operators, vocabulary-parallel embedding and loss).
 - V. Korthikanti et al., *Reducing Activation Recomputation in Large Transformer Models*, 2022, [arXiv:2205.05198](https://arxiv.org/abs/2205.05198) (sequence parallelism, the activation formula).
-- H. Liu, M. Zaharia, P. Abbeel, *Ring Attention with Blockwise Transformers for Near-Infinite Context*, 2023, [arXiv:2310.01889](https://arxiv.org/abs/2310.01889); the zig-zag split and the all-gather of keys and values: Llama Team, *The Llama 3 Herd of Models*, 2024, [arXiv:2407.21783](https://arxiv.org/abs/2407.21783) (section 3.3.2, context parallelism); S. A. Jacobs et al., *DeepSpeed Ulysses: System Optimizations for Enabling Training of Extreme Long Sequence Transformer Models*, 2023, [arXiv:2309.14509](https://arxiv.org/abs/2309.14509). PyTorch's exchange: `torch/distributed/tensor/experimental/_context_parallel/_attention.py` in torch 2.13 (`_ContextParallelOptions`, `_create_rotater`, `set_rotate_method`).
+- H. Liu, M. Zaharia, P. Abbeel, *Ring Attention with Blockwise Transformers for Near-Infinite Context*, 2023, [arXiv:2310.01889](https://arxiv.org/abs/2310.01889); the zig-zag split and the all-gather of keys and values: Llama Team, *The Llama 3 Herd of Models*, 2024, [arXiv:2407.21783](https://arxiv.org/abs/2407.21783) (subsection 3.3.2, *Context parallelism*); S. A. Jacobs et al., *DeepSpeed Ulysses: System Optimizations for Enabling Training of Extreme Long Sequence Transformer Models*, 2023, [arXiv:2309.14509](https://arxiv.org/abs/2309.14509). PyTorch's exchange: `torch/distributed/tensor/experimental/_context_parallel/_attention.py` in torch 2.13 (`_ContextParallelOptions`, `_create_rotater`, `set_rotate_method`).
 - N. Shazeer et al., *Outrageously Large Neural Networks: The Sparsely-Gated Mixture-of-Experts Layer*, 2017, [arXiv:1701.06538](https://arxiv.org/abs/1701.06538); D. Lepikhin et al., *GShard*, 2020, [arXiv:2006.16668](https://arxiv.org/abs/2006.16668); W. Fedus, B. Zoph, N. Shazeer, *Switch Transformers*, 2021, [arXiv:2101.03961](https://arxiv.org/abs/2101.03961) (capacity, the auxiliary loss); DeepSeek-AI, *DeepSeek-V3 Technical Report*, 2024, [arXiv:2412.19437](https://arxiv.org/abs/2412.19437) (bias-based balancing).
 - Hugging Face, [*The Ultra-Scale Playbook: Training LLMs on GPU Clusters*](https://huggingface.co/spaces/nanotron/ultrascale-playbook), 2025; [picotron](https://github.com/huggingface/picotron).
 - PyTorch docs and tutorials: [Tensor Parallelism (`torch.distributed.tensor.parallel`)](https://pytorch.org/docs/stable/distributed.tensor.parallel.html), [Large Scale Transformer model training with Tensor Parallel](https://pytorch.org/tutorials/intermediate/TP_tutorial.html), [Context Parallel tutorial](https://pytorch.org/tutorials/prototype/context_parallel.html), [`all_to_all_single`](https://pytorch.org/docs/stable/distributed.html#torch.distributed.all_to_all_single), [DeviceMesh](https://pytorch.org/tutorials/recipes/distributed_device_mesh.html).
