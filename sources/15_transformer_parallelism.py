@@ -1155,11 +1155,12 @@ The table is the map of a real run at small scale: the per-layer, latency-critic
 1. For each linear layer of a block, say whether tensor parallelism splits it by columns (`"column"`) or by rows (`"row"`).
 2. Write `ring_forward_bytes(batch, heads, seq_len, head_dim, n, p)`: the bytes one rank sends in the forward pass of one ring-attention call on `n` ranks (`p` bytes per element, heads of key and value equal to the query's).
 3. Write `a2a_send_counts(experts, kept, n_experts, n_ranks)`: the rows one rank sends to each rank at dispatch, given its routing (`experts` and `kept` of shape `(tokens, k)`, expert `e` on rank `e // (n_experts / n_ranks)`).
+4. Write `ulysses_forward_bytes(batch, heads, kv_heads, seq_len, head_dim, n, p)`: the bytes one rank sends in Ulysses' forward pass (its all-to-alls of q, k, v and of the output), with `kv_heads` key/value heads.
 """
 
 # %% slideshow={"slide_type": "-"}
 from course_lib.exercises.transformer_parallelism import (  # noqa: E402
-    LINEAR_LAYERS, check_a2a_send_counts, check_parallel_styles, check_ring_forward_bytes,
+    LINEAR_LAYERS, check_a2a_send_counts, check_parallel_styles, check_ring_forward_bytes, check_ulysses_forward_bytes,
 )
 
 print(", ".join(LINEAR_LAYERS))
@@ -1181,6 +1182,14 @@ def a2a_send_counts(experts, kept, n_experts, n_ranks):
 
 
 print(check_a2a_send_counts(a2a_send_counts))
+
+
+# %% slideshow={"slide_type": "-"}
+def ulysses_forward_bytes(batch, heads, kv_heads, seq_len, head_dim, n, p):
+    raise NotImplementedError  # your code here
+
+
+print(check_ulysses_forward_bytes(ulysses_forward_bytes))
 
 # %% [markdown] slideshow={"slide_type": "slide"}
 """
