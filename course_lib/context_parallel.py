@@ -18,7 +18,8 @@ every block, the first rank with its own only. :func:`zigzag_layout` gives rank 
 * :func:`contiguous_layout`, :func:`zigzag_layout` — which ``(start, length)`` chunks each rank holds;
   :func:`shard_sequence` cuts a rank's slice out of a full tensor, :func:`unshard_sequence` puts the
   slices back.
-* :func:`ring_attention` — the autograd function (forward and backward over the ring).
+* :func:`ring_attention` — the autograd function (forward and backward over the ring); ``overlap=True`` posts
+  each exchange before the block's compute, into one of two spare key/value buffers.
 * :func:`ring_work` — query-key pairs each rank computes at each ring step (skipping chunk pairs the
   causal mask hides entirely).
 * :func:`ring_attention_bytes` — bytes one rank sends per call, forward and backward.

@@ -495,7 +495,7 @@ assert expected["tensor + sequence parallel"] < expected["tensor parallel"] < ex
 
 # %% [markdown] slideshow={"slide_type": "slide"}
 """
-## 3. Context parallelism: ring attention
+## 3. Context parallelism: the ring, the all-gather and Ulysses
 
 Sequence parallelism splits the tokens only *between* the parallel regions; attention itself still sees every token on every rank. For a context of a million tokens that is not possible: the keys and values of one layer no longer fit. Context parallelism splits the sequence **through** attention: each rank keeps the queries, keys and values of its slice of the positions. A query needs every key, so the key/value blocks travel: in ring attention (Liu et al., 2023) each rank passes its current key/value block to the next rank and receives one from the previous, `n - 1` times. At each step it computes its queries' attention over the block it holds, with global positions for the causal mask, and folds it into its running result with notebook 14 §5's log-sum-exp merge (`course_lib.attention.merge_attention`): partial softmaxes over disjoint key blocks combine exactly.
 
