@@ -41,6 +41,7 @@ this package itself exports nothing. One module per job:
 * :mod:`course_lib.tensor_parallel_bytes` — the bytes tensor and sequence parallelism send and keep
 * :mod:`course_lib.tensor_parallel` — tensor and sequence parallelism of the transformer, collectives counted
 * :mod:`course_lib.context_parallel` — ring attention (forward and backward), contiguous and zig-zag layouts, its bytes
+* :mod:`course_lib.context_parallel_variants` — all-gather and Ulysses attention, the bytes of all three ways
 * :mod:`course_lib.planner_layout` — the planner's cluster, layout and prediction
 * :mod:`course_lib.planner_model` — memory per rank and time per step of one layout
 * :mod:`course_lib.planner` — memory per rank and step time of DP/TP/PP/CP layouts, the feasible ones ranked

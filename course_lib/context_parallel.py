@@ -18,7 +18,8 @@ every block, the first rank with its own only. :func:`zigzag_layout` gives rank 
 * :func:`contiguous_layout`, :func:`zigzag_layout` — which ``(start, length)`` chunks each rank holds;
   :func:`shard_sequence` cuts a rank's slice out of a full tensor, :func:`unshard_sequence` puts the
   slices back.
-* :func:`ring_attention` — the autograd function (forward and backward over the ring).
+* :func:`ring_attention` — the autograd function (forward and backward over the ring); ``overlap=True`` posts
+  each exchange before the block's compute, into one of two spare key/value buffers.
 * :func:`ring_work` — query-key pairs each rank computes at each ring step (skipping chunk pairs the
   causal mask hides entirely).
 * :func:`ring_attention_bytes` — bytes one rank sends per call, forward and backward.
@@ -27,14 +28,14 @@ every block, the first rank with its own only. :func:`zigzag_layout` gives rank 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from .attention import attention_block, attention_block_backward, merge_attention
-from .counted_collectives import ring_exchange
+from .counted_collectives import record, ring_exchange
 from .validation import check_bool, check_int
 
 __all__ = [
@@ -196,6 +197,26 @@ def ring_attention_bytes(
     return 2 * (n - 1) * block + ((4 * n - 2) * block if backward else 0)
 
 
+def _post_exchange(
+    tensors: list[torch.Tensor], into: list[torch.Tensor], group: Any
+) -> Callable[[], list[torch.Tensor]]:
+    """Post the sends of ``tensors`` to the next rank and the receives into ``into``; call the result to wait."""
+    n, me = dist.get_world_size(group), dist.get_rank(group)
+    right, left = ((me + d) % n if group is None else dist.get_global_rank(group, (me + d) % n) for d in (1, -1))
+    ops = []
+    for t, r in zip(tensors, into):
+        record("send", group, t)
+        ops += [dist.P2POp(dist.isend, t.contiguous(), right, group), dist.P2POp(dist.irecv, r, left, group)]
+    works = dist.batch_isend_irecv(ops)
+
+    def wait() -> list[torch.Tensor]:
+        for work in works:
+            work.wait()
+        return into
+
+    return wait
+
+
 def _pairs(
     mine: tuple[tuple[int, int], ...], theirs: tuple[tuple[int, int], ...], causal: bool
 ) -> list[tuple[Any, ...]]:
@@ -223,6 +244,7 @@ class _RingAttention(torch.autograd.Function):
         layout: Layout,
         causal: bool,
         scale: float,
+        overlap: bool,
     ) -> torch.Tensor:
         n, rank = dist.get_world_size(group), dist.get_rank(group)
         out = torch.zeros_like(q)
@@ -230,8 +252,11 @@ class _RingAttention(torch.autograd.Function):
             q.shape[:-1], float("-inf"), dtype=torch.float64 if q.dtype == torch.float64 else torch.float32
         )
         kb, vb = k, v
+        spare = [[torch.empty_like(k), torch.empty_like(v)] for _ in range(2)] if overlap and n > 1 else []
         for step in range(n):
             src = (rank - step) % n
+            if spare and step < n - 1:  # post the next block's exchange first, into the buffer not in use
+                pending = _post_exchange([kb, vb], spare[step % 2], group)
             for qo, qc, ko, kc in _pairs(layout[rank], layout[src], causal):
                 part = attention_block(
                     q[..., qo : qo + qc[1], :],
@@ -245,9 +270,9 @@ class _RingAttention(torch.autograd.Function):
                 o, s = merge_attention(out[..., qo : qo + qc[1], :], lse[..., qo : qo + qc[1]], *part)
                 out[..., qo : qo + qc[1], :], lse[..., qo : qo + qc[1]] = o, s
             if step < n - 1:
-                kb, vb = ring_exchange([kb, vb], group)
+                kb, vb = pending() if spare else ring_exchange([kb, vb], group)
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.group, ctx.layout, ctx.causal, ctx.scale = group, layout, causal, scale
+        ctx.group, ctx.layout, ctx.causal, ctx.scale, ctx.overlap = group, layout, causal, scale, overlap
         return out
 
     @staticmethod
@@ -258,8 +283,11 @@ class _RingAttention(torch.autograd.Function):
         dq = torch.zeros_like(q)
         kb, vb, dk, dv = k, v, torch.zeros_like(k), torch.zeros_like(v)
         grad_out = grad_out.contiguous()
+        spare = [[torch.empty_like(k), torch.empty_like(v)] for _ in range(2)] if ctx.overlap and n > 1 else []
         for step in range(n):
             src = (rank - step) % n
+            if spare and step < n - 1:  # the next key/value block travels while this one is used
+                pending = _post_exchange([kb, vb], spare[step % 2], group)
             for qo, qc, ko, kc in _pairs(layout[rank], layout[src], causal):
                 qs, ks = slice(qo, qo + qc[1]), slice(ko, ko + kc[1])
                 gq, gk, gv = attention_block_backward(
@@ -277,11 +305,14 @@ class _RingAttention(torch.autograd.Function):
                 dq[..., qs, :] += gq
                 dk[..., ks, :] += gk
                 dv[..., ks, :] += gv
-            if step < n - 1:
+            if step < n - 1 and spare:  # the accumulators are ready only now: they travel after the compute
+                dk, dv = ring_exchange([dk, dv], group)
+                kb, vb = pending()
+            elif step < n - 1:
                 kb, vb, dk, dv = ring_exchange([kb, vb, dk, dv], group)
         if n > 1:
             dk, dv = ring_exchange([dk, dv], group)  # the accumulators' last hop: back to their block's owner
-        return dq, dk, dv, None, None, None, None
+        return dq, dk, dv, None, None, None, None, None
 
 
 def ring_attention(
@@ -293,13 +324,16 @@ def ring_attention(
     layout: Layout,
     causal: bool = True,
     scale: float | None = None,
+    overlap: bool = False,
 ) -> torch.Tensor:
     """Attention of this rank's queries over the whole sequence, the key/value blocks passed around ``group``.
 
     ``q``, ``k``, ``v`` are ``(batch, heads, local_seq, head_dim)``: this rank's slice in ``layout``
     (:func:`shard_sequence` along dimension 2). The result is this rank's slice of
     ``F.scaled_dot_product_attention(q_full, k_full, v_full, is_causal=causal)``, and so are the
-    gradients. ``k`` and ``v`` must have ``q``'s heads (repeat grouped key/value heads first).
+    gradients. ``k`` and ``v`` must have ``q``'s heads (repeat grouped key/value heads first). With
+    ``overlap=True`` each step posts the next block's exchange before computing on the current one (two spare
+    key/value buffers): the same arithmetic, so the same result, with the transfer hidden behind the compute.
     """
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor) or not t.is_floating_point() or t.dim() != 4:
@@ -308,6 +342,7 @@ def ring_attention(
         raise ValueError(f"q, k, v must have one shape here, got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
     layout = _check_layout(layout)
     check_bool("causal", causal)
+    check_bool("overlap", overlap)
     if not dist.is_initialized():
         raise RuntimeError("ring_attention needs a process group: call dist.init_process_group first")
     n, rank = dist.get_world_size(group), dist.get_rank(group)
@@ -318,5 +353,5 @@ def ring_attention(
     if len({sum(c for _, c in chunks) for chunks in layout}) != 1:
         raise ValueError("every rank must hold the same number of positions")
     return _RingAttention.apply(
-        q, k, v, group, layout, causal, 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+        q, k, v, group, layout, causal, 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale, overlap
     )

@@ -118,9 +118,10 @@ FACTS: dict[str, dict[str, str]] = {
         "name": "context parallel (ring attention)",
         "split": "the sequence, through attention: each rank keeps the queries, keys and values of its positions",
         "communicated": "key/value blocks around a ring, point-to-point: `2 (n-1)` blocks forward, `4n - 2` "
-        "backward per attention; the gradients all-reduced over the group",
-        "idle": "with a causal mask, uneven unless the sequence is split zig-zag; transfers overlap the "
-        "block's compute on GPUs",
+        "backward per attention; or all-gathered (PyTorch's default), or two all-to-alls over heads (Ulysses); the "
+        "gradients all-reduced over the group",
+        "idle": "with a causal mask, uneven unless the sequence is split zig-zag; a ring's transfer hides behind a "
+        "block's compute when posted first and the compute lasts at least as long",
         "needs": "a sequence long enough that one block's attention outweighs passing its keys and values",
         "use when": "long context: the activations of one sequence do not fit one device",
         "shown": "notebook 15 §3",

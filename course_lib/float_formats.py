@@ -158,7 +158,7 @@ def neighbors(value: float, dtype: torch.dtype) -> tuple[float, float, float]:
     dtype = _check_dtype(dtype)
     v = _check_value(value)
     if math.isnan(v):
-        raise ValueError("NaN has no neighbours")
+        raise ValueError("value must not be NaN: NaN has no neighbours")
     x = torch.tensor(v, dtype=torch.float64).to(dtype)
     inf = torch.tensor(math.inf, dtype=dtype)
     below = torch.nextafter(x, -inf)

@@ -72,8 +72,8 @@ def capacity_of(tokens: int, n_experts: int, top_k: int, capacity_factor: float)
     n_experts = check_int("n_experts", n_experts, minimum=1)
     top_k = check_int("top_k", top_k, minimum=1)
     cf = check_number("capacity_factor", capacity_factor, finite=True)
-    if cf <= 0:
-        raise ValueError(f"capacity_factor must be > 0, got {cf}")
+    if not 0 < cf <= 1000:
+        raise ValueError(f"capacity_factor must be in (0, 1000], got {cf}")
     return math.ceil(cf * tokens * top_k / n_experts)
 
 

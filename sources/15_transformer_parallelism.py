@@ -9,7 +9,7 @@ Every parallel version here runs on CPU processes over gloo, uses notebook 14's 
 By the end you will be able to:
 - split a transformer block across ranks by hand (heads and MLP columns, column- then row-parallel), write Megatron's conjugate operators `f` and `g` as `autograd.Function`s, and shard the embedding and the loss over the vocabulary; then do the same with `parallelize_module`;
 - turn tensor parallelism into sequence parallelism (reduce-scatter plus all-gather instead of all-reduce, the same bytes) and count the activation bytes per rank it saves;
-- write ring attention (key/value blocks passed around a ring, partial results merged with the log-sum-exp rule), check it forward and backward against full causal attention, and balance its causal work with the zig-zag split;
+- write ring attention (key/value blocks passed around a ring, partial results merged with the log-sum-exp rule), check it forward and backward against full causal attention, balance its causal work with the zig-zag split and hide its transfers behind its compute; compare it with the all-gather of keys and values (PyTorch's default, Llama 3's choice) and Ulysses' all-to-all over heads, bytes included;
 - route tokens to experts (top-k, capacity, dropped tokens), dispatch and combine them across ranks with `all_to_all_single`, and use the auxiliary loss against load imbalance;
 - combine three dimensions on a `DeviceMesh` of 8 processes and say which collective runs on which group, with how many bytes.
 
@@ -495,7 +495,7 @@ assert expected["tensor + sequence parallel"] < expected["tensor parallel"] < ex
 
 # %% [markdown] slideshow={"slide_type": "slide"}
 """
-## 3. Context parallelism: ring attention
+## 3. Context parallelism: the ring, the all-gather and Ulysses
 
 Sequence parallelism splits the tokens only *between* the parallel regions; attention itself still sees every token on every rank. For a context of a million tokens that is not possible: the keys and values of one layer no longer fit. Context parallelism splits the sequence **through** attention: each rank keeps the queries, keys and values of its slice of the positions. A query needs every key, so the key/value blocks travel: in ring attention (Liu et al., 2023) each rank passes its current key/value block to the next rank and receives one from the previous, `n - 1` times. At each step it computes its queries' attention over the block it holds, with global positions for the causal mask, and folds it into its running result with notebook 14 §5's log-sum-exp merge (`course_lib.attention.merge_attention`): partial softmaxes over disjoint key blocks combine exactly.
 
@@ -504,7 +504,10 @@ Backward passes the blocks around once more, with their gradient accumulators tr
 
 # %% slideshow={"slide_type": "-"}
 # %%writefile _runs/n15/ring.py
-"""Ring attention by hand (forward), the library's version (forward and backward), against full attention; section 3's job."""
+"""Ring attention by hand (forward, overlapped or not), the library's versions (forward and backward), against full
+attention; section 3's job."""
+import time
+
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -513,30 +516,47 @@ from common import TOL, max_diff
 from course_lib.attention import attention_block, merge_attention
 from course_lib.context_parallel import (contiguous_layout, ring_attention, ring_attention_bytes, shard_sequence,
                                          zigzag_layout)
+from course_lib.context_parallel_variants import allgather_attention, cp_attention_bytes, ulysses_attention
+from course_lib.simulated_compute import Timeline, delay, hidden_seconds
 from course_lib.tensor_parallel import CommCounter
+from cp_variants import allgather_forward, ulysses_forward   # the next cell's file
 
-SENT = {"bytes": 0}
+SENT, WAITED = {"bytes": 0}, {"s": 0.0}
+LINK_MS = 20                                         # the simulated link: one K/V exchange takes 20 ms
 
 
-def pass_right(*tensors):
-    """Send to the next rank, receive from the previous one: all posted at once, so nobody waits on an order."""
+def post_right(tensors, into, sim=None):
+    """Post the sends to the next rank and the receives (into `into`) from the previous one; returns wait()."""
     rank, n = dist.get_rank(), dist.get_world_size()
-    received = [torch.empty(t.shape) for t in tensors]
     ops = [dist.P2POp(dist.isend, t.contiguous(), (rank + 1) % n) for t in tensors]
-    ops += [dist.P2POp(dist.irecv, r, (rank - 1) % n) for r in received]
-    for work in dist.batch_isend_irecv(ops):
-        work.wait()
+    ops += [dist.P2POp(dist.irecv, r, (rank - 1) % n) for r in into]
+    works, posted = dist.batch_isend_irecv(ops), sim[2].now() if sim else 0.0
     SENT["bytes"] += sum(t.numel() * t.element_size() for t in tensors)
-    return received
+
+    def wait():
+        t0 = time.perf_counter()
+        for work in works:
+            work.wait()
+        if sim:                                     # the simulated link: done link_ms after posting
+            time.sleep(max(0.0, posted + sim[1] / 1000 - sim[2].now()))
+            sim[2].add("comm", "K/V", posted, posted + sim[1] / 1000)
+        WAITED["s"] += time.perf_counter() - t0
+        return into
+    return wait
 
 
-def ring_forward(q, k, v, layout):
-    """This rank's queries against every key/value block, the blocks passed around the ring; returns (out, work)."""
+def ring_forward(q, k, v, layout, overlap=False, sim=None):
+    """This rank's queries against every key/value block, the blocks passed around the ring; returns (out, work).
+    overlap: post the next block's exchange before computing on this one. sim = (compute_ms, link_ms, timeline)."""
     rank, n = dist.get_rank(), dist.get_world_size()
     out = torch.zeros_like(q)
     lse = torch.full(q.shape[:-1], float("-inf"))
-    work = []
+    work, spare = [], [[torch.empty_like(k), torch.empty_like(v)] for _ in range(2)]   # two K/V buffers
     for step in range(n):
+        if step < n - 1:                            # receive into the buffer not in use; k, v are being sent
+            wait = post_right([k, v], spare[step % 2], sim)
+            if not overlap:
+                k_next, v_next = wait()             # the compute below waits for the whole transfer
         source = (rank - step) % n                  # whose block this rank holds at this step
         done, q_off = 0, 0
         for q_start, q_len in layout[rank]:
@@ -550,9 +570,11 @@ def ring_forward(q, k, v, layout):
                     done += q_len * k_len
                 k_off += k_len
             q_off += q_len
+        if sim:
+            delay(q, sim[0], 0, sim[2], f"block {step}")  # the block's attention, lasting compute_ms (notebook 17)
         work.append(done)
         if step < n - 1:
-            k, v = pass_right(k, v)
+            k, v = wait() if overlap else (k_next, v_next)
     return out, work
 
 
@@ -581,7 +603,76 @@ def section3(rank, n, batch=1, heads=4, seq=128, head_dim=16):
             "formula step": ring_attention_bytes(batch, heads, seq, head_dim, n),
             "positions": [list(c) for c in layout[rank]],
         }
-    return {"results": results, "tol": TOL, "shape": (batch, heads, seq, head_dim)}
+    layout = zigzag_layout(seq, n)                  # the other ways, and the overlapped ring, on the zig-zag split
+    local, variants = [shard_sequence(t, layout, rank, 2) for t in (q, k, v)], {}
+    hand = {"ring": ring_forward(*local, layout)[0], "ring overlapped": ring_forward(*local, layout, True)[0],
+            "allgather": allgather_forward(*local, layout), "ulysses": ulysses_forward(*local, layout)}
+    for name, fn in (("ring", ring_attention), ("ring overlapped", ring_attention),
+                     ("allgather", allgather_attention), ("ulysses", ulysses_attention)):
+        mine = [t.clone().requires_grad_() for t in local]
+        with CommCounter() as counter:
+            out = fn(*mine, layout=layout, **({"overlap": True} if name == "ring overlapped" else {}))
+            out.backward(shard_sequence(grad, layout, rank, 2))
+        variants[name] = {
+            "error": max(max_diff(out, shard_sequence(full, layout, rank, 2)),
+                         *(max_diff(a.grad, shard_sequence(b.grad, layout, rank, 2)) for a, b in zip(mine, leaves))),
+            "hand = library": torch.equal(hand[name], out), "values": [out.detach()] + [t.grad for t in mine],
+            "sent": counter.sent(), "formula": cp_attention_bytes(name.split()[0], batch, heads, seq, head_dim, n)}
+    same = [torch.equal(a, b) for a, b in zip(variants["ring"].pop("values"), variants["ring overlapped"].pop("values"))]
+    for name in ("allgather", "ulysses"):
+        del variants[name]["values"]
+    timing = {}
+    for compute_ms in (30, 10):                     # a block's compute against a link of LINK_MS
+        for overlap in (False, True):
+            timeline = Timeline(rank)
+            dist.barrier()
+            timeline.reset()
+            WAITED["s"] = 0.0
+            ring_forward(*local, layout, overlap, (compute_ms, LINK_MS, timeline))
+            timing[compute_ms, overlap] = (timeline.now(), WAITED["s"], hidden_seconds(timeline.spans))
+    return {"results": results, "tol": TOL, "shape": (batch, heads, seq, head_dim), "variants": variants,
+            "overlapped = plain": torch.equal(hand["ring"], hand["ring overlapped"]) and all(same), "timing": timing}
+
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+### Two other ways: all-gather, and Ulysses' all-to-all over heads
+
+The ring is one of three exchanges in use. **All-gather** (Llama 3's choice): every rank gathers every key and value block at once (put back in position order), and its queries attend to the whole sequence with the causal mask by global position; backward reduce-scatters the keys' and values' gradients to their owners. Llama 3 chose it because the keys and values are small: with grouped-query attention they have 8 heads against 32 query heads in the 8B model, so gathering them costs a fraction of the queries, and a gathered key tensor takes any mask, such as the mask between documents (Llama Team, 2024, the paper's subsection 3.3.2, *Context parallelism*). **Ulysses** (Jacobs et al., 2023) re-splits instead: an all-to-all turns this rank's positions of *every* head into *every* position of `heads / n` heads, plain causal attention runs on those heads unsplit, and a second all-to-all turns the output back. Both, by hand and forward only; the library's versions (`course_lib.context_parallel_variants`, used later) add the backward:
+"""
+
+# %% slideshow={"slide_type": "-"}
+# %%writefile _runs/n15/cp_variants.py
+"""All-gather and Ulysses attention by hand (forward): section 3's other two ways."""
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from course_lib.context_parallel import shard_sequence, unshard_sequence
+from course_lib.counted_collectives import all_gather, all_to_all
+
+
+def allgather_forward(q, k, v, layout):
+    """Gather every rank's keys and values (in position order); this rank's queries attend to all of them."""
+    n, rank = dist.get_world_size(), dist.get_rank()
+    k_all, v_all = (unshard_sequence(list(all_gather(t, 2).chunk(n, 2)), layout, 2) for t in (k, v))
+    q_pos = torch.cat([torch.arange(start, start + length) for start, length in layout[rank]])
+    causal = q_pos[:, None] >= torch.arange(k_all.shape[2])[None, :]        # by global position
+    return F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=causal)
+
+
+def ulysses_forward(q, k, v, layout):
+    """All-to-all: this rank's positions of every head -> every position of heads/n; attention; all-to-all back."""
+    n = dist.get_world_size()
+
+    def to_heads(x):
+        b, h, s_local, d = x.shape
+        parts = x.reshape(b, n, h // n, s_local, d).movedim(1, 0).contiguous()  # [j]: the heads rank j will own
+        return unshard_sequence(list(all_to_all(parts, [1] * n, [1] * n)), layout, 2)  # [j] came from rank j
+
+    out = F.scaled_dot_product_attention(*map(to_heads, (q, k, v)), is_causal=True)
+    parts = torch.stack([shard_sequence(out, layout, r, 2) for r in range(n)])  # [j]: rank j's positions
+    return all_to_all(parts, [1] * n, [1] * n).movedim(0, 1).flatten(1, 2)      # [j]: head group j, back in place
 
 
 # %% slideshow={"slide_type": "subslide"}
@@ -602,6 +693,35 @@ print(f"\nbytes one rank sends per call: forward, counted by hand {one['hand sen
 print(f"forward + backward, counted (library) {one['library sent']:,}, formula 2 (n-1) B + (4n - 2) B = {one['formula step']:,}")
 assert all(res["results"][n_]["hand sent"] == one["formula forward"] for res in s3 for n_ in ("contiguous", "zig-zag"))
 assert all(res["results"][n_]["library sent"] == one["formula step"] for res in s3 for n_ in ("contiguous", "zig-zag"))
+
+# %% slideshow={"slide_type": "subslide"}
+print("zig-zag split, 4 ranks; bytes one rank sends per attention call, forward + backward (counted = formula):")
+for name, formula in (("ring", "2 (n-1) B + (4n-2) B"), ("allgather", "all-gather 2 (n-1) B + reduce-scatter 2 (n-1) B"),
+                      ("ulysses", "(n-1)/n (2 B + 2 B) forward, the same backward")):
+    v_ = [res["variants"][name] for res in s3]
+    assert all(x["error"] < TOL and x["hand = library"] and x["sent"] == x["formula"] for x in v_)
+    print(f"  {name:<9} = full attention (< {TOL:g}), by hand = library: True; {v_[0]['sent']:>7,} B = {formula}")
+assert all(res["variants"]["ring overlapped"]["sent"] == res["variants"]["ring"]["sent"] for res in s3)
+from course_lib.context_parallel_variants import cp_attention_bytes  # noqa: E402
+from course_lib.transformer_config import PRESETS  # noqa: E402
+
+L3 = PRESETS["llama3-8b"]
+print(f"\nLlama 3 8B ({L3.n_heads} query heads, {L3.kv_heads} key/value heads, head_dim {L3.head_dim}), 131,072 tokens, "
+      "bf16: MiB one rank sends per attention layer, forward + backward")
+for n_ in (8, 16):
+    row = {v: cp_attention_bytes(v, 1, L3.n_heads, 131072, L3.head_dim, n_, kv_heads=L3.kv_heads, bytes_per_element=2)
+           for v in ("ring", "allgather", "ulysses") if v != "ulysses" or L3.kv_heads % n_ == 0}
+    print(f"  {n_:>2} ranks: " + ", ".join(f"{v} {b / 2**20:,.0f}" for v, b in row.items()) + f"; fewest: "
+          f"{min(row, key=row.get)}" + ("" if "ulysses" in row else f" (Ulysses: {n_} ranks > {L3.kv_heads} heads)"))
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+The ring's forward and the all-gather send the same bytes, `2 (n-1)` key/value slices; backward the ring sends more (the accumulators travel with the blocks), and Ulysses sends least as `n` grows: each all-to-all keeps `1/n` at home and sends every other byte once. Bytes are not the whole choice:
+
+- **ring**: any `n`, memory for two blocks, and each transfer can hide behind a block's compute (below); `n - 1` steps one after the other.
+- **all-gather**: one collective and any mask, but every rank holds the whole sequence's keys and values for the layer: cheap when grouped-query attention makes them small (above, the fewest bytes at 16 ranks).
+- **Ulysses**: the fewest bytes at 8 ranks and the attention kernel unchanged (whole sequences, fewer heads), but each all-to-all reaches every rank (fast inside a node's NVLink, slow across nodes), and `n` must divide the key/value heads: at 16 ranks Llama 3 8B's cannot split, and tensor parallelism, which splits heads too, shares the same heads.
+"""
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
@@ -633,15 +753,60 @@ assert crit_z < crit_c and len({sum(w) for w in zig}) == 1
 """
 In the contiguous split the last rank does 4 times the work of the first (the ratio above), and at every step some rank waits. With zig-zag every rank does the same work, and the critical path falls to the average. A partly masked chunk pair is counted whole, as a kernel computes a whole tile; that is why the zig-zag total per rank is slightly above half of the contiguous last rank's.
 
+### Hiding the transfer: post the next exchange, then compute
+
+`ring_forward` above waits for each exchange before it computes (`overlap=False`): a step lasts the block's compute *plus* its transfer. With `overlap=True` it posts the next block's sends and receives first, computes on the block it holds, and only then waits. The block it receives needs a buffer of its own while the current one is being sent and read: two spare key/value buffers, used in turn. The arithmetic is the same, so the result is the same bit for bit (and so for the library's `ring_attention(..., overlap=True)`, forward and backward; backward can prefetch only the keys and values, the accumulators are ready after the compute).
+
+To see the time it hides, `ring_forward` ran again on notebook 17's simulated device: each block's compute lasts `compute_ms` (`course_lib.simulated_compute.delay`, a sleep that holds no core), and each exchange completes `LINK_MS` after it was posted, as over a link of that speed. Overlap hides `min(compute, transfer)` per step; when the compute is the shorter, `transfer - compute` stays exposed:
+"""
+
+# %% slideshow={"slide_type": "fragment"}
+link_ms, steps = 20, 3                              # ring.py's LINK_MS; 4 ranks: 3 exchanges per forward
+assert all(res["overlapped = plain"] for res in s3)
+print("overlapped ring = plain ring, bit for bit (by hand forward, library forward and backward), the same bytes: True")
+for compute_ms in (30, 10):
+    plain, over = ([res["timing"][compute_ms, o] for res in s3] for o in (False, True))
+    wall = [max(r[0] for r in runs) for runs in (plain, over)]
+    exposed = max(r[1] for r in over) / steps * 1000
+    hidden = min(r[2] for r in over) / steps * 1000
+    expected = max(0, link_ms - compute_ms)
+    print(f"compute {compute_ms} ms per block, transfer {link_ms} ms: forward ~{wall[0] * 1000:.0f} ms plain, "
+          f"~{wall[1] * 1000:.0f} ms overlapped; per step hidden ~{hidden:.1f} ms (min = {min(compute_ms, link_ms)}), "
+          f"exposed ~{exposed:.1f} ms (max(0, transfer - compute) = {expected})")
+    assert abs(exposed - expected) < 0.4 * link_ms and wall[1] < wall[0]
+    assert hidden > 0.5 * min(compute_ms, link_ms)
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+The condition is one block's compute ≥ its transfer. The compute of a block grows with the square of the positions per rank (`(s/n)²` query-key pairs) and the transfer only linearly (`s/n` keys and values), so a long enough sequence always hides it; short sequences over slow links, or many ranks, do not. The all-gather variant has one transfer to hide, behind the local block only.
+
 ### PyTorch's `context_parallel`
 
-PyTorch has the same idea as an experimental API: `torch.distributed.tensor.experimental.context_parallel(mesh, buffers=..., buffer_seq_dims=...)` shards the listed tensors along the sequence in place and, inside the context, replaces `F.scaled_dot_product_attention` with a ring version (load balancing included). It dispatches on the SDPA *kernel*, and only the CUDA kernels (flash, memory-efficient, cuDNN) have a ring version; on the CPU it refuses:
+PyTorch has the same idea as an experimental API: `torch.distributed.tensor.experimental.context_parallel(mesh, buffers=..., buffer_seq_dims=...)` shards the listed tensors along the sequence in place (load balancing included) and, inside the context, replaces `F.scaled_dot_product_attention` with its context-parallel version. Its default exchange is the **all-gather**: its module `torch/distributed/tensor/experimental/_context_parallel/_attention.py` sets `rotate_method = ALL_GATHER` in `_ContextParallelOptions`, and `_create_rotater` builds an `_AllGatherRotater` from it. `set_rotate_method("alltoall")`, in the private module `torch.distributed.tensor.experimental._attention` (no public replacement in 2.13), switches to the ring-style exchange, a `permute_tensor` to the next rank at each step. Either way it posts the exchange before computing the block (as above), and the backward passes the gradients of keys and values around the ring. The cell below reads these lines from the installed source:
+"""
+
+# %% slideshow={"slide_type": "fragment"}
+import inspect  # noqa: E402
+
+from torch.distributed.tensor.experimental import context_parallel  # noqa: E402
+
+cp_source = inspect.getsourcefile(inspect.unwrap(context_parallel))  # the function under its decorator
+cp_lines = open(cp_source).read().splitlines()
+print(cp_source.replace(os.sep, "/").split("site-packages/")[-1])
+for needle in ("rotate_method: _RotateMethod =", "dkv_rotater = _create_rotater", 'if rotate_method == "alltoall"'):
+    found = [(i + 1, ln.strip()) for i, ln in enumerate(cp_lines) if needle in ln]
+    assert found, needle
+    print(f"  line {found[0][0]}: {found[0][1]}")
+assert "ALL_GATHER" in next(ln for ln in cp_lines if "rotate_method: _RotateMethod =" in ln)
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+It dispatches on the SDPA *kernel*, and only the CUDA kernels (flash, memory-efficient, cuDNN) have a context-parallel version; on the CPU it refuses:
 """
 
 # %% slideshow={"slide_type": "fragment"}
 import torch.nn.functional as F  # noqa: E402
 from torch.distributed.device_mesh import init_device_mesh  # noqa: E402
-from torch.distributed.tensor.experimental import context_parallel  # noqa: E402
 
 dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
 mesh = init_device_mesh("cpu", (1,), mesh_dim_names=("cp",))
@@ -659,20 +824,27 @@ if requires_gpu("context_parallel's ring attention with CUDA SDPA, against full 
 import torch, torch.nn.functional as F
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor.experimental import context_parallel
-from torch.distributed.tensor.experimental._attention import context_parallel_unshard
+from torch.distributed.tensor.experimental._attention import context_parallel_unshard, set_rotate_method
 
 def run(rank, n):
     mesh = init_device_mesh("cuda", (n,), mesh_dim_names=("cp",))
     g = torch.Generator(device="cuda").manual_seed(0)
     q, k, v = (torch.randn(1, 8, 4096, 64, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(3))
     full = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-    with context_parallel(mesh, buffers=[q, k, v], buffer_seq_dims=[2, 2, 2]):
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-    (out,) = context_parallel_unshard(mesh, [out], [2])
-    return (out.float() - full.float()).abs().max().item()
+    diffs = {}
+    for method in ("allgather", "alltoall"):        # private: the all-gather (default) or the ring's exchange
+        set_rotate_method(method)
+        qs, ks, vs = (t.clone() for t in (q, k, v))   # sharded in place
+        with context_parallel(mesh, buffers=[qs, ks, vs], buffer_seq_dims=[2, 2, 2]):
+            out = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True)
+        (out,) = context_parallel_unshard(mesh, [out], [2])
+        diffs[method] = (out.float() - full.float()).abs().max().item()
+    return diffs
 ''')
     diffs = run_ranks("_runs/n15/cp_gpu.py:run", nprocs=2, device="cuda", backend="nccl", timeout=300)
-    print(f"context_parallel on 2 GPUs against full attention, bf16: largest difference ~{max(diffs):.3f}")
+    for method in ("allgather", "alltoall"):
+        print(f"context_parallel on 2 GPUs, {method}, against full attention, bf16: largest difference "
+              f"~{max(d[method] for d in diffs):.3f}")
 
 # %% [markdown] slideshow={"slide_type": "slide"}
 """
@@ -957,8 +1129,8 @@ The table is the map of a real run at small scale: the per-layer, latency-critic
 | | tensor parallel | sequence parallel | context parallel | expert parallel |
 |---|---|---|---|---|
 | what is split | each layer's weight matrices | the tokens of the norm and dropout regions between tensor-parallel layers (with tensor parallelism) | the sequence, through attention: each rank keeps the queries, keys and values of its positions | the experts of mixture-of-experts layers; each rank routes its own tokens |
-| communicated | activations inside every layer (all-reduce / all-gather) | tensor parallelism's all-reduces become reduce-scatter + all-gather along the sequence: the same bytes; plus an all-reduce of the norms' weight gradients | key/value blocks around a ring, point-to-point: `2 (n-1)` blocks forward, `4n - 2` backward per attention; the gradients all-reduced over the group | two all-to-alls per MoE layer forward (dispatch, combine) and two backward, sizes set by the router |
-| idle time | none, but communication on the critical path of every layer | as tensor parallelism | with a causal mask, uneven unless the sequence is split zig-zag; transfers overlap the block's compute on GPUs | load imbalance: the busiest expert's rank sets the pace; capacity drops the excess |
+| communicated | activations inside every layer (all-reduce / all-gather) | tensor parallelism's all-reduces become reduce-scatter + all-gather along the sequence: the same bytes; plus an all-reduce of the norms' weight gradients | key/value blocks around a ring, point-to-point: `2 (n-1)` blocks forward, `4n - 2` backward per attention; or all-gathered (PyTorch's default), or two all-to-alls over heads (Ulysses); the gradients all-reduced over the group | two all-to-alls per MoE layer forward (dispatch, combine) and two backward, sizes set by the router |
+| idle time | none, but communication on the critical path of every layer | as tensor parallelism | with a causal mask, uneven unless the sequence is split zig-zag; a ring's transfer hides behind a block's compute when posted first and the compute lasts at least as long | load imbalance: the busiest expert's rank sets the pace; capacity drops the excess |
 | needs | very fast links: one node, NVLink | tensor parallelism (the same group, the same fast links) | a sequence long enough that one block's attention outweighs passing its keys and values | a balanced router (auxiliary loss or bias) and fast all-to-all |
 | use when | single layers too big, or activations per layer; within a node | always with tensor parallelism: the norms' activations are otherwise replicated | long context: the activations of one sequence do not fit one device | mixture-of-experts models: more experts than fit one device |
 | shown | notebook 12 §6 (one layer), notebook 15 §1 (a whole block) | notebook 15 §2 | notebook 15 §3 | notebook 15 §4 |
@@ -971,7 +1143,7 @@ The table is the map of a real run at small scale: the per-layer, latency-critic
 
 - **Tensor parallelism** splits q/k/v and the MLP's first projections by columns (heads, `d_ff`) and o/down by rows; Megatron's `f` (identity forward, all-reduce backward) and `g` (all-reduce forward, identity backward) are the only communication: 4 all-reduces of the activations per transformer block and step, plus 2 for the vocabulary-parallel embedding and head and 3 small ones for the vocabulary-parallel loss. By hand, `course_lib` and `parallelize_module` gave one process's gradients and the counted bytes matched the formula.
 - **Sequence parallelism** replaces each all-reduce by a reduce-scatter and an all-gather along the sequence, the same activation bytes, plus an all-reduce of the norms' weight gradients; the norms' activations are divided by the ranks, measured to the byte against notebook 14's formula.
-- **Context parallelism** (ring attention) keeps the queries and passes key/value blocks around the ring, merged by log-sum-exp: equal to full causal attention forward and backward, sending `2 (n-1)` blocks forward and `4n - 2` backward. The zig-zag split evens the causal work per rank (table in section 3); PyTorch's `context_parallel` needs CUDA's SDPA kernels.
+- **Context parallelism** keeps each rank's queries and brings it every key and value: around a ring (merged by log-sum-exp; `2 (n-1)` blocks forward, `4n - 2` backward), all-gathered (the same forward bytes, the gradients reduce-scattered; Llama 3's choice, cheap under grouped-query attention) or re-split over heads by Ulysses' two all-to-alls (the fewest bytes, `n` limited by the key/value heads). All three equal full causal attention forward and backward, their counted bytes their formulas. Posting the next exchange before the block's compute hides the transfer when the compute lasts at least as long, and exposes `transfer - compute` per step otherwise. The zig-zag split evens the causal work per rank. PyTorch's `context_parallel` all-gathers by default (`set_rotate_method("alltoall")` gives the ring's exchange) and needs CUDA's SDPA kernels.
 - **Expert parallelism** dispatches token rows to their experts' ranks and combines them back with two `all_to_all_single` calls, equal to the one-process MoE; the auxiliary loss kept the load close to even where training without it collapsed onto some experts.
 - The dimensions compose on a `DeviceMesh`: dp × cp × tp on 8 processes trained like one process, and each group carried its own collectives.
 """
@@ -983,11 +1155,12 @@ The table is the map of a real run at small scale: the per-layer, latency-critic
 1. For each linear layer of a block, say whether tensor parallelism splits it by columns (`"column"`) or by rows (`"row"`).
 2. Write `ring_forward_bytes(batch, heads, seq_len, head_dim, n, p)`: the bytes one rank sends in the forward pass of one ring-attention call on `n` ranks (`p` bytes per element, heads of key and value equal to the query's).
 3. Write `a2a_send_counts(experts, kept, n_experts, n_ranks)`: the rows one rank sends to each rank at dispatch, given its routing (`experts` and `kept` of shape `(tokens, k)`, expert `e` on rank `e // (n_experts / n_ranks)`).
+4. Write `ulysses_forward_bytes(batch, heads, kv_heads, seq_len, head_dim, n, p)`: the bytes one rank sends in Ulysses' forward pass (its all-to-alls of q, k, v and of the output), with `kv_heads` key/value heads.
 """
 
 # %% slideshow={"slide_type": "-"}
 from course_lib.exercises.transformer_parallelism import (  # noqa: E402
-    LINEAR_LAYERS, check_a2a_send_counts, check_parallel_styles, check_ring_forward_bytes,
+    LINEAR_LAYERS, check_a2a_send_counts, check_parallel_styles, check_ring_forward_bytes, check_ulysses_forward_bytes,
 )
 
 print(", ".join(LINEAR_LAYERS))
@@ -1010,13 +1183,21 @@ def a2a_send_counts(experts, kept, n_experts, n_ranks):
 
 print(check_a2a_send_counts(a2a_send_counts))
 
+
+# %% slideshow={"slide_type": "-"}
+def ulysses_forward_bytes(batch, heads, kv_heads, seq_len, head_dim, n, p):
+    raise NotImplementedError  # your code here
+
+
+print(check_ulysses_forward_bytes(ulysses_forward_bytes))
+
 # %% [markdown] slideshow={"slide_type": "slide"}
 """
 ## References
 
 - M. Shoeybi et al., *Megatron-LM: Training Multi-Billion Parameter Language Models Using Model Parallelism*, 2019, [arXiv:1909.08053](https://arxiv.org/abs/1909.08053) (the `f` and `g` operators, vocabulary-parallel embedding and loss).
 - V. Korthikanti et al., *Reducing Activation Recomputation in Large Transformer Models*, 2022, [arXiv:2205.05198](https://arxiv.org/abs/2205.05198) (sequence parallelism, the activation formula).
-- H. Liu, M. Zaharia, P. Abbeel, *Ring Attention with Blockwise Transformers for Near-Infinite Context*, 2023, [arXiv:2310.01889](https://arxiv.org/abs/2310.01889); the zig-zag split: Llama Team, *The Llama 3 Herd of Models*, 2024, [arXiv:2407.21783](https://arxiv.org/abs/2407.21783) (its part on context parallelism).
+- H. Liu, M. Zaharia, P. Abbeel, *Ring Attention with Blockwise Transformers for Near-Infinite Context*, 2023, [arXiv:2310.01889](https://arxiv.org/abs/2310.01889); the zig-zag split and the all-gather of keys and values: Llama Team, *The Llama 3 Herd of Models*, 2024, [arXiv:2407.21783](https://arxiv.org/abs/2407.21783) (subsection 3.3.2, *Context parallelism*); S. A. Jacobs et al., *DeepSpeed Ulysses: System Optimizations for Enabling Training of Extreme Long Sequence Transformer Models*, 2023, [arXiv:2309.14509](https://arxiv.org/abs/2309.14509). PyTorch's exchange: `torch/distributed/tensor/experimental/_context_parallel/_attention.py` in torch 2.13 (`_ContextParallelOptions`, `_create_rotater`, `set_rotate_method`).
 - N. Shazeer et al., *Outrageously Large Neural Networks: The Sparsely-Gated Mixture-of-Experts Layer*, 2017, [arXiv:1701.06538](https://arxiv.org/abs/1701.06538); D. Lepikhin et al., *GShard*, 2020, [arXiv:2006.16668](https://arxiv.org/abs/2006.16668); W. Fedus, B. Zoph, N. Shazeer, *Switch Transformers*, 2021, [arXiv:2101.03961](https://arxiv.org/abs/2101.03961) (capacity, the auxiliary loss); DeepSeek-AI, *DeepSeek-V3 Technical Report*, 2024, [arXiv:2412.19437](https://arxiv.org/abs/2412.19437) (bias-based balancing).
 - Hugging Face, [*The Ultra-Scale Playbook: Training LLMs on GPU Clusters*](https://huggingface.co/spaces/nanotron/ultrascale-playbook), 2025; [picotron](https://github.com/huggingface/picotron).
 - PyTorch docs and tutorials: [Tensor Parallelism (`torch.distributed.tensor.parallel`)](https://pytorch.org/docs/stable/distributed.tensor.parallel.html), [Large Scale Transformer model training with Tensor Parallel](https://pytorch.org/tutorials/intermediate/TP_tutorial.html), [Context Parallel tutorial](https://pytorch.org/tutorials/prototype/context_parallel.html), [`all_to_all_single`](https://pytorch.org/docs/stable/distributed.html#torch.distributed.all_to_all_single), [DeviceMesh](https://pytorch.org/tutorials/recipes/distributed_device_mesh.html).

@@ -8,6 +8,7 @@ from course_lib.exercises.transformer_parallelism import (
     check_a2a_send_counts,
     check_parallel_styles,
     check_ring_forward_bytes,
+    check_ulysses_forward_bytes,
 )
 
 RIGHT = {
@@ -62,6 +63,27 @@ def test_ring_forward_bytes() -> None:
             (lambda b, h, s, d, n, p: 2 * (n - 1) * b * h * s * d * p, "seq_len / n"),
             (lambda b, h, s, d, n, p: 7, "count the blocks"),
             (lambda b, h, s, d, n, p: "a lot", "should return a number"),
+        ],
+    )
+
+
+def _ulysses(b: int, h: int, kv: int, s: int, d: int, n: int, p: int) -> int:
+    return (n - 1) * (2 * h + 2 * kv) * b * (s // n) * d * p // n
+
+
+def test_ulysses_forward_bytes() -> None:
+    assert_check(
+        check_ulysses_forward_bytes,
+        right=[_ulysses, lambda *a: float(_ulysses(*a)), lambda *a: torch.tensor(_ulysses(*a))],
+        right_says="(n - 1)/n of q, k, v and the output",
+        not_done=[_blank, ...],
+        wrong=[
+            (lambda b, h, kv, s, d, n, p: (2 * h + 2 * kv) * b * (s // n) * d * p, "own 1/n at home"),
+            (lambda b, h, kv, s, d, n, p: _ulysses(b, h, h, s, d, n, p), "kv_heads heads"),
+            (lambda b, h, kv, s, d, n, p: (n - 1) * (h + 2 * kv) * b * (s // n) * d * p // n, "a fourth all-to-all"),
+            (lambda b, h, kv, s, d, n, p: (n - 1) * (2 * h + 2 * kv) * b * (s // n) * d * p, "seq_len / n"),
+            (lambda b, h, kv, s, d, n, p: 7, "count what leaves"),
+            (lambda b, h, kv, s, d, n, p: "a lot", "should return a number"),
         ],
     )
 

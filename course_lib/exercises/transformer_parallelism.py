@@ -8,11 +8,13 @@ from typing import Any
 import torch
 
 from ..context_parallel import ring_attention_bytes
+from ..context_parallel_variants import cp_attention_bytes
 from ..moe import send_counts
 from ..tensor_parallel import COLUMN_PARALLEL, ROW_PARALLEL
 from .core import Wrong, as_number, call_learner, dict_answer, exercise
 
 __all__ = ["LINEAR_LAYERS", "check_a2a_send_counts", "check_parallel_styles", "check_ring_forward_bytes"]
+__all__ += ["check_ulysses_forward_bytes"]
 
 _STYLE = {name.split(".")[-1]: "column" for name in COLUMN_PARALLEL} | {
     name.split(".")[-1]: "row" for name in ROW_PARALLEL
@@ -82,6 +84,36 @@ def check_ring_forward_bytes(fn: Any) -> str:
             raise Wrong(f"{call}: a block holds this rank's slice of the sequence, seq_len / n positions")
         raise Wrong(f"{call} returned {got:,.0f}, expected {want:,}: count the blocks that leave this rank")
     return "2 (n - 1) blocks of batch x heads x (seq_len / n) x head_dim x p bytes, e.g. 7 x 2 x 8 MiB at 8 ranks"
+
+
+# (batch, heads, kv_heads, seq_len, head_dim, n, p): grouped-query attention in most
+ULYSSES_CASES: list[tuple[int, int, int, int, int, int, int]] = [
+    (1, 32, 8, 131072, 128, 8, 2),
+    (2, 4, 4, 96, 8, 4, 4),
+    (1, 16, 4, 4096, 64, 4, 2),
+    (1, 8, 2, 64, 16, 2, 4),
+]
+
+
+@exercise("Ulysses' bytes", todo="write ulysses_forward_bytes(batch, heads, kv_heads, seq_len, head_dim, n, p)")
+def check_ulysses_forward_bytes(fn: Any) -> str:
+    for b, h, kv, s, d, n, p in ULYSSES_CASES:
+        call = f"ulysses_forward_bytes({b}, {h}, {kv}, {s}, {d}, {n}, {p})"
+        got = as_number(call_learner(fn, b, h, kv, s, d, n, p), call)
+        want = cp_attention_bytes("ulysses", b, h, s, d, n, kv_heads=kv, bytes_per_element=p, backward=False)
+        if math.isclose(got, want, rel_tol=1e-12, abs_tol=0.5):
+            continue
+        bq, bkv = b * h * (s // n) * d * p, b * kv * (s // n) * d * p
+        if math.isclose(got, 2 * bq + 2 * bkv):
+            raise Wrong(f"{call}: an all-to-all keeps this rank's own 1/n at home: (n - 1)/n of each tensor leaves")
+        if kv != h and math.isclose(got, (n - 1) * 4 * bq / n):
+            raise Wrong(f"{call}: keys and values have kv_heads heads (grouped-query attention), not heads")
+        if math.isclose(got, (n - 1) * (bq + 2 * bkv) / n):
+            raise Wrong(f"{call}: the output goes back to its positions' owners too: a fourth all-to-all")
+        if math.isclose(got, (n - 1) * (2 * bq + 2 * bkv)):
+            raise Wrong(f"{call}: a rank holds seq_len / n positions, and sends (n - 1)/n of them")
+        raise Wrong(f"{call} returned {got:,.0f}, expected {want:,}: count what leaves this rank in each all-to-all")
+    return "(n - 1)/n of q, k, v and the output: (n - 1)/n (2 Bq + 2 Bkv): 280 MiB forward for Llama 3 8B at 8 ranks"
 
 
 def _routings() -> list[tuple[str, torch.Tensor, torch.Tensor, int, int]]:
