@@ -386,7 +386,7 @@ def test_the_practical_search_and_the_mfu_flag() -> None:
     ideal = format_plan(fits, top=1)
     assert fits[0].mfu > 0.7 and "*" in ideal.splitlines()[1] and "idealized" in ideal
     real = format_plan(plan(LLAMA8B, h100_cluster(1, matmul=MatmulEfficiency()), 64, 8192), top=3)
-    assert "*" not in real and "idealized" not in real
+    assert "*" not in real and "idealized" not in real  # the Megatron constant: below 70 %
     long = plan(LLAMA8B, h100_cluster(1), 8, 131072)  # 128K tokens: one sequence does not fit without CP
     assert all(p.layout.context > 1 for p in long)
 
