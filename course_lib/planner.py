@@ -229,8 +229,9 @@ def format_plan(preds: list[Prediction], top: int = 5) -> str:
         )
     elif flagged:
         lines.append(
-            f"* MFU above {MFU_PLAUSIBLE:.0%}, beyond published runs of dense models: the model is idealized here (its"
-            " constant may absorb recomputation these layouts skip; memory-bound operations are left out): an upper bound"
+            f"* MFU above {MFU_PLAUSIBLE:.0%}, beyond published runs of dense models: the model is idealized here"
+            " (its constant may absorb recomputation these layouts skip; memory-bound operations are left out):"
+            " an upper bound"
         )
     elif any(p.idealized for p in preds[:top]):
         lines.append("(idealized model: matrix products at the cluster's flat efficiency, nothing per micro-batch)")

@@ -771,7 +771,7 @@ assert rms < 0.15 and all(abs(c.error) < 0.2 for c in megatron)
 def llama_rows(eff, rank):
     rows = [compare(r, eff, rank=rank) for r in LLAMA3]
     for c in rows:
-        r, lay = c.run, c.published.layout
+        r = c.run
         where = f"rank {c.rank} of {c.candidates}" if rank else ""
         print(f"  {r.gpus:>6} GPUs, CP {r.context:>2}, {r.seq_len:>6} tokens: published {r.tflops_per_gpu:.0f}, predicted {c.tflops_per_gpu:.0f}"
               f" TFLOP/s per GPU ({c.error:+.1%}; MFU {c.published.mfu:.0%}) {where}")
