@@ -210,7 +210,11 @@ def _memory(
     outside.pop("blocks")
     outside["loss: log-probabilities"] //= T  # vocabulary-parallel head: each rank its columns
     in_flight = min(P, layout.accumulation)
-    activations = in_flight * block * (c.n_layers // P) + sum(outside.values())
+    stage_blocks = in_flight * block * (c.n_layers // P)
+    v = layout.interleave
+    if v > 1:  # the interleaved schedule's warm-up holds (1 + (p - 1) / (p v)) times as much (Korthikanti et al. 4.2.3)
+        stage_blocks = stage_blocks * (P * v + P - 1) // (P * v)
+    activations = stage_blocks + sum(outside.values())
     recompute = 0
     if layout.checkpointing == "full":  # backward recomputes one block at a time: its activations, once
         full = dataclasses.replace(c, checkpointing="none")

@@ -290,6 +290,16 @@ def test_the_last_stage_carries_the_head_and_sets_the_pace() -> None:
         stage_seconds(LLAMA8B, node, lay, seq_len=0)
 
 
+def _outside(p) -> int:
+    """The activations outside the pipeline stage's blocks (embedding, final norm, head, loss)."""
+    from course_lib.transformer import model_saved_terms
+
+    terms = model_saved_terms(LLAMA8B, 8192, batch=1, dtype=torch.bfloat16)
+    terms.pop("blocks")
+    terms["loss: log-probabilities"] //= p.layout.tensor
+    return sum(terms.values())
+
+
 def test_interleave_divides_the_bubble_and_is_checked() -> None:
     node = h100_cluster(1)
     plain = predict(LLAMA8B, node, Layout(pipeline=4, micro_batch=1, accumulation=8), seq_len=8192, global_batch=8)
@@ -297,6 +307,8 @@ def test_interleave_divides_the_bubble_and_is_checked() -> None:
         LLAMA8B, node, Layout(pipeline=4, micro_batch=1, accumulation=8, interleave=2), seq_len=8192, global_batch=8
     )
     assert two.time["pipeline bubble"] == pytest.approx(plain.time["pipeline bubble"] / 2)
+    blocks = plain.memory["activations"] - _outside(plain)
+    assert blocks > 0 and two.memory["activations"] - _outside(two) == blocks * (8 + 3) // 8  # 1 + (p - 1) / (p v)
     assert two.time["pipeline sends"] > plain.time["pipeline sends"]
     assert "PP 4 (2 chunks)" in two.layout.describe()
     for layout, message in (
