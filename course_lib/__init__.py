@@ -45,6 +45,7 @@ this package itself exports nothing. One module per job:
 * :mod:`course_lib.planner_layout` — the planner's cluster, layout and prediction
 * :mod:`course_lib.planner_model` — memory per rank and time per step of one layout
 * :mod:`course_lib.planner` — memory per rank and step time of DP/TP/PP/CP layouts, the feasible ones ranked
+* :mod:`course_lib.published_runs` — published layouts and throughput (Megatron-LM, Llama 3) for the planner
 * :mod:`course_lib.torchtitan_map` — the course's training scripts' flags mapped onto torchtitan's options, with sources
 * :mod:`course_lib.moe` — a top-k mixture-of-experts layer (router, capacity, auxiliary loss) and its expert parallelism
 * :mod:`course_lib.manifest` — the course's notebooks in order, from ``course.toml`` (reading only)

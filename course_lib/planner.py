@@ -11,13 +11,15 @@ Nothing here is a new formula. :func:`predict` adds up
   1F1B pipeline keeps in flight, plus what lies outside the blocks
   (:func:`~course_lib.transformer.model_saved_terms`, the loss's log-probabilities divided by the tensor
   degree: the head is vocabulary-parallel), and, with checkpointing, one block recomputed in backward;
-* **step time**: the model FLOPs (:func:`~course_lib.transformer.training_flops_per_token`, plus the
-  recomputation) over the cluster's peak, the pipeline bubble
-  (:func:`course_lib.pipeline.bubble_fraction`), and the communication that is not hidden: tensor-parallel
-  collectives (:func:`~course_lib.tensor_parallel.tp_bytes_per_step`) and context-parallel ring exchanges
-  (:func:`~course_lib.context_parallel.ring_attention_bytes`) sit on the critical path; the data-parallel
-  gradient all-reduce (or ZeRO's reduce-scatter and all-gathers) overlaps the backward pass, so only what
-  exceeds the backward's compute counts. Each collective costs the ring's ``2 (n-1)`` steps of the α-β
+* **transients**: ZeRO-3's two gathered units, the fp32 gradient of the logits, communication buffers;
+* **step time**: each pipeline stage's matrix products (:func:`stage_seconds`: the embedding on the first
+  stage, the head on the last; with a :class:`MatmulEfficiency` at a size-dependent fraction of the peak and a
+  fixed cost per micro-batch, without one at the peak: idealized), the slowest stage times the micro-batches
+  plus the bubble ``(p - 1) / v`` (``v`` the interleave), and the communication that is not hidden:
+  tensor-parallel collectives (:func:`~course_lib.tensor_parallel.tp_bytes_per_step`) and context-parallel ring
+  exchanges (:func:`~course_lib.context_parallel.ring_attention_bytes`) sit on the critical path; the
+  data-parallel reduction over data x context ranks overlaps the backward it is allowed to (ZeRO-0/1: the last
+  micro-batch's; ZeRO-2/3: each micro-batch's). Each collective costs the ring's ``2 (n-1)`` steps of the α-β
   model (:func:`course_lib.comm_model.predict_all_reduce`).
 
 Ranks are placed tensor-innermost (``rank = ((d * P + p) * C + c) * T + t``), so a group whose span fits in
@@ -36,8 +38,18 @@ from __future__ import annotations
 import math
 from itertools import product
 
-from .planner_layout import Cluster, Layout, PlanError, Prediction, check_config, check_layout, h100_cluster
-from .planner_model import predict, shard_params
+from .planner_layout import (
+    Cluster,
+    Layout,
+    MatmulEfficiency,
+    PlanError,
+    Prediction,
+    a100_cluster,
+    check_config,
+    check_layout,
+    h100_cluster,
+)
+from .planner_model import predict, shard_params, stage_seconds
 from .sharding import Precision
 from .transformer import CHECKPOINTINGS, TransformerConfig
 from .validation import check_int, check_items, check_number
@@ -47,8 +59,10 @@ GiB = 2**30
 __all__ = [
     "Cluster",
     "Layout",
+    "MatmulEfficiency",
     "PlanError",
     "Prediction",
+    "a100_cluster",
     "candidate_layouts",
     "check_layout",
     "format_plan",
@@ -56,6 +70,7 @@ __all__ = [
     "plan",
     "predict",
     "shard_params",
+    "stage_seconds",
 ]
 
 
@@ -65,36 +80,56 @@ def _divisors(n: int) -> list[int]:
     return small + [n // d for d in reversed(small) if d * d != n]
 
 
+MFU_PLAUSIBLE = 0.7  # above this, format_plan says the MFU comes from an idealized model
 MAX_GLOBAL_BATCH = 10**12  # sequences per step: far beyond any real run, and every layout is still enumerable
 
 
 def candidate_layouts(
-    config: TransformerConfig, devices: int, global_batch: int, seq_len: int, *, max_tensor: int | None = None
+    config: TransformerConfig,
+    devices: int,
+    global_batch: int,
+    seq_len: int,
+    *,
+    max_tensor: int | None = None,
+    practical: bool = False,
 ) -> list[Layout]:
     """Every layout of exactly ``devices`` devices that :func:`check_layout` accepts (all ZeRO stages,
-    all checkpointing modes, every micro-batch that divides the per-rank batch)."""
+    all checkpointing modes, every micro-batch that divides the per-rank batch).
+
+    ``practical=True`` keeps what practitioners consider: at least 2 layers per pipeline stage, and adds the
+    interleaved schedules (2 or 4 chunks per stage) where the layers and micro-batches allow them."""
     config = check_config(config)
     devices = check_int("devices", devices, minimum=1, maximum=2**20)
     global_batch = check_int("global_batch", global_batch, minimum=1, maximum=MAX_GLOBAL_BATCH)
     seq_len = check_int("seq_len", seq_len, minimum=1)
     if max_tensor is not None:
         max_tensor = check_int("max_tensor", max_tensor, minimum=1)
+    if not isinstance(practical, bool):
+        raise TypeError(f"practical must be True or False, got {practical!r}")
+    chunks = (1, 2, 4) if practical else (1,)
     out = []
     for T, P, C in product(_divisors(devices), repeat=3):
         if devices % (T * P * C) or (max_tensor is not None and T > max_tensor):
             continue
+        if practical and config.n_layers // P < 2:
+            continue
         D = devices // (T * P * C)
         if global_batch % D:
             continue
-        for mb, zero, ck in product(_divisors(global_batch // D), range(4), CHECKPOINTINGS):
-            layout = Layout(D, T, P, C, zero, mb, global_batch // (D * mb), ck)  # type: ignore[arg-type]
-            if D == 1 and zero:
-                continue  # ZeRO over one rank is plain training
-            try:
-                check_layout(config, layout, seq_len, global_batch)
-            except ValueError:
-                continue
-            out.append(layout)
+        try:  # the degrees alone, once: what divides heads, layers and the sequence
+            check_layout(config, Layout(D, T, 1, C, micro_batch=global_batch // D), seq_len, global_batch)
+        except ValueError:
+            continue
+        if config.n_layers % P:
+            continue
+        for mb, v in product(_divisors(global_batch // D), chunks):
+            m = global_batch // (D * mb)
+            if m < P or (v > 1 and (P == 1 or m % P or config.n_layers % (P * v))):
+                continue  # too few micro-batches for the pipeline, or no interleaved schedule here
+            for zero, ck in product(range(4), CHECKPOINTINGS):
+                if D * C == 1 and zero:
+                    continue  # ZeRO over one rank is plain training
+                out.append(Layout(D, T, P, C, zero, mb, m, ck, v))  # type: ignore[arg-type]
     return out
 
 
@@ -108,12 +143,15 @@ def plan(
     devices: int | None = None,
     max_tensor: int | None = None,
     headroom: float = 0.9,
+    practical: bool = True,
 ) -> list[Prediction]:
     """The layouts that fit, fastest first (ties: less memory first).
 
     A layout fits when its memory per rank is at most ``headroom`` of the device's (the rest: the
-    allocator's fragmentation, communication buffers, the framework). ``devices`` defaults to the whole
-    cluster; tensor parallelism stays inside a node (``max_tensor`` defaults to ``devices_per_node``).
+    allocator's fragmentation, the framework). ``devices`` defaults to the whole cluster; tensor parallelism
+    stays inside a node (``max_tensor`` defaults to ``devices_per_node``). ``practical`` (the default) searches
+    what practitioners consider (:func:`candidate_layouts`), and context parallelism only when no layout
+    without it fits (a sequence's activations do not fit otherwise); ``practical=False``, every layout.
     Raises :class:`PlanError` when none fits, with the smallest need.
 
     >>> import textwrap
@@ -124,8 +162,9 @@ def plan(
     ...     plan(PRESETS["llama3-8b"], small, global_batch=8, seq_len=8192)
     ... except PlanError as e:
     ...     print(textwrap.fill(str(e), 100))
-    no layout of 8 devices fits: the smallest needs 17.95 GiB per rank (DP 1 x TP 8, ZeRO-0, micro-batch
-    1 x 8 accumulation, checkpointing full), the device has 14.40 GiB usable (90% of 16.00 GiB)
+    no layout of 8 devices fits: the smallest needs 17.99 GiB per rank (DP 1 x TP 4 x CP 2, ZeRO-3,
+    micro-batch 1 x 8 accumulation, checkpointing full), the device has 14.40 GiB usable (90% of 16.00
+    GiB)
     """
     c = check_config(config)
     if not isinstance(cluster, Cluster):
@@ -135,16 +174,27 @@ def plan(
     if not 0 < headroom <= 1:
         raise ValueError(f"headroom must be in (0, 1], got {headroom}")
     limit = max_tensor if max_tensor is not None else cluster.devices_per_node
-    layouts = candidate_layouts(c, n, global_batch, seq_len, max_tensor=limit)
+    if not isinstance(practical, bool):
+        raise TypeError(f"practical must be True or False, got {practical!r}")
+    layouts = candidate_layouts(c, n, global_batch, seq_len, max_tensor=limit, practical=practical)
     if not layouts:
         raise PlanError(
             f"no layout splits global batch {global_batch} x seq_len {seq_len} of this model over {n} devices"
             " (the degrees must divide the batch, heads, layers and sequence)"
         )
-    preds = [
-        predict(c, cluster, lay, seq_len=seq_len, global_batch=global_batch, precision=precision) for lay in layouts
-    ]
     usable = headroom * cluster.memory_bytes
+
+    def predicted(group: list[Layout]) -> list[Prediction]:
+        return [
+            predict(c, cluster, lay, seq_len=seq_len, global_batch=global_batch, precision=precision) for lay in group
+        ]
+
+    if practical:  # context parallelism only where no layout without it fits
+        preds = predicted([lay for lay in layouts if lay.context == 1])
+        if not any(p.memory_total <= usable for p in preds):
+            preds += predicted([lay for lay in layouts if lay.context > 1])
+    else:
+        preds = predicted(layouts)
     fits = [p for p in preds if p.memory_total <= usable]
     if not fits:
         least = min(preds, key=lambda p: p.memory_total)
@@ -157,13 +207,32 @@ def plan(
 
 
 def format_plan(preds: list[Prediction], top: int = 5) -> str:
-    """The first ``top`` predictions as a text table: layout, GiB per rank, step time, tokens/s, MFU."""
+    """The first ``top`` predictions as a text table: layout, GiB per rank, step time, tokens/s, MFU.
+
+    An MFU above 70 % is marked: no published training run reaches it, so it comes from an idealized model (no
+    :class:`MatmulEfficiency` on the cluster), and the table says so under it."""
     top = check_int("top", top, minimum=1)
     preds = check_items("preds", preds, Prediction, "a list of Predictions (what plan returns)")
-    lines = [f"{'#':>2} {'layout':<78} {'GiB/rank':>8} {'step s':>8} {'tokens/s':>10} {'MFU':>5}"]
+    lines = [f"{'#':>2} {'layout':<88} {'GiB/rank':>8} {'step s':>8} {'tokens/s':>10} {'MFU':>6}"]
+    flagged = False
     for i, p in enumerate(preds[:top], 1):
+        mark = "*" if p.mfu > MFU_PLAUSIBLE else " "
+        flagged = flagged or p.mfu > MFU_PLAUSIBLE
         lines.append(
-            f"{i:>2} {p.layout.describe():<78} {p.memory_total / GiB:>8.2f} {p.step_time:>8.3f}"
-            f" {p.tokens_per_second:>10.4g} {p.mfu:>5.1%}"
+            f"{i:>2} {p.layout.describe():<88} {p.memory_total / GiB:>8.2f} {p.step_time:>8.3f}"
+            f" {p.tokens_per_second:>10.4g} {p.mfu:>5.1%}{mark}"
         )
+    if flagged and any(p.idealized for p in preds[:top]):
+        lines.append(
+            f"* MFU above {MFU_PLAUSIBLE:.0%}: an idealized model (matrix products at the peak, nothing per"
+            " micro-batch); give the cluster a MatmulEfficiency for a forecast"
+        )
+    elif flagged:
+        lines.append(
+            f"* MFU above {MFU_PLAUSIBLE:.0%}, beyond published runs of dense models: the model is idealized here"
+            " (its constant may absorb recomputation these layouts skip; memory-bound operations are left out):"
+            " an upper bound"
+        )
+    elif any(p.idealized for p in preds[:top]):
+        lines.append("(idealized model: matrix products at the cluster's flat efficiency, nothing per micro-batch)")
     return "\n".join(lines)

@@ -15,8 +15,10 @@ from .validation import check_int, check_number
 __all__ = [
     "Cluster",
     "Layout",
+    "MatmulEfficiency",
     "PlanError",
     "Prediction",
+    "a100_cluster",
     "check_config",
     "check_layout",
     "check_precision",
@@ -28,12 +30,55 @@ GiB = 2**30
 
 
 @dataclass(frozen=True)
+class MatmulEfficiency:
+    """How fast a matrix product runs, as a fraction of the peak, and a fixed cost per micro-batch and stage.
+
+    A product of an ``m x k`` by a ``k x n`` matrix reaches ``peak_fraction * f(m) * f(n) * f(k)`` of the peak,
+    with ``f(d) = d / (d + half_size)``: large products approach ``peak_fraction``, a dimension of ``half_size``
+    halves the rate (small products are bound by memory traffic and the kernel's launch, not by the arithmetic).
+    ``per_micro_batch_s`` is the fixed cost of one micro-batch's forward and backward on one pipeline stage
+    (kernel launches, the optimizer's and the framework's bookkeeping, spread over the micro-batches).
+
+    The defaults are the course's calibration: ``peak_fraction`` fitted on Megatron-LM's published runs on A100s
+    (Narayanan et al., 2021, Table 1; :mod:`course_lib.published_runs`), ``half_size`` and ``per_micro_batch_s``
+    assumed, not fitted.
+
+    >>> e = MatmulEfficiency()
+    >>> round(e.fraction(8192, 8192, 8192), 3) == round(e.peak_fraction * (8192 / (8192 + e.half_size)) ** 3, 3)
+    True
+    """
+
+    peak_fraction: float = 0.534
+    half_size: float = 64.0
+    per_micro_batch_s: float = 1e-3
+
+    def __post_init__(self) -> None:
+        value = check_number("peak_fraction", self.peak_fraction, finite=True)
+        if not 0 < value <= 1:
+            raise ValueError(f"peak_fraction must be in (0, 1], got {value}")
+        for name in ("half_size", "per_micro_batch_s"):
+            value = check_number(name, getattr(self, name), finite=True)
+            if value < 0:
+                raise ValueError(f"{name} must be >= 0, got {value}")
+
+    def fraction(self, m: int, n: int, k: int) -> float:
+        """The fraction of the peak that an ``m x k`` by ``k x n`` product reaches."""
+        out = self.peak_fraction
+        for name, d in (("m", m), ("n", n), ("k", k)):
+            d = check_int(name, d, minimum=1)
+            out *= d / (d + self.half_size)
+        return out
+
+
+@dataclass(frozen=True)
 class Cluster:
     """Identical nodes of ``devices_per_node`` devices, each with ``memory_bytes`` and ``peak_flops``.
 
     ``intra`` and ``inter`` are the α-β models of one device's link inside a node and between nodes.
     ``efficiency`` is the fraction of the peak that the model's matrix products reach (1.0: the peak itself,
-    so the predicted MFU is an upper bound).
+    so the predicted MFU is an upper bound). ``matmul`` (a :class:`MatmulEfficiency`) replaces that flat
+    fraction by one that depends on each product's size, with a fixed cost per micro-batch and stage; without
+    it (``None``) the model is idealized: every product at ``efficiency`` of the peak, nothing per micro-batch.
     """
 
     devices_per_node: int
@@ -43,6 +88,7 @@ class Cluster:
     inter: AlphaBeta
     nodes: int = 1
     efficiency: float = 1.0
+    matmul: MatmulEfficiency | None = None
 
     def __post_init__(self) -> None:
         check_int("devices_per_node", self.devices_per_node, minimum=1)
@@ -59,27 +105,51 @@ class Cluster:
                 raise TypeError(
                     f"{name} must be a course_lib.comm_model.AlphaBeta, got {type(getattr(self, name)).__name__}"
                 )
+        if self.matmul is not None and not isinstance(self.matmul, MatmulEfficiency):
+            raise TypeError(f"matmul must be a MatmulEfficiency or None, got {type(self.matmul).__name__}")
 
     @property
     def devices(self) -> int:
         return self.devices_per_node * self.nodes
 
 
-def h100_cluster(nodes: int = 1) -> Cluster:
+def _check_matmul(matmul: object) -> MatmulEfficiency | None:
+    if matmul is not None and not isinstance(matmul, MatmulEfficiency):
+        raise TypeError(f"matmul must be a MatmulEfficiency or None, got {type(matmul).__name__}")
+    return matmul
+
+
+def h100_cluster(nodes: int = 1, *, matmul: MatmulEfficiency | None = None) -> Cluster:
     """``nodes`` nodes of 8 H100 SXM GPUs: 80 GB and 989 TFLOP/s of dense bf16 each (NVIDIA's H100 datasheet),
     NVLink 4 inside a node (450 GB/s per direction, 5 us per message) and one 400 Gb/s InfiniBand NIC per GPU
-    between nodes (50 GB/s, 10 us): the cluster notebooks 16 and 18 plan for.
+    between nodes (50 GB/s, 10 us): the cluster notebooks 16 and 18 plan for. Without ``matmul`` its time model
+    is idealized (every product at the peak).
 
     >>> h100_cluster(2).devices
     16
     """
     nodes = check_int("nodes", nodes, minimum=1)
-    return Cluster(8, 80 * 10**9, 989e12, AlphaBeta(5e-6, 450e9), AlphaBeta(10e-6, 50e9), nodes=nodes)
+    matmul = _check_matmul(matmul)
+    return Cluster(8, 80 * 10**9, 989e12, AlphaBeta(5e-6, 450e9), AlphaBeta(10e-6, 50e9), nodes=nodes, matmul=matmul)
+
+
+def a100_cluster(nodes: int = 1, *, matmul: MatmulEfficiency | None = None) -> Cluster:
+    """``nodes`` DGX A100 nodes (the machines of Narayanan et al., 2021): 8 A100 80 GB GPUs, 312 TFLOP/s of dense
+    bf16 each (NVIDIA's A100 datasheet), NVLink 3 inside a node (600 GB/s per GPU in total: 300 GB/s per
+    direction, 5 us) and 8 HDR InfiniBand NICs of 200 Gb/s per node (25 GB/s per GPU, 10 us).
+
+    >>> a100_cluster(2).devices, a100_cluster().peak_flops
+    (16, 312000000000000.0)
+    """
+    nodes = check_int("nodes", nodes, minimum=1)
+    matmul = _check_matmul(matmul)
+    return Cluster(8, 80 * 10**9, 312e12, AlphaBeta(5e-6, 300e9), AlphaBeta(10e-6, 25e9), nodes=nodes, matmul=matmul)
 
 
 @dataclass(frozen=True)
 class Layout:
-    """Degrees of data, tensor, pipeline and context parallelism; ZeRO stage; micro-batch; checkpointing.
+    """Degrees of data, tensor, pipeline and context parallelism; ZeRO stage; micro-batch; checkpointing;
+    ``interleave``: the model chunks (virtual stages) each pipeline rank holds in an interleaved 1F1B schedule.
 
     >>> Layout(data=4, tensor=2, zero=1, micro_batch=2, accumulation=4).describe()
     'DP 4 x TP 2, ZeRO-1, micro-batch 2 x 4 accumulation, checkpointing none'
@@ -97,9 +167,10 @@ class Layout:
     micro_batch: int = 1
     accumulation: int = 1
     checkpointing: Checkpointing = "none"
+    interleave: int = 1
 
     def __post_init__(self) -> None:
-        for name in ("data", "tensor", "pipeline", "context", "micro_batch", "accumulation"):
+        for name in ("data", "tensor", "pipeline", "context", "micro_batch", "accumulation", "interleave"):
             check_int(name, getattr(self, name), minimum=1)
         check_int("zero", self.zero, minimum=0, maximum=3)
         if not isinstance(self.checkpointing, str):
@@ -122,21 +193,24 @@ class Layout:
             for k, v in (("DP", self.data), ("TP", self.tensor), ("PP", self.pipeline), ("CP", self.context))
             if v > 1 or k == "DP"
         ]
+        chunks = f" ({self.interleave} chunks)" if self.interleave > 1 else ""
         return (
-            f"{' x '.join(degrees)}, ZeRO-{self.zero}, micro-batch {self.micro_batch} x {self.accumulation}"
+            f"{' x '.join(degrees)}{chunks}, ZeRO-{self.zero}, micro-batch {self.micro_batch} x {self.accumulation}"
             f" accumulation, checkpointing {self.checkpointing}"
         )
 
 
 @dataclass(frozen=True)
 class Prediction:
-    """What :func:`predict` returns: bytes per rank by part, seconds per step by part, throughput."""
+    """What :func:`predict` returns: bytes per rank by part, seconds per step by part, throughput; ``idealized``
+    when the cluster has no :class:`MatmulEfficiency` (every product at its flat ``efficiency``)."""
 
     layout: Layout
     memory: dict[str, int]
     time: dict[str, float]
     tokens_per_second: float
     mfu: float
+    idealized: bool = False
 
     @property
     def memory_total(self) -> int:
@@ -196,6 +270,17 @@ def check_layout(config: TransformerConfig, layout: Layout, seq_len: int, global
         )
     if c.n_layers % layout.pipeline:
         raise ValueError(f"pipeline degree {layout.pipeline} must divide n_layers ({c.n_layers})")
+    v = layout.interleave
+    if v > 1:
+        if layout.pipeline == 1:
+            raise ValueError(f"interleave {v} needs a pipeline (pipeline > 1)")
+        if c.n_layers % (layout.pipeline * v):
+            raise ValueError(f"pipeline {layout.pipeline} x interleave {v} must divide n_layers ({c.n_layers})")
+        if layout.accumulation % layout.pipeline:
+            raise ValueError(
+                f"an interleaved schedule runs the micro-batches in groups of {layout.pipeline}: accumulation"
+                f" {layout.accumulation} must be a multiple of it"
+            )
     if seq_len % (2 * layout.context if layout.context > 1 else 1):
         raise ValueError(
             f"context degree {layout.context} must divide seq_len ({seq_len}) into 2 x {layout.context} chunks (zigzag)"

@@ -51,7 +51,8 @@ RECORDS = {
         "allreduce_sim.Transfer allreduce_sim.Snapshot allreduce_sim.AllReduceResult counted_collectives.CommRecord "
         "data.Split data.TextSplit device.EnvironmentReport equivalence.GradientMatch "
         "facts.Correction float_formats.FloatFormat launch.results.LaunchError launch.results.LaunchResult "
-        "manifest.Lab manifest.Notebook moe.Routing planner_layout.Prediction "
+        "manifest.Lab manifest.Notebook moe.Routing planner_layout.Prediction published_runs.Comparison "
+        "published_runs.PublishedRun "
         "saved_tensors.SavedRecord sharding.StateBytes"
     ).split()
 }
