@@ -94,6 +94,12 @@ CATALOG = [
     Job("11 device_generic.py", "run_script", "python _runs/device_generic.py"),
     Job("16 fsdp_train.py", "torchrun", "_runs/fsdp_train.py", args=["--out", "OUT", "--save-at", "2"]),
     Job(
+        "16 fsdp_train.py --defer-grad-sync",
+        "torchrun",
+        "_runs/fsdp_train.py",
+        args=["--out", "OUT", "--defer-grad-sync"],
+    ),
+    Job(
         "16 fsdp_train.py --bf16 --checkpointing",
         "torchrun",
         "_runs/fsdp_train.py",

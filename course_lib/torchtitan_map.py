@@ -60,6 +60,12 @@ TORCHTITAN_FLAGS: dict[str, dict[str, _Row]] = {
             None,
             "torchtitan relies on FSDP2's implicit prefetch; explicit orders are set in code",
         ),
+        "--defer-grad-sync": (
+            None,
+            None,
+            "torchtitan reduce-scatters every micro-batch, the script's default; deferring is "
+            "`set_requires_gradient_sync(False)` in code",
+        ),
         "--save-at": ("--checkpoint.interval", 519, "with `--checkpoint.enable` (line 488)"),
         "--async-save": ("--checkpoint.async_mode", 591, "`async` (a thread, as here) or `async_with_pinned_mem`"),
         "--resume": ("--checkpoint.initial_load_path", 522, "without it, the newest step in the folder is loaded"),
