@@ -303,6 +303,7 @@ def main(argv: list[str] | None = None) -> int:
             job = jobs[i % len(jobs)]
             out = folder / "out"
             shutil.rmtree(out, ignore_errors=True)
+            out.unlink(missing_ok=True)  # a job whose OUT is a file (fsdp_memory.py's JSON): the next job's folder
             t0 = time.perf_counter()
             nonzero, terminate, first = launch(job, folder, out, env, args.timeout)
             key = f"{job.label} [{job.launcher}]"
