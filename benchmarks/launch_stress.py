@@ -94,6 +94,12 @@ CATALOG = [
     Job("11 device_generic.py", "run_script", "python _runs/device_generic.py"),
     Job("16 fsdp_train.py", "torchrun", "_runs/fsdp_train.py", args=["--out", "OUT", "--save-at", "2"]),
     Job(
+        "16 fsdp_train.py --defer-grad-sync",
+        "torchrun",
+        "_runs/fsdp_train.py",
+        args=["--out", "OUT", "--defer-grad-sync"],
+    ),
+    Job(
         "16 fsdp_train.py --bf16 --checkpointing",
         "torchrun",
         "_runs/fsdp_train.py",
@@ -321,6 +327,7 @@ def main(argv: list[str] | None = None) -> int:
             job = jobs[i % len(jobs)]
             out = folder / "out"
             shutil.rmtree(out, ignore_errors=True)
+            out.unlink(missing_ok=True)  # a job whose OUT is a file (fsdp_memory.py's JSON): the next job's folder
             t0 = time.perf_counter()
             nonzero, terminate, first = launch(job, folder, out, env, args.timeout)
             key = f"{job.label} [{job.launcher}]"

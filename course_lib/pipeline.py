@@ -30,14 +30,17 @@ from .validation import check_int, check_number, is_number
 
 __all__ = ["Task", "bubble_fraction", "gpipe_schedule", "idle_fraction", "makespan", "plot_gantt", "min_micro_batches"]
 
-_KINDS = ("F", "B")
+_KINDS = ("F", "B", "W")
 
 
 @dataclass(frozen=True)
 class Task:
     """One forward (``kind="F"``) or backward (``kind="B"``) of one micro-batch on one stage.
 
-    ``start`` and ``end`` are in any time unit (the same for every task of a schedule).
+    A zero-bubble schedule splits the backward: ``"B"`` is then its input-gradient half, ``"W"`` its
+    weight-gradient half. ``chunk`` is the model chunk of an interleaved schedule (the stage's
+    ``chunk``-th virtual stage; 0 otherwise). ``start`` and ``end`` are in any time unit (the same for
+    every task of a schedule).
     """
 
     stage: int
@@ -45,12 +48,17 @@ class Task:
     kind: str
     start: float
     end: float
+    chunk: int = 0
 
     def __post_init__(self) -> None:
         check_int("stage", self.stage, minimum=0)
         check_int("micro", self.micro, minimum=0)
+        check_int("chunk", self.chunk, minimum=0)
         if self.kind not in _KINDS:
-            raise ValueError(f"kind must be 'F' (forward) or 'B' (backward), got {self.kind!r}")
+            raise ValueError(
+                f"kind must be 'F' (forward), 'B' (backward, or its input-gradient half) or 'W' (weight gradient), "
+                f"got {self.kind!r}"
+            )
         if not self.end >= self.start:
             raise ValueError(f"a task cannot end ({self.end}) before it starts ({self.start})")
 
@@ -201,7 +209,8 @@ def plot_gantt(
     time_unit: str = "time slots",
     label_micro: bool = True,
 ) -> Any:
-    """Draw a schedule: one row per stage, forwards in blue, backwards in orange, gaps = bubble.
+    """Draw a schedule: one row per stage, forwards in blue, backwards in orange, weight gradients in green,
+    gaps = bubble; an interleaved schedule's odd chunks hatched.
 
     Returns the matplotlib ``Axes``. Stage 0 is the top row. The title defaults to one stating
     the idle fraction.
@@ -215,10 +224,16 @@ def plot_gantt(
         _, ax = plt.subplots(figsize=(8, 1.0 + 0.5 * (max(t.stage for t in ts) + 1)))
     p = max(t.stage for t in ts) + 1
     t0 = min(t.start for t in ts)
-    colors = {"F": "tab:blue", "B": "tab:orange"}
+    colors = {"F": "tab:blue", "B": "tab:orange", "W": "tab:green"}
     for t in ts:
         row = p - 1 - t.stage
-        ax.broken_barh([(t.start - t0, t.duration)], (row - 0.4, 0.8), facecolors=colors[t.kind], edgecolor="white")
+        ax.broken_barh(
+            [(t.start - t0, t.duration)],
+            (row - 0.4, 0.8),
+            facecolors=colors[t.kind],
+            edgecolor="white",
+            hatch="//" if t.chunk % 2 else None,
+        )
         if label_micro and t.duration > 0:
             ax.text(
                 t.start - t0 + t.duration / 2,

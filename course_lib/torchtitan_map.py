@@ -60,6 +60,12 @@ TORCHTITAN_FLAGS: dict[str, dict[str, _Row]] = {
             None,
             "torchtitan relies on FSDP2's implicit prefetch; explicit orders are set in code",
         ),
+        "--defer-grad-sync": (
+            None,
+            None,
+            "torchtitan reduce-scatters every micro-batch, the script's default; deferring is "
+            "`set_requires_gradient_sync(False)` in code",
+        ),
         "--save-at": ("--checkpoint.interval", 519, "with `--checkpoint.enable` (line 488)"),
         "--async-save": ("--checkpoint.async_mode", 591, "`async` (a thread, as here) or `async_with_pinned_mem`"),
         "--resume": ("--checkpoint.initial_load_path", 522, "without it, the newest step in the folder is loaded"),
@@ -106,8 +112,6 @@ TORCHTITAN_FLAGS: dict[str, dict[str, _Row]] = {
 
 # What torchtitan has that the course's scripts leave to other notebooks or to a GPU cluster.
 TORCHTITAN_EXTRAS: dict[str, _Row] = {
-    "pipeline parallelism": ("--parallelism.pipeline_parallel_degree", 360, "schedule: line 396, 1F1B by default"),
-    "context parallelism": ("--parallelism.context_parallel_degree", 428, "rotate method: line 446"),
     "async tensor parallelism": ("--parallelism.enable_async_tensor_parallel", 357, "needs `--compile.enable`"),
     "float8 training": (
         "--model.converters quantize.linear.float8",

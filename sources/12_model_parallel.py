@@ -436,41 +436,62 @@ assert abs(sum(api[1]["losses"]) / 4 - F.cross_entropy(make_model()(x_batch), y_
 
 
 # %% slideshow={"slide_type": "-"}
-def stage_orders(p, m, kind):
-    """Each stage's task order, ("F", i) or ("B", i) for micro-batch i, for kind "gpipe" or "1f1b"."""
+def stage_orders(p, m, kind, v=1):
+    """Each stage's task order, (kind, chunk, i) for micro-batch i: kind "F" or "B" (for "zb-h1", B is the input
+    gradient and "W" the weight gradient); chunk 0 except in "interleaved", whose stage s holds v chunks, chunk c
+    being virtual stage c * p + s. Kinds: "gpipe", "1f1b", "interleaved" (1F1B over v chunks), "zb-h1"."""
     orders = []
     for s in range(p):
         if kind == "gpipe":
-            orders.append([("F", i) for i in range(m)] + [("B", i) for i in reversed(range(m))])
-            continue
-        warm = min(p - s, m)  # forwards in flight before the first backward
-        order = [("F", i) for i in range(warm)]
-        for i in range(m):
-            order.append(("B", i))
-            if warm + i < m:
-                order.append(("F", warm + i))
-        orders.append(order)
+            orders.append([("F", 0, i) for i in range(m)] + [("B", 0, i) for i in reversed(range(m))])
+        elif kind in ("1f1b", "zb-h1"):
+            warm = min(p - s, m)  # forwards in flight before the first backward
+            order, waiting = [("F", 0, i) for i in range(warm)], []
+            for i in range(m):
+                order.append(("B", 0, i))
+                if kind == "zb-h1":  # stage s runs its weight gradients s micro-batches late
+                    waiting.append(("W", 0, i))
+                    if len(waiting) > s:
+                        order.append(waiting.pop(0))
+                if warm + i < m:
+                    order.append(("F", 0, warm + i))
+            orders.append(order + waiting)
+        else:  # interleaved, Megatron-LM's order: the k-th forward runs chunk (k // p) % v on micro-batch
+            total = m * v  # (k // (p v)) p + k % p; the k-th backward goes through the chunks in reverse
+            fwd = [("F", (k // p) % v, k // (p * v) * p + k % p) for k in range(total)]
+            bwd = [("B", v - 1 - (k // p) % v, k // (p * v) * p + k % p) for k in range(total)]
+            warm = min((p - s - 1) * 2 + (v - 1) * p, total)
+            order = fwd[:warm]
+            for k in range(total - warm):
+                order += [fwd[warm + k], bwd[k]]
+            orders.append(order + bwd[total - warm:])
     return orders
 
 
-def simulate(p, m, kind, f=1.0, b=2.0):
-    """Run each stage's order under the dependencies; return the step time, each stage's peak of live activations,
-    and when each task ends ({(stage, "F" or "B", micro-batch): end})."""
-    orders, done, free = stage_orders(p, m, kind), {}, [0.0] * p
+def simulate(p, m, kind, f=1.0, b=2.0, v=1, w=0.0):
+    """Run each stage's order under the dependencies; return the step time, each stage's peak of micro-batches in
+    flight (forward done, backward, or W for "zb-h1", not yet) and when each task ends ({(stage, kind, chunk, i):
+    end}). A chunk's F and B cost f / v and b / v; for "zb-h1", B costs b - w and W costs w."""
+    orders, done, free = stage_orders(p, m, kind, v), {}, [0.0] * p
+    cost = {"F": f / v, "B": (b - w) / v, "W": w}
+    freed_by = "W" if kind == "zb-h1" else "B"
     pos, live, peak = [0] * p, [0] * p, [0] * p
     while any(pos[s] < len(orders[s]) for s in range(p)):
         progressed = False
         for s in range(p):
             if pos[s] == len(orders[s]):
                 continue
-            kind_, i = orders[s][pos[s]]
-            need = [(s - 1, "F", i)] if kind_ == "F" and s > 0 else []           # the activation from upstream
-            need += [(s + 1, "B", i)] if kind_ == "B" and s < p - 1 else []      # the gradient from downstream
-            need += [(s, "F", i)] if kind_ == "B" else []
+            kind_, c, i = orders[s][pos[s]]
+            k = c * p + s  # the virtual stage
+            up, down = ((k - 1) % p, "F", (k - 1) // p, i), ((k + 1) % p, "B", (k + 1) // p, i)
+            need = [up] if kind_ == "F" and k > 0 else []                # the activation from upstream
+            need += [down] if kind_ == "B" and k < p * v - 1 else []     # the gradient from downstream
+            need += [(s, "F", c, i)] if kind_ == "B" else []
+            need += [(s, "B", c, i)] if kind_ == "W" else []             # W needs this stage's B
             if all(d in done for d in need):
                 start = max([free[s]] + [done[d] for d in need])
-                free[s] = done[(s, kind_, i)] = start + (f if kind_ == "F" else b)
-                live[s] += 1 if kind_ == "F" else -1
+                free[s] = done[(s, kind_, c, i)] = start + cost[kind_]
+                live[s] += 1 if kind_ == "F" else -1 if kind_ == freed_by else 0
                 peak[s] = max(peak[s], live[s])
                 pos[s] += 1
                 progressed = True
@@ -480,7 +501,7 @@ def simulate(p, m, kind, f=1.0, b=2.0):
 
 # the GPipe order here is what course_lib.pipeline.gpipe_schedule simulates: the two agree task by task
 for p_, m_ in ((2, 1), (2, 4), (4, 8), (3, 5)):
-    ends = {(t.stage, t.kind, t.micro): t.end for t in gpipe_schedule(p_, m_, forward_time=1.0, backward_time=2.0)}
+    ends = {(t.stage, t.kind, 0, t.micro): t.end for t in gpipe_schedule(p_, m_, forward_time=1.0, backward_time=2.0)}
     assert simulate(p_, m_, "gpipe")[2] == ends
 print("this simulator's GPipe = course_lib.pipeline.gpipe_schedule, every task's end time, for (p, m) in "
       "(2, 1), (2, 4), (4, 8), (3, 5): True")
@@ -503,6 +524,124 @@ The API also has a tracing front end, `pipeline(module, mb_args, split_spec={...
 - NCCL's sends and receives are kernels queued on a CUDA stream: the Python call returns before the transfer has happened, so a stage whose partner never posts the matching receive does not stop where the bug is; the hang surfaces at the next synchronisation, or as the watchdog's timeout;
 - the first send/receive between two ranks creates a communicator for that pair on the spot, and in a 1F1B steady state a stage sends an activation downstream while it receives a gradient from downstream: issued one by one in a different order on the two sides, such transfers can wait for each other. Schedules post a step's sends and receives together with `dist.batch_isend_irecv` (one NCCL group call, in which their order does not matter), as `torch.distributed.pipelining` does whenever a step both sends and receives;
 - `device=` in `PipelineStage` must be the rank's own GPU (`torch.cuda.set_device(local_rank)` before anything else, as notebook 11 §6 recommends with `device_id=`).
+"""
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+**Interleaved and zero-bubble schedules.** 1F1B's bubble is still `(p - 1)/m` of the compute time: the warm-up and the cool-down each cost `p - 1` stages' worth of work. Two ways to shrink it:
+
+- **Interleaved 1F1B** (Narayanan et al., SC 2021, the Megatron-LM paper): each rank holds `v` smaller chunks of the model instead of one block of consecutive layers, chunk `c` of rank `s` being virtual stage `c·p + s` (with `v = 2`, rank 0 holds the first chunk and the one halfway down the model). A chunk's forward and backward cost `1/v` of a stage's, so the warm-up and the cool-down shrink `v` times: bubble `(p - 1)/(v·m)`. The price: `v` times the point-to-point messages, and more activations in flight on the first ranks. Megatron-LM's order wants `m` to be a multiple of `p`.
+- **Zero bubble, ZB-H1** (P. Qi et al., *Zero Bubble Pipeline Parallelism*, ICLR 2024): split each backward into **B**, the gradient with respect to the stage's input (what the stage before waits for), and **W**, the gradient with respect to its weights (which only the optimizer step needs). The B's then travel upstream without waiting for any W, and the W's fill what would be the cool-down's bubble. In ZB-H1, stage `s` runs each W `s` micro-batches after its B, so that every stage has at most `p` micro-batches in flight (forward done, W not yet), the first stage's peak under 1F1B. With F = B = W the bubble is a third of 1F1B's, `(p - 1)/(3m)`.
+
+The simulator above runs both; a forward costs 1 and a backward 2, split as B = W = 1 for ZB-H1:
+"""
+
+# %% slideshow={"slide_type": "-"}
+SCHEDULES = {  # name: (kind, the simulator's options, the bubble's formula in p and m)
+    "1F1B": ("1f1b", {}, lambda p, m: (p - 1) / m),
+    "interleaved, v=2": ("interleaved", {"v": 2}, lambda p, m: (p - 1) / (2 * m)),
+    "interleaved, v=4": ("interleaved", {"v": 4}, lambda p, m: (p - 1) / (4 * m)),
+    "ZB-H1, F = B = W": ("zb-h1", {"w": 1.0}, lambda p, m: (p - 1) / (3 * m)),
+}
+p, m = 4, 8
+compute = 3.0 * m  # each stage's work: m forwards and m backwards
+runs = {}
+print(f"p={p} stages, m={m} micro-batches; bubble = (step time - compute) / compute, compute = {compute:.0f} units")
+for name, (kind, options, formula) in SCHEDULES.items():
+    runs[name] = simulate(p, m, kind, **options)
+    step, peak = runs[name][0], [n / options.get("v", 1) for n in runs[name][1]]
+    print(f"{name:<17}: step {step:5.2f}, bubble {step / compute - 1:.4f}, formula {formula(p, m):.4f}; "
+          f"micro-batches in flight at each stage's peak {peak}")
+    assert abs(step / compute - 1 - formula(p, m)) < 1e-9
+cases = [(2, 4), (4, 8), (4, 16), (8, 16), (8, 32)]
+agree = all(abs(simulate(p_, m_, kind, **options)[0] / (3.0 * m_) - 1 - formula(p_, m_)) < 1e-9
+            for p_, m_ in cases for kind, options, formula in SCHEDULES.values())
+print(f"every schedule's simulated bubble = its formula for (p, m) in {cases}: {agree}")
+assert agree and runs["ZB-H1, F = B = W"][1] == [p] * p
+
+# %% slideshow={"slide_type": "subslide"}
+fig, axes = plt.subplots(3, 1, figsize=(10, 6.6), sharex=True)
+for ax, name in zip(axes, ("1F1B", "interleaved, v=2", "ZB-H1, F = B = W")):
+    kind, options, _ = SCHEDULES[name]
+    v, w = options.get("v", 1), options.get("w", 0.0)
+    cost = {"F": 1.0 / v, "B": (2.0 - w) / v, "W": w}
+    tasks = [Task(s, i, k, end - cost[k], end, chunk=c) for (s, k, c, i), end in runs[name][2].items()]
+    plot_gantt(tasks, ax=ax, title=f"{name}: {p} stages, {m} micro-batches, bubble {runs[name][0] / compute - 1:.1%} "
+               "of the compute (hatched: chunk 1; green: W)", time_unit="units of one forward")
+    if ax is not axes[-1]:
+        ax.set_xlabel("")
+axes[-1].set_xlim(0, max(r[0] for r in runs.values()))
+plt.tight_layout()
+plt.show()
+
+# %% slideshow={"slide_type": "-"}
+fig, ax = plt.subplots(figsize=(7, 3.6))
+ms = list(range(4, 33, 4))
+for name, (kind, options, formula) in SCHEDULES.items():
+    line, = ax.plot(ms, [100 * formula(p, m_) for m_ in ms], label=f"{name} (formula)")
+    ax.plot(ms, [100 * (simulate(p, m_, kind, **options)[0] / (3.0 * m_) - 1) for m_ in ms], "o",
+            color=line.get_color())
+ax.set_title(f"Pipeline bubble with {p} stages: simulated (dots) and the formulas (lines)")
+ax.set_xlabel("micro-batches per step, m")
+ax.set_ylabel("bubble (% of the compute time)")
+ax.legend(fontsize=8)
+plt.tight_layout()
+plt.show()
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+Interleaving divides the bubble by `v` and buys it with activations: the first rank's peak grows from 4 micro-batches' worth to 5.5 with `v = 2` (the printed peaks are in whole stages' worth, a chunk holding `1/v` of a stage's activations). ZB-H1 keeps 1F1B's peak on the first stage, lets the other stages rise to it, and cuts the bubble to a third. In the Gantt chart the later stages run their W's late: the last stage's final W's run while the B's of the last micro-batches travel up to the first stage, the time in which 1F1B's cool-down idles.
+
+`torch.distributed.pipelining` has both families: `ScheduleInterleaved1F1B` (Megatron-LM's order), `ScheduleInterleavedZeroBubble` (the B/W split on interleaved chunks), `ScheduleZBVZeroBubble` (ZB-V: two chunks per rank in a V, the first and last virtual stages on the same rank) and `ScheduleDualPipeV` (DeepSeek-V3's). A stage holds several chunks by passing several `PipelineStage`s to the schedule. The two interleaved ones run here on gloo: the MLP's 7 modules cut into 4 virtual stages, 2 per rank, 4 micro-batches; each schedule's `pipeline_order` is its order of actions per rank (`1F0`: virtual stage 1, forward, micro-batch 0; `I` is B, the input gradient).
+"""
+
+# %% slideshow={"slide_type": "-"}
+# %%writefile _runs/pp_interleaved.py
+import torch
+import torch.nn.functional as F
+from torch.distributed.pipelining import PipelineStage, ScheduleInterleaved1F1B, ScheduleInterleavedZeroBubble
+
+from mp_stages import make_model
+
+CHUNKS = [(0, 2), (2, 4), (4, 6), (6, 7)]  # the model's modules as 4 virtual stages: rank s holds s and s + 2
+
+
+def interleaved_step(rank, world_size, x, y, n_micro=4):
+    """One step of each interleaved schedule; return its order of actions on this rank and this rank's gradients."""
+    torch.set_num_threads(1)
+    out = {}
+    for schedule_class in (ScheduleInterleaved1F1B, ScheduleInterleavedZeroBubble):
+        model = make_model()
+        mine = (rank, rank + world_size)
+        chunks = [model[slice(*CHUNKS[k])] for k in mine]  # a slice keeps the layer names
+        stages = [PipelineStage(c, stage_index=k, num_stages=len(CHUNKS), device=torch.device("cpu"))
+                  for c, k in zip(chunks, mine)]
+        schedule = schedule_class(stages, n_microbatches=n_micro, loss_fn=F.cross_entropy)
+        if rank == 0:
+            schedule.step(x)            # virtual stage 0 is here: the inputs
+        else:
+            schedule.step(target=y)     # the last virtual stage is here: the targets
+        out[schedule_class.__name__] = {"order": [str(a) for a in schedule.pipeline_order[rank] if a is not None],
+                                        "grads": {k: p.grad.clone() for c in chunks for k, p in c.named_parameters()}}
+    return out
+
+
+# %% slideshow={"slide_type": "-"}
+inter = run_ranks("_runs/pp_interleaved.py:interleaved_step", nprocs=2, args=(x_batch, y_batch, 4), timeout=180)
+for name in ("ScheduleInterleaved1F1B", "ScheduleInterleavedZeroBubble"):
+    assert all(torch.allclose(g, ref_grads[k], atol=1e-6) for r in (0, 1) for k, g in inter[r][name]["grads"].items())
+    print(f"{name}, 2 ranks x 2 chunks x 4 micro-batches: gradients allclose to one process on the full batch")
+    for r in (0, 1):
+        print(f"  rank {r}: {' '.join(inter[r][name]['order'])}")
+simulated = stage_orders(2, 4, "interleaved", v=2)
+same = all(inter[r]["ScheduleInterleaved1F1B"]["order"] == [f"{c * 2 + r}{k}{i}" for k, c, i in simulated[r]]
+           for r in (0, 1))
+print(f"ScheduleInterleaved1F1B's order = the simulator's interleaved order, action by action: {same}")
+assert same
+
+# %% [markdown] slideshow={"slide_type": "-"}
+"""
+PyTorch's interleaved 1F1B is Megatron-LM's order, as simulated. In its zero-bubble schedule every W comes after the I of the same micro-batch and virtual stage, and on rank 1 some wait behind later work (`3W0` after `3F1` and `3I1`): that is where the W's fill the gaps.
 """
 
 # %% [markdown] slideshow={"slide_type": "slide"}
@@ -698,7 +837,8 @@ The columns are in the order in which to reach for them. Before any of these, th
 - Splitting a model across devices (the cluster post's `split_gpus`) saves memory but not time: naively only one of `p` devices works at a time, idle `(p-1)/p`.
 - Across processes a split is a message protocol: activations forward with `send`, `∂loss/∂activation` backward, `out.backward(grad)` on the sender. Two processes trained exactly like one (allclose gradients and parameters), with half the parameters each.
 - Micro-batches (GPipe) shrink the bubble to `(p-1)/(m+p-1)`; measured on two processes with simulated device time it falls with `m` as the formula says, plus a per-micro-batch cost that grows with `m`, so `m` has an optimum; real compute on two shared CPU cores does not follow the formula (the stages compete for the cores).
-- `torch.distributed.pipelining` (`PipelineStage`, `ScheduleGPipe`, `Schedule1F1B`, ...) runs on CPU/gloo and gave the full-batch gradients. On GPUs the stages' transfers are NCCL kernels on CUDA streams, posted together with `batch_isend_irecv` (notebook 11 §7).
+- 1F1B has GPipe's bubble with activations bounded by `p`; interleaving `v` chunks per rank divides the bubble by `v` (`(p-1)/(v·m)` of the compute, more activations and messages), and ZB-H1's split of the backward into B and W cuts it to a third when F = B = W, at 1F1B's peak; the simulator matched every formula.
+- `torch.distributed.pipelining` (`PipelineStage`, `ScheduleGPipe`, `Schedule1F1B`, `ScheduleInterleaved1F1B`, `ScheduleInterleavedZeroBubble`, ...) runs on CPU/gloo and gave the full-batch gradients; its interleaved 1F1B order is the simulator's. On GPUs the stages' transfers are NCCL kernels on CUDA streams, posted together with `batch_isend_irecv` (notebook 11 §7).
 - The multi-GPU post's "model parallel" script builds the whole model in every process and never communicates: independent trainings. `retain_graph=True` there only wastes memory.
 - Tensor parallelism splits a `Linear` by output features (column-parallel: rows of `W`; concatenate) or by input features (row-parallel: columns of `W`; sum), exactly; it communicates inside every layer.
 """
@@ -744,6 +884,7 @@ print(check_row_parallel_partials(partials))
 
 - Y. Huang et al., *GPipe: Efficient Training of Giant Neural Networks using Pipeline Parallelism*, NeurIPS 2019, [arXiv:1811.06965](https://arxiv.org/abs/1811.06965).
 - D. Narayanan et al., *PipeDream: Generalized Pipeline Parallelism for DNN Training*, SOSP 2019 (the 1F1B schedule); D. Narayanan et al., *Memory-Efficient Pipeline-Parallel DNN Training*, ICML 2021, [arXiv:2006.09503](https://arxiv.org/abs/2006.09503) (PipeDream-2BW and PipeDream-Flush, the 1F1B schedule with a flush that synchronous pipelines use); and *Efficient Large-Scale Language Model Training on GPU Clusters Using Megatron-LM*, SC 2021, [arXiv:2104.04473](https://arxiv.org/abs/2104.04473).
+- P. Qi, X. Wan, G. Huang, M. Lin, *Zero Bubble Pipeline Parallelism*, ICLR 2024, [arXiv:2401.10241](https://arxiv.org/abs/2401.10241) (the B/W split, ZB-H1, ZB-H2, ZB-V).
 - M. Shoeybi et al., *Megatron-LM: Training Multi-Billion Parameter Language Models Using Model Parallelism*, 2019, [arXiv:1909.08053](https://arxiv.org/abs/1909.08053).
 - PyTorch docs: [torch.distributed.pipelining](https://pytorch.org/docs/stable/distributed.pipelining.html), [point-to-point communication](https://pytorch.org/docs/stable/distributed.html#point-to-point-communication), [Tensor Parallelism](https://pytorch.org/docs/stable/distributed.tensor.parallel.html).
 - PyTorch tutorials: [Writing distributed applications](https://pytorch.org/tutorials/intermediate/dist_tuto.html) (send/recv), [Introduction to distributed pipeline parallelism](https://pytorch.org/tutorials/intermediate/pipelining_tutorial.html).

@@ -2,7 +2,7 @@
 """
 # 16 · FSDP2 in practice: a training script you can lift into your project
 
-Notebook 13 showed what `fully_shard` does to a few linear layers. A real job shards a real model, and the way it is written matters: the model must never exist whole on one device (it may not fit), each transformer block must be its own unit so that only one block (two, with prefetch) is gathered at a time, accumulation must choose between reduce-scattering every micro-batch and keeping whole gradients, and the checkpoint must be written by every rank in parallel. This notebook writes that script once, for notebook 14's transformer, runs it on CPU processes, and checks each of those choices with a measurement.
+Notebook 13 showed what `fully_shard` does to a few linear layers. A real job shards a real model, and the way it is written matters: the model must never exist whole on one device (it may not fit), each transformer block must be its own unit so that only one block (two, with prefetch) is gathered at a time, and so must the embedding and the head, which a real vocabulary makes the largest parameters; accumulation must choose between reduce-scattering every micro-batch and keeping whole gradients, and the checkpoint must be written by every rank in parallel. This notebook writes that script once, for notebook 14's transformer, runs it on CPU processes, and checks each of those choices with a measurement.
 
 By the end you will be able to:
 - build a model on the `meta` device, shard it block by block with `fully_shard` on an explicit mesh, materialize it with `to_empty` and initialize it exactly like an unsharded model;
@@ -22,6 +22,7 @@ import json
 import os
 import shutil
 import time
+from dataclasses import replace
 
 import torch
 
@@ -30,14 +31,14 @@ from course_lib.device import requires_gpu
 from course_lib.equivalence import compare_gradients
 from course_lib.launch import run_script, run_torchrun
 from course_lib.seeding import seed_everything
-from course_lib.transformer import PRESETS, param_count
+from course_lib.transformer import PRESETS, param_count, param_counts
 
 seed_everything(0)
 os.makedirs("_runs", exist_ok=True)  # scratch folder for the scripts this notebook writes (git ignores it)
-for old in ("fsdp", "fsdp_ref", "fsdp_bf16", "fsdp_resumed", "fsdp_hsdp"):  # a previous run's outputs and checkpoints
+for old in ("fsdp", "fsdp_ref", "fsdp_deferred", "fsdp_bf16", "fsdp_resumed", "fsdp_hsdp"):  # a previous run's outputs and checkpoints
     shutil.rmtree(f"_runs/{old}", ignore_errors=True)
 notebook_start = time.perf_counter()
-print(f"torch {torch.__version__.split('+')[0]}; the model: {PRESETS['tiny'].describe()}")
+print(f"torch {torch.__version__.split('+')[0]}; the model: {replace(PRESETS['tiny'], tie_embeddings=False).describe()}")
 
 # %% [markdown] slideshow={"slide_type": "slide"}
 """
@@ -48,9 +49,9 @@ print(f"torch {torch.__version__.split('+')[0]}; the model: {PRESETS['tiny'].des
 - **the device is an argument**, never "cuda if available": `--device cpu` (the default) runs gloo between CPU processes, `--device cuda` binds each process to the GPU numbered by its `LOCAL_RANK` and uses NCCL, as in notebook 10's script;
 - **an explicit mesh** (`init_device_mesh`) of the device chosen: without one, `fully_shard` builds a mesh on the accelerator it finds, and a CPU job on a GPU machine would move its parameters to the GPU; `--replicate R` makes it 2-D (HSDP: `R` replicas × `N/R` shards);
 - **meta-device construction**: `with torch.device("meta")` gives parameters with shapes and no memory; `fully_shard` then turns them into sharded DTensors, still on meta; `to_empty` allocates only this rank's shards and `init_weights` fills them;
-- **one unit per block**, then the root (embedding, final norm, tied head): each unit is gathered, used and freed on its own. An explicit prefetch order (`set_modules_to_forward_prefetch`/`_backward_prefetch`) issues the next block's all-gather before this block computes, so that two blocks are gathered at once at most. On a GPU that gather then runs on its own stream while this block computes. On gloo, as in these CPU runs, every collective completes before the block computes: prefetch changes the order of the all-gathers and hides nothing (notebook 13 §3.2; notebook 17 §5 shows the private switch that makes it overlap on a CPU);
+- **torchtitan's units**: the embedding, each block, and the final norm with the head, each its own unit, gathered, used and freed on its own; the norm and head unit stays gathered after forward (`reshard_after_forward=False`: the loss needs it at once and backward starts with it); the root keeps what is left, here no parameter. The model's head is untied, as Llama 3's; a tied head shares the embedding's weight and so its unit (the script handles both). An explicit prefetch order (`set_modules_to_forward_prefetch`/`_backward_prefetch`) issues the next unit's all-gather before this one computes, so that two units are gathered at once at most. On a GPU that gather then runs on its own stream while this block computes. On gloo, as in these CPU runs, every collective completes before the block computes: prefetch changes the order of the all-gathers and hides nothing (notebook 13 §3.2; notebook 17 §5 shows the private switch that makes it overlap on a CPU);
 - **`--cpu-offload`** passes `CPUOffloadPolicy` to every unit: shards, gradients and AdamW's state stay on the CPU (section 6);
-- **accumulation**: `set_requires_gradient_sync(False)` for every micro-batch but the last, FSDP2's `no_sync`;
+- **accumulation**: every micro-batch's gradients are reduce-scattered into the sharded gradient, as torchtitan does; with HSDP, the all-reduce across replicas waits for the last micro-batch (`set_requires_all_reduce(False)` before it); `--defer-grad-sync` skips the reduce-scatters of all micro-batches but the last instead (`set_requires_gradient_sync(False)`), which holds every gradient unsharded meanwhile (section 3 says when that pays);
 - **`clip_grad_norm_` on DTensor gradients**, which computes the norm of the whole gradient across ranks;
 - **`torch.distributed.checkpoint`** (`--save-at`, `--resume`): each rank writes and reads its own shards of the model and of AdamW's state;
 - at the end, the full parameters gathered to rank 0's CPU (`get_model_state_dict(..., full_state_dict=True, cpu_offload=True)`).
@@ -66,17 +67,21 @@ One line is not FSDP practice: `import torch.distributed.nn` before `init_proces
 
     torchrun --nproc_per_node=N fsdp_train.py --out DIR [--device cpu|cuda] [--replicate R] [--steps 4]
              [--batch 16] [--micro-batches 2] [--seq-len 64] [--lr 3e-3] [--clip 1.0]
-             [--bf16] [--checkpointing] [--cpu-offload] [--no-prefetch] [--save-at K [--async-save]]
+             [--bf16] [--checkpointing] [--cpu-offload] [--no-prefetch] [--defer-grad-sync]
+             [--save-at K [--async-save]]
              [--resume DIR --from-step K] [--profile DIR]
     python fsdp_train.py --out DIR       # one process, nothing sharded: the reference
 
 1. process group and mesh: gloo between CPU processes (an explicit CPU mesh), or NCCL with one GPU
    per process (--device cuda); a 1-D mesh (FSDP) or, with --replicate R, R replicas x N/R shards (HSDP);
-2. the model built on the meta device (shapes, no memory), sharded block by block and then at the
-   root, materialized with to_empty and initialized (with --cpu-offload the shards, their gradients and
+2. the model built on the meta device (shapes, no memory), sharded as torchtitan does: the embedding,
+   each block, and the final norm with the head are units of their own, the root keeps the rest;
+   then materialized with to_empty and initialized (with --cpu-offload the shards, their gradients and
    AdamW's state live on the CPU, and each unit's shard is copied to the device for its all-gather);
-3. each step accumulates --micro-batches micro-batches without reduce-scattering all but the last,
-   clips the global gradient norm and steps AdamW;
+3. each step accumulates --micro-batches micro-batches, reduce-scattering each one's gradients (HSDP:
+   all-reducing across replicas after the last only); --defer-grad-sync reduce-scatters after the last
+   micro-batch only and holds every gradient unsharded meanwhile; then clips the global gradient norm
+   and steps AdamW;
 4. a sharded checkpoint (model and optimizer, torch.distributed.checkpoint) after step --save-at, which
    --resume DIR --from-step K loads to carry on; with --async-save the state is copied to CPU memory and
    written by a background thread while training goes on;
@@ -85,6 +90,7 @@ One line is not FSDP practice: `import torch.distributed.nn` before `init_proces
 """
 import argparse
 import contextlib
+import dataclasses
 import hashlib
 import json
 import os
@@ -108,7 +114,7 @@ from course_lib.teardown import end_process_group
 from course_lib.torch_private import TorchDispatchMode, checkpoint_wrapper
 from course_lib.transformer import PRESETS, Transformer
 
-CONFIG = PRESETS["tiny"]  # your model's configuration
+CONFIG = dataclasses.replace(PRESETS["tiny"], tie_embeddings=False)  # your model's; an untied head, as Llama 3's
 # FSDP2's hooks warn about two patterns this model has and handles: a view as the root's output, no input requiring grad
 warnings.filterwarnings("ignore", message=".*returned a view tensor.*")
 warnings.filterwarnings("ignore", message="Full backward hook is firing.*")
@@ -132,29 +138,41 @@ def describe(model, names=("embed.weight", "layers.0.attn.q_proj.weight")):
 
 
 def build_model(mesh, device, args):
-    """Meta init, per-block fully_shard, then materialize: the model never exists whole on any rank."""
+    """Meta init, fully_shard unit by unit, then materialize: the model never exists whole on any rank."""
     with torch.device("meta"):
         model = Transformer(CONFIG, seed=args.seed)  # shapes and dtypes only: no memory, no values
     log("built on meta:", *describe(model))
-    UNIT_SIZES.update({f"layers.{i}": sum(p.numel() for p in b.parameters()) for i, b in enumerate(model.layers)})
-    UNIT_SIZES["root"] = sum(p.numel() for p in model.parameters()) - sum(UNIT_SIZES.values())
+    size = lambda *modules: sum(p.numel() for p in {p for m in modules for p in m.parameters()})  # noqa: E731
+    ends = [model.norm, model.head]  # the final norm and the head: one unit
+    if CONFIG.tie_embeddings:  # a tied head shares the embedding's weight, and so its unit
+        ends.insert(0, model.embed)
+    else:
+        UNIT_SIZES["embed"] = size(model.embed)
+    UNIT_SIZES.update({f"layers.{i}": size(block) for i, block in enumerate(model.layers)})
+    UNIT_SIZES[" + ".join(n for n, m in model.named_children() if m in ends)] = size(*ends)
+    UNIT_SIZES["root"] = size(model) - sum(UNIT_SIZES.values())
     if mesh is not None:
         kwargs = {"mesh": mesh}
         if args.bf16:  # compute in bf16 on fp32 shards; reduce-scatter gradients in fp32
             kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
         if args.cpu_offload:  # shards, gradients and optimizer state on the CPU; pinned memory for fast copies
             kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=device.type == "cuda")
+        if not CONFIG.tie_embeddings:  # torchtitan's units; first the embedding, gathered in forward and in backward
+            fully_shard(model.embed, **kwargs)
         for i, block in enumerate(model.layers):  # one unit per transformer block
             if args.checkpointing:  # checkpointing first, then fully_shard the checkpointed block
                 block = model.layers[i] = checkpoint_wrapper(block)
             fully_shard(block, **kwargs)
-        fully_shard(model, **kwargs)  # the root unit: embedding, final norm, (tied) head
-        if not args.no_prefetch:  # explicit order: gather the next block while this one runs
-            for i, block in enumerate(model.layers):
-                if i + 1 < len(model.layers):
-                    block.set_modules_to_forward_prefetch([model.layers[i + 1]])
+        # the final norm and the head, kept gathered after forward: the loss needs them at once, backward starts there
+        fully_shard(ends, **kwargs, reshard_after_forward=False)
+        fully_shard(model, **kwargs)  # the root: what is left (here no parameter, only the rotary tables)
+        if not args.no_prefetch:  # explicit order: gather the next unit while this one runs
+            chain = [model.embed, *model.layers] + ([] if CONFIG.tie_embeddings else [model.norm])
+            for i, unit in enumerate(chain):
+                if i + 1 < len(chain):
+                    unit.set_modules_to_forward_prefetch([chain[i + 1]])
                 if i > 0:
-                    block.set_modules_to_backward_prefetch([model.layers[i - 1]])
+                    unit.set_modules_to_backward_prefetch([chain[i - 1]])
         log("sharded, still on meta:", *describe(model))
     model.to_empty(device="cpu" if args.cpu_offload else device)  # this rank's shards, uninitialized
     model.init_weights(args.seed)  # the same values as a model built whole; each rank writes its shard
@@ -210,6 +228,8 @@ class CollectivesByGroup(TorchDispatchMode):
             moved = args[1] if name == "_allgather_base_" else args[0] if name == "_reduce_scatter_base_" else None
             if moved is not None:
                 self.bytes[name] = self.bytes.get(name, 0) + moved.numel() * moved.element_size()
+            if name == "_reduce_scatter_base_":  # what it sends in: the unit's whole (unsharded) gradients
+                self.bytes["reduce-scatter input"] = self.bytes.get("reduce-scatter input", 0) + args[1].nbytes
         return func(*args, **(kwargs or {}))
 
 
@@ -248,7 +268,7 @@ def train(args, device):
         set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
         log(f"resumed from {args.resume} at step {args.from_step}")
     seen, counts, by_group = watch_dtypes(model), [], []
-    losses, norms = [], []
+    losses, norms, held_grad_bytes = [], [], None
     # An asynchronous save runs its collectives from a background thread: they get a gloo group of their own, so
     # that they never interleave with the training loop's collectives on the default group.
     save_group = dist.new_group(backend="gloo") if mesh is not None and args.async_save else None
@@ -263,8 +283,11 @@ def train(args, device):
         total = torch.zeros((), device=device)
         batches = list(micro_batches(step, args, rank, world))
         for m, (x, y) in enumerate(batches):
-            if mesh is not None:  # reduce-scatter only after the last micro-batch (FSDP2's no_sync)
-                model.set_requires_gradient_sync(m == len(batches) - 1)
+            last = m == len(batches) - 1
+            if mesh is not None and args.defer_grad_sync:  # reduce-scatter after the last micro-batch only
+                model.set_requires_gradient_sync(last)  # meanwhile every unit holds its gradient unsharded
+            elif mesh is not None and args.replicate > 1:  # HSDP: reduce-scatter every micro-batch inside the
+                model.set_requires_all_reduce(last)  # shard group, all-reduce across replicas after the last only
             groups = CollectivesByGroup(mesh) if mesh is not None else contextlib.nullcontext()
             with groups:  # records every collective issued in this micro-batch, and the mesh dimension it ran on
                 loss = model.loss(x.to(device), y.to(device)) / len(batches)
@@ -272,6 +295,9 @@ def train(args, device):
             if mesh is not None:
                 counts.append(groups.by_op)
                 by_group.append({"counts": groups.counts, "bytes": groups.bytes})
+            if held_grad_bytes is None:  # the sharded gradients this rank holds after the first micro-batch
+                held_grad_bytes = sum(p.grad.to_local().nbytes if hasattr(p.grad, "to_local") else p.grad.nbytes
+                                      for p in model.parameters() if p.grad is not None)
             total += loss.detach()
         norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)  # DTensor gradients: the global norm
         grad_dtype = str(next(p for n, p in model.named_parameters() if n.endswith("q_proj.weight")).grad.dtype)
@@ -317,7 +343,8 @@ def train(args, device):
         with open(f"{args.out}/log.json", "w") as f:
             json.dump({"losses": losses, "norms": norms, "world": world, "dtypes": dtypes, "units": UNIT_SIZES,
                        "counts": counts, "by_group": by_group, "holdings": held, "peak_device_bytes": peak,
-                       "checkpoint_stall_s": stall}, f)
+                       "checkpoint_stall_s": stall,
+                       "sharded gradient bytes after a micro-batch": held_grad_bytes}, f)
     return model
 
 
@@ -338,6 +365,8 @@ def parse(argv=None):
     p.add_argument("--checkpointing", action="store_true")
     p.add_argument("--cpu-offload", action="store_true", help="CPUOffloadPolicy: shards and AdamW on the CPU")
     p.add_argument("--no-prefetch", action="store_true")
+    p.add_argument("--defer-grad-sync", action="store_true",
+                   help="reduce-scatter after the last micro-batch only; gradients held unsharded until then")
     p.add_argument("--save-at", type=int, default=0, help="write a sharded checkpoint after this many steps")
     p.add_argument("--async-save", action="store_true", help="dcp.async_save: write the checkpoint in the background")
     p.add_argument("--resume", default="", help="a checkpoint folder written by --save-at")
@@ -414,42 +443,82 @@ The differences are rounding: each rank sums its own rows and the reduce-scatter
 """
 ## 3. Units, all-gathers and accumulation
 
-Each `fully_shard` call makes one unit. FSDP2 keeps each of the unit's parameters as its own `DTensor`, sharded on its first dimension (notebook 13 §4), not flattened into one buffer as FSDP1 did; for the all-gather it copies the unit's shards side by side into one buffer, so that one all-gather brings the whole unit together before it computes. So the largest unit decides the largest temporary buffer, and with one unit per block that is one block's parameters (two blocks' when the next block is prefetched), however deep the model. The root unit holds what is outside the blocks: the embedding (whose weight the tied head reuses) and the final norm.
+Each `fully_shard` call makes one unit. FSDP2 keeps each of the unit's parameters as its own `DTensor`, sharded on its first dimension (notebook 13 §4), not flattened into one buffer as FSDP1 did; for the all-gather it copies the unit's shards side by side into one buffer, so that one all-gather brings the whole unit together before it computes. So the largest unit decides the largest temporary buffer, and with one unit per block that is one block's parameters (two blocks' when the next block is prefetched), however deep the model, provided that what is outside the blocks is sharded in units of its own too. A script that shards only the blocks and then the root leaves the embedding and the head in the root, and the root is the largest unit of a model with a real vocabulary; FSDP2 also keeps the root gathered from forward to the end of backward. The script's units, and the count for Llama 3 8B (its untied head included):
 """
 
 # %% slideshow={"slide_type": "-"}
 units = fsdp_log["units"]
 for name, numel in units.items():
-    print(f"unit {name:<9}: {numel:>6,} parameters, one all-gather of {4 * numel:>7,} bytes in fp32")
-assert units["layers.0"] * 4 == block_gather_bytes(PRESETS["tiny"], torch.float32)
+    print(f"unit {name:<11}: " + (f"{numel:>6,} parameters, one all-gather of {4 * numel:>7,} bytes in fp32" if numel
+                                   else "no parameter (the rotary tables are buffers), no collective"))
+assert units["layers.0"] * 4 == block_gather_bytes(PRESETS["tiny"], torch.float32) and units["root"] == 0
 seven_b = block_gather_bytes(PRESETS["llama2-7b"], torch.bfloat16)
 print(f"Llama 2 7B, one block gathered in bf16: {seven_b / 2**20:,.0f} MiB (the whole model would be 32 such blocks "
       "plus the embeddings)")
+llama8b = PRESETS["llama3-8b"]
+parts, block8b = param_counts(llama8b), block_gather_bytes(llama8b, torch.float32) // 4
+ends_in_blocks = (parts["embedding"] + parts["head"]) / block8b
+print(f"Llama 3 8B: embedding {parts['embedding']:,} + head {parts['head']:,} parameters = {ends_in_blocks:.1f} blocks "
+      f"of {block8b:,}; left in the root, one unit of {ends_in_blocks:.1f} blocks, gathered from forward to the end of "
+      "backward")
+assert ends_in_blocks > 4
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-The script recorded every collective of every micro-batch with its own `TorchDispatchMode` (`CollectivesByGroup`; the class comes from the private module `torch.utils._python_dispatch`, as in notebook 05 §2.1), which sees each c10d operation as `CommDebugMode` does (notebook 13) and also notes the mesh dimension it ran on. Each step has 2 micro-batches; the first runs with `set_requires_gradient_sync(False)`.
+The script recorded every collective of every micro-batch with its own `TorchDispatchMode` (`CollectivesByGroup`; the class comes from the private module `torch.utils._python_dispatch`, as in notebook 05 §2.1), which sees each c10d operation as `CommDebugMode` does (notebook 13) and also notes the mesh dimension it ran on. Each step has 2 micro-batches, and each reduce-scatters its gradients.
 """
 
 # %% slideshow={"slide_type": "-"}
 counts = fsdp_log["counts"]
-n_blocks, micro = len(units) - 1, len(counts) // len(fsdp_log["losses"])
+n_blocks, micro = sum(name.startswith("layers.") for name in units), len(counts) // len(fsdp_log["losses"])
 for i, c in enumerate(counts[:micro]):
     print(f"micro-batch {i}: all-gathers {c.get('_allgather_base_', 0)}, reduce-scatters {c.get('_reduce_scatter_base_', 0)}")
 per_step = {"all_gather": sum(c.get("_allgather_base_", 0) for c in counts[:micro]),
             "reduce_scatter": sum(c.get("_reduce_scatter_base_", 0) for c in counts[:micro])}
-synced = collectives_per_step(n_blocks, micro, sync_every_micro_batch=True)
 print(f"one step: {per_step}; the same counts every step: {all(c == counts[i % micro] for i, c in enumerate(counts))}")
-print(f"reduce-scatters per step: {per_step['reduce_scatter']} with sync on the last micro-batch only, "
-      f"{synced['reduce_scatter']} if every micro-batch synchronized")
-assert per_step == collectives_per_step(n_blocks, micro) and per_step["reduce_scatter"] < synced["reduce_scatter"]
-llama_params = param_count(PRESETS["llama3-8b"])
-print(f"Llama 3 8B on 8 ranks: gradients kept unsharded in fp32 between syncs {4 * llama_params / 1e9:.1f} GB per rank; "
-      f"the rank's whole ZeRO-3 state (fp32 shards, gradients, AdamW's moments) {16 * llama_params / 8 / 1e9:.1f} GB")
+assert per_step == collectives_per_step(n_blocks, micro, sync_every_micro_batch=True)
 
 # %% [markdown] slideshow={"slide_type": "fragment"}
 """
-Per micro-batch the root unit is gathered once (it stays gathered until backward is done: FSDP2 does not reshard the root after forward, since backward starts with it) and each block twice, in forward and again in backward (`reshard_after_forward` at its default, `None`, is `True` for the blocks, which frees a block's full parameters after its forward, and `False` for the root). Skipping the sync is **not** DDP's `no_sync` trade (notebook 10 §9). DDP keeps a whole gradient anyway, so `no_sync` costs it nothing; FSDP2 must then keep every unit's gradient *unsharded*, in the reduce dtype (fp32 under the bf16 policy), until the last micro-batch: the last printed line shows that for Llama 3 8B this is more than the rank's whole sharded state. So the script's choice suits a small model like this one; for a large model, reduce-scatter every micro-batch (`set_requires_gradient_sync(True)`, the default), or, with HSDP, keep reduce-scattering inside the shard group and skip only the replicas' all-reduce (`set_requires_all_reduce(False)`), as torchtitan does. What it does **not** save are the all-gathers: every micro-batch gathers the parameters again, unless `reshard_after_forward=False` keeps them (notebook 13).
+Per micro-batch the embedding and each block are gathered twice, in forward and again in backward (`reshard_after_forward` at its default, `None`, is `True` for them, which frees a unit's full parameters after its forward), and the norm and head unit once: `reshard_after_forward=False` keeps it gathered until its backward, which comes right after the loss. The root has no parameter, so no collective. Each unit with parameters reduce-scatters its gradients once per micro-batch, and they are added into the sharded gradient.
+
+### 3.1 Accumulation: reduce-scatter every micro-batch, or hold the whole gradient
+
+`--defer-grad-sync` is the other policy: `set_requires_gradient_sync(False)` on every micro-batch but the last skips their reduce-scatters. It is **not** DDP's `no_sync` trade (notebook 10 §9). DDP keeps a whole gradient anyway, so `no_sync` costs it nothing; FSDP2 must then keep every unit's gradient *unsharded*, in the reduce dtype (fp32 under the bf16 policy), until the last micro-batch's reduce-scatter. The run below repeats section 2's with the flag and checks it against the same one-process run. The bytes held between micro-batches are measured in the runs: the sharded gradients a rank holds after the first micro-batch (public: each parameter's `.grad`, a DTensor), and, for the deferred run, which holds no sharded gradient then, what the last micro-batch's reduce-scatters send in: every unit's whole gradient, accumulated since the first micro-batch.
+"""
+
+# %% slideshow={"slide_type": "-"}
+deferred = run_torchrun("_runs/fsdp_train.py", nproc_per_node=2, args=["--out", "_runs/fsdp_deferred", "--defer-grad-sync"],
+                        timeout=300, echo="none")
+deferred_log = json.load(open("_runs/fsdp_deferred/log.json"))
+deferred_step = deferred_log["counts"][:micro]
+for i, c in enumerate(deferred_step):
+    print(f"--defer-grad-sync, micro-batch {i}: all-gathers {c.get('_allgather_base_', 0)}, reduce-scatters "
+          f"{c.get('_reduce_scatter_base_', 0)}")
+assert {"all_gather": sum(c.get("_allgather_base_", 0) for c in deferred_step),
+        "reduce_scatter": sum(c.get("_reduce_scatter_base_", 0) for c in deferred_step)} == collectives_per_step(
+            n_blocks, micro, sync_every_micro_batch=False)
+checks = {}
+for policy, run in (("reduce-scatter every micro-batch", fsdp_log), ("--defer-grad-sync", deferred_log)):
+    checks[policy] = compare_gradients(torch.tensor(run["norms"]), torch.tensor(ref_log["norms"]), tolerance=1e-5,
+                                       world_size=run["world"], micro_batches=micro)
+    print(f"{policy:<33}: gradient norms against one process: {checks[policy]}")
+sharded_bytes = fsdp_log["sharded gradient bytes after a micro-batch"]
+whole_bytes = deferred_log["by_group"][micro - 1]["bytes"]["reduce-scatter input"]
+print(f"gradient bytes per rank held between micro-batches: {sharded_bytes:,} (the sharded gradient) against "
+      f"{whole_bytes:,} (--defer-grad-sync: no sharded gradient after the first micro-batch, "
+      f"{deferred_log['sharded gradient bytes after a micro-batch']} bytes; the whole fp32 gradient, 4 bytes x "
+      f"{sum(units.values()):,} parameters, sent into the last reduce-scatters)")
+assert all(checks.values()) and deferred_log["sharded gradient bytes after a micro-batch"] == 0
+assert whole_bytes == 4 * sum(units.values()) == fsdp_log["world"] * sharded_bytes
+llama_params = param_count(llama8b)
+print(f"Llama 3 8B on 8 ranks: gradients kept unsharded in fp32 between syncs {4 * llama_params / 1e9:.1f} GB per rank, "
+      f"against a sharded fp32 gradient of {4 * llama_params / 8 / 1e9:.1f} GB; the rank's whole ZeRO-3 state (fp32 "
+      f"shards, gradients, AdamW's moments) {16 * llama_params / 8 / 1e9:.1f} GB")
+
+# %% [markdown] slideshow={"slide_type": "fragment"}
+"""
+Both policies train like one process; they differ in what a rank holds. Deferring holds the whole gradient, world size times the sharded one, and for Llama 3 8B that is more than the rank's whole sharded state. What it saves are the reduce-scatters of all micro-batches but the last (it does **not** save the all-gathers: every micro-batch gathers the parameters again, unless `reshard_after_forward=False` keeps them, notebook 13). That pays in two cases. A small model, like this one, whose whole gradient is small beside the activations, and whose reduce-scatters cost mostly their fixed latency. And HSDP, where the expensive collective is the all-reduce across replicas, over the links between nodes: the script keeps reduce-scattering inside the shard group every micro-batch, so the gradient it holds stays sharded, and skips only the replicas' all-reduce until the last micro-batch (`set_requires_all_reduce(False)`, section 6). For a large model on one shard group, reduce-scatter every micro-batch, as torchtitan does.
 """
 
 # %% [markdown] slideshow={"slide_type": "slide"}
@@ -506,7 +575,7 @@ Bit for bit, because everything a step depends on came back: the parameters, Ada
 """
 ## 6. HSDP on a 2-D mesh, with CPU offload
 
-Plain FSDP shards over every rank, so every all-gather crosses the whole job; across many nodes that means the slow inter-node links. **HSDP** (hybrid sharding) lays the ranks out on a 2-D mesh, `replicate × shard`: each group of `N/R` ranks (in practice, one node) shards the model as in section 2, and the `R` groups hold identical copies. The all-gathers and reduce-scatters stay inside a shard group; one all-reduce per unit and step averages the gradient shards across the replicas. The script does it with `--replicate R`, which only changes the mesh: `fully_shard` reads the rest from the mesh's placements `(Replicate(), Shard(0))`.
+Plain FSDP shards over every rank, so every all-gather crosses the whole job; across many nodes that means the slow inter-node links. **HSDP** (hybrid sharding) lays the ranks out on a 2-D mesh, `replicate × shard`: each group of `N/R` ranks (in practice, one node) shards the model as in section 2, and the `R` groups hold identical copies. The all-gathers and reduce-scatters stay inside a shard group; one all-reduce per unit and step averages the gradient shards across the replicas: the script reduce-scatters every micro-batch and holds back the all-reduce until the last one (`set_requires_all_reduce(False)` before it), so the slow collective runs once per step while the gradient held stays sharded. The script does it with `--replicate R`, which only changes the mesh: `fully_shard` reads the rest from the mesh's placements `(Replicate(), Shard(0))`.
 
 `--cpu-offload` adds `CPUOffloadPolicy` to every unit: the shards, their gradients and AdamW's state live on the CPU (the optimizer steps there), each unit's shard is copied to the device for its all-gather, and each gradient shard is copied back after its reduce-scatter. It trades device memory for host-device copies every step. One run of 4 processes shows both: `--replicate 2 --cpu-offload`, the mesh `[[0, 1], [2, 3]]`. The script's record of its collectives (`CollectivesByGroup`, section 3) also notes on which mesh dimension's process group each one ran, and the bytes each rank sent into it.
 """
@@ -527,14 +596,14 @@ assert all([o["rank"] for o in held if o["digest"] == h["digest"]] == [h["rank"]
 hsdp_micro = len(hsdp_log["by_group"]) // len(hsdp_log["losses"])
 step_counts = {}
 for m, record in enumerate(hsdp_log["by_group"][:hsdp_micro]):
-    print(f"micro-batch {m} (sync {'on' if m == hsdp_micro - 1 else 'off'}):", record["counts"])
+    print(f"micro-batch {m} (all-reduce {'on' if m == hsdp_micro - 1 else 'off'}):", record["counts"])
     for key, n in record["counts"].items():
         step_counts[key] = step_counts.get(key, 0) + n
 print("one step:", step_counts)
-expected = collectives_per_step(n_blocks, hsdp_micro)
+expected = collectives_per_step(n_blocks, hsdp_micro, sync_every_micro_batch=True)
 assert step_counts == {"_allgather_base_ on shard": expected["all_gather"],
                        "_reduce_scatter_base_ on shard": expected["reduce_scatter"],
-                       "allreduce_ on replicate": expected["reduce_scatter"]}
+                       "allreduce_ on replicate": expected["reduce_scatter"] // hsdp_micro}
 hsdp_loss = max(abs(a - b) for a, b in zip(ref_log["losses"], hsdp_log["losses"]))
 hsdp_norm = max(abs(a - b) for a, b in zip(ref_log["norms"], hsdp_log["norms"]))
 hsdp_final = torch.load("_runs/fsdp_hsdp/final.pt", weights_only=True)
@@ -545,7 +614,7 @@ assert hsdp_loss < 1e-5 and hsdp_norm < 1e-5 and hsdp_param < 1e-4
 
 # %% [markdown] slideshow={"slide_type": "fragment"}
 """
-Each rank holds half the rows, as with 2-way FSDP, and its replica partner (rank `r ± 2`) holds the same half, bit for bit after four steps. Every all-gather and reduce-scatter ran inside a shard group (`[0, 1]` or `[2, 3]`), every all-reduce across the replicate dimension (`[0, 2]` or `[1, 3]`): one per unit, after its reduce-scatter, on the last micro-batch only. The per-step numbers are section 3's plus one all-reduce per unit. A replicate all-reduce moves a shard's gradient (half the model here) rather than the whole model's as DDP would, and on a real cluster the shard groups are the fast links inside a node.
+Each rank holds half the rows, as with 2-way FSDP, and its replica partner (rank `r ± 2`) holds the same half, bit for bit after four steps. Every all-gather and reduce-scatter ran inside a shard group (`[0, 1]` or `[2, 3]`), every all-reduce across the replicate dimension (`[0, 2]` or `[1, 3]`): one per unit, after its reduce-scatter, on the last micro-batch only. The per-step numbers are section 3's plus one all-reduce per unit with parameters. A replicate all-reduce moves a shard's gradient (half the model here) rather than the whole model's as DDP would, and on a real cluster the shard groups are the fast links inside a node.
 """
 
 # %% slideshow={"slide_type": "subslide"}
@@ -554,17 +623,17 @@ print(f"under CPUOffloadPolicy, rank 0's shard lives on {first['parameter']}, it
       f"AdamW's state on {first['AdamW state']}")
 moved = hsdp_log["by_group"][:hsdp_micro]
 to_device = sum(r["bytes"].get("_allgather_base_", 0) for r in moved)
-to_host = sum(r["bytes"].get("_reduce_scatter_base_", 0) for r in moved)
+to_host = moved[-1]["bytes"]["_reduce_scatter_base_"]  # the last micro-batch's, once all-reduced
 kept = first["bytes kept (shards + gradients + AdamW)"]
 print(f"copied per rank and step: {to_device:,} bytes host -> device (the shard of each all-gather: "
       f"{to_device / (kept / 4):.2f} x the rank's parameter shard), {to_host:,} bytes device -> host (gradient shards)")
 print(f"kept off the device per rank: {kept:,} bytes (fp32 shards, gradients and AdamW's two moments)")
-assert to_host == kept // 4 and to_device == sum(4 * n // 2 * (2 if k != "root" else 1) * hsdp_micro
+assert to_host == kept // 4 and to_device == sum(4 * n // 2 * (1 if k == "norm + head" else 2) * hsdp_micro
                                                  for k, n in units.items())
 
 # %% [markdown] slideshow={"slide_type": "fragment"}
 """
-What a CPU-only job can and cannot show. On a CPU mesh the "device" *is* the CPU, so the offload copies are same-device no-ops and the memory they save is memory of the same RAM: what the run shows is the placement (every shard, gradient and moment on the CPU, the training unchanged within section 2's tolerances) and the traffic the policy creates, counted from the collectives' own tensors: each all-gather's input is the shard that a GPU job copies host to device (blocks twice per micro-batch, the root once), each reduce-scatter's output the gradient shard copied back, once per step under accumulation. On a GPU the persistent device memory saved is 4 × the shard per rank (parameters, gradients, two AdamW moments), paid for with those copies over PCIe and with AdamW stepping on the CPU. The prefetch order of section 1 issues the next unit's copy and all-gather before this unit computes; on a GPU they overlap its compute, and notebook 17 §5 measures how much of that FSDP2 prefetch hides. The cell below runs the GPU path where there is a GPU.
+What a CPU-only job can and cannot show. On a CPU mesh the "device" *is* the CPU, so the offload copies are same-device no-ops and the memory they save is memory of the same RAM: what the run shows is the placement (every shard, gradient and moment on the CPU, the training unchanged within section 2's tolerances) and the traffic the policy creates, counted from the collectives' own tensors: each all-gather's input is the shard that a GPU job copies host to device (the embedding and the blocks twice per micro-batch, the norm and head once), and the gradient shard is copied back once per step, after the last micro-batch's reduce-scatter and all-reduce (the earlier micro-batches' reduce-scatters add up on the device). On a GPU the persistent device memory saved is 4 × the shard per rank (parameters, gradients, two AdamW moments), paid for with those copies over PCIe and with AdamW stepping on the CPU. The prefetch order of section 1 issues the next unit's copy and all-gather before this unit computes; on a GPU they overlap its compute, and notebook 17 §5 measures how much of that FSDP2 prefetch hides. The cell below runs the GPU path where there is a GPU.
 """
 
 # %% slideshow={"slide_type": "-"}
@@ -610,12 +679,13 @@ The runs above measure a tiny model. Before renting 8 GPUs for Llama 3 8B you wa
 - **`FakeTensorMode`** gives every tensor a shape, a dtype and a device but no storage, so an 8-billion-parameter model and its 8,192-token activations cost no memory, and each operator runs in microseconds;
 - **`FSDPMemTracker`**, a dispatch mode, files every tensor created during the step under parameters (sharded or gathered), gradients, activations, temporaries and optimizer state, and keeps the peak.
 
-All three are private or testing APIs of torch 2.13 (`torch.testing._internal`, `torch._subclasses`, `torch.distributed._tools`); the course reaches them through `course_lib.torch_private`. The script builds notebook 14's transformer at Llama 3 8B's configuration, shards it as `fsdp_train.py` does with the bf16 policy, and tracks one forward, backward and AdamW step of 8,192 tokens; then again with torchtitan's units: the embedding as a unit of its own, and the final norm with the head as another, which stays gathered after forward (the loss needs it at once, and backward starts with it).
+All three are private or testing APIs of torch 2.13 (`torch.testing._internal`, `torch._subclasses`, `torch.distributed._tools`); the course reaches them through `course_lib.torch_private`. The script builds notebook 14's transformer at Llama 3 8B's configuration, shards it as `fsdp_train.py` does (torchtitan's units) with the bf16 policy, and tracks one forward, backward and AdamW step of 8,192 tokens; then again with the embedding and the head left in the root, as a script that shards only the blocks and then the model would have them.
 """
 
 # %% slideshow={"slide_type": "-"}
 # %%writefile _runs/fsdp_memory.py
 """FSDP2's memory per rank for a large configuration over N fake ranks, on one CPU: nothing is allocated."""
+import gc
 import json
 import sys
 
@@ -630,16 +700,16 @@ from course_lib.torch_private import fake_process_group, fake_tensor_mode, fsdp_
 from course_lib.transformer import PRESETS, Transformer
 
 
-def step_memory(config, mesh, own_units, seq_len):
+def step_memory(config, mesh, script_units, seq_len):
     policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     with fake_tensor_mode():                         # from here on, no tensor has storage
         model = Transformer(config, device="meta")
-        if own_units:  # torchtitan's units: the embedding; the final norm with the head, kept gathered after forward
+        if script_units:  # fsdp_train.py's (torchtitan's): the embedding; the norm with the head, gathered after forward
             fully_shard(model.embed, mesh=mesh, mp_policy=policy)
             fully_shard([model.norm, model.head], mesh=mesh, mp_policy=policy, reshard_after_forward=False)
         for block in model.layers:
             fully_shard(block, mesh=mesh, mp_policy=policy)
-        fully_shard(model, mesh=mesh, mp_policy=policy)
+        fully_shard(model, mesh=mesh, mp_policy=policy)  # otherwise the root holds the embedding, the norm and the head
         model.to_empty(device="cpu")
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
         for p in model.parameters():                 # AdamW makes its state in its first step: make it now
@@ -661,14 +731,21 @@ def step_memory(config, mesh, own_units, seq_len):
 
 
 world, seq_len, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+gc.freeze()                                          # the modules' objects: later collections skip them (see the end)
 fake_process_group(world)                            # rank 0 of `world`; the collectives move nothing
 mesh = init_device_mesh("cpu", (world,))             # outside fake_tensor_mode: the mesh is real
 try:
-    result = {units: step_memory(PRESETS["llama3-8b"], mesh, units == "own units", seq_len)
-              for units in ("blocks + root", "own units")}
+    result = {units: step_memory(PRESETS["llama3-8b"], mesh, units == "script's units", seq_len)
+              for units in ("script's units", "ends in root")}
     json.dump(result, open(out, "w"))
 finally:
     del mesh
+    # FSDPMemTracker's hooks and the autograd graph hold each other through C++: the garbage collector frees that
+    # chain one link per pass (notebook 10, 10.2), and with the modules' objects frozen a pass scans this run's only
+    for _ in range(1000):
+        if not gc.collect():
+            break
+    gc.unfreeze()                                    # end_process_group empties caches it finds among all objects
     end_process_group(barrier=False)                # destroy the group, check that it is gone
 
 # %% slideshow={"slide_type": "subslide"}
@@ -682,7 +759,7 @@ llama8b, GiB = PRESETS["llama3-8b"], 2**30
 node = h100_cluster(nodes=1)  # 8 H100s: 80 GB, 989 TFLOP/s, NVLink inside, 50 GB/s InfiniBand between nodes
 course = {prec: predict(llama8b, node, Layout(data=8, zero=3, micro_batch=1), seq_len=8192, global_batch=8,
                         precision=prec).memory for prec in ("fp32_adam", "mixed_adam")}
-t = tracked["blocks + root"]
+t = tracked["script's units"]
 rows = [("parameters (fp32 shards)", t["peak"]["Sharded Param"], course["fp32_adam"]["parameters"]),
         ("gradients (fp32 shards, after backward)", t["backward"]["Sharded Grad"], course["fp32_adam"]["gradients"]),
         ("AdamW's two moments", t["peak"]["OptState"], course["fp32_adam"]["optimizer state"]),
@@ -718,16 +795,22 @@ course_total = sum(course["fp32_adam"][k] for k in ("parameters", "gradients", "
 course_total += course["mixed_adam"]["activations"]
 print(f"the course's model: {course_total / GiB:.2f} GiB; fp32 logits and their gradient, 2 x tokens x V x 4 bytes: "
       f"{2 * tokens * V * 4 / GiB:.2f} GiB")
+planned = predict(llama8b, node, Layout(data=8, zero=3, micro_batch=1), seq_len=8192, global_batch=8, precision="mixed_adam")
+transients = {k: v for k, v in planned.memory.items() if k in ("gathered units (ZeRO-3)", "logits gradient (fp32)",
+                                                               "communication buffers")}
+print("the planner's transients: " + ", ".join(f"{k} {v / GiB:.2f}" for k, v in transients.items()) + f" GiB; its total "
+      f"{planned.memory_total / GiB:.2f} GiB, the tracker's peaks " + ", ".join(f"{s['peak']['Total'] / GiB:.2f}" for s in tracked.values()))
+assert len(transients) == 3 and all(planned.memory_total >= s["peak"]["Total"] for s in tracked.values())
 usable = 0.9 * node.memory_bytes  # the planner's limit: 90 % of an 80 GB H100
 for units, snap in tracked.items():
     print(f"{units:<14}: {(usable - snap['peak']['Total']) / GiB:.2f} GiB below the planner's limit "
           f"({usable / GiB:.2f} GiB); the course's model leaves {(usable - course_total) / GiB:.2f} GiB")
-assert tracked["blocks + root"]["peak"]["Temp"] == 2 * tokens * V * 4
-assert tracked["own units"]["peak"]["Total"] < tracked["blocks + root"]["peak"]["Total"]
+assert tracked["script's units"]["peak"]["Temp"] == 2 * tokens * V * 4
+assert tracked["script's units"]["peak"]["Total"] < tracked["ends in root"]["peak"]["Total"]
 
 # %% [markdown] slideshow={"slide_type": "fragment"}
 """
-Two terms that the course's count leaves out take most of the margin. The **temporaries** are the loss's: the logits are cast to fp32 for the cross-entropy, and backward holds their gradient beside them, 2 × 8,192 × 128,256 × 4 bytes. The **gathered parameters** are the root unit's: FSDP2 keeps the root gathered from forward to the end of backward, and with a 128,256-token vocabulary the embedding and the untied head are the largest parameters of the model. torchtitan's units let the embedding go after forward (the head stays, as the loss needs it), which lowers the peak by the embedding's bf16 copy. The script of section 1 keeps both in the root, which suits the tiny model and not a real vocabulary. The course's model leaves about 7 GiB of margin under the planner's 90 % limit; the tracker's peak leaves under 1 GiB with the script's units and under 2 GiB with torchtitan's, so a slightly longer sequence, or the allocator's fragmentation, would not fit. That is why the tracker's peak, not state plus activations, is what to check before renting the GPUs; the course's planner (notebook 18) counts state and activations only.
+Two terms that the course's count leaves out take most of the margin. The **temporaries** are the loss's: the logits are cast to fp32 for the cross-entropy, and backward holds their gradient beside them, 2 × 8,192 × 128,256 × 4 bytes. The **gathered parameters** are the head's, with the norm's, and also the embedding's when the root holds it: with a 128,256-token vocabulary the embedding and the untied head are the largest parameters of the model (4.8 blocks' worth, section 3), and FSDP2 keeps the root gathered from forward to the end of backward. The script's units let the embedding go after forward (the head stays, as the loss needs it), which lowers the peak by the embedding's bf16 copy. The course's model leaves about 7 GiB of margin under the planner's 90 % limit; the tracker's peak leaves under 2 GiB with the script's units and under 1 GiB with the embedding and the head in the root, so a slightly longer sequence, or the allocator's fragmentation, would not fit. That is why the peak, not state plus activations, is what to check before renting the GPUs. The course's planner (notebook 18) adds these transients to its count (ZeRO-3's two gathered units, the fp32 logits' gradient and the communication buffers, printed above): its total lies just over both tracked peaks, so it errs on the safe side.
 """
 
 # %% [markdown] slideshow={"slide_type": "slide"}
@@ -815,17 +898,14 @@ assert errors["rowwise"] < errors["tensorwise"] / 4
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-float8 also shrinks FSDP2's traffic. With torchao's `enable_fsdp_float8_all_gather` (tensorwise only), each block's linear weights are cast to float8 **before** their all-gather, so they move one byte per parameter instead of bf16's two; the embedding, the norms and the head keep bf16, and the reduce-scatters keep the gradient's precision. Counted for Llama 3 8B with the script's units (blocks gathered twice per micro-batch, the root once), then the planner's `float8_all_gather` flag for ZeRO-3 over 4 nodes of 8 H100s (32 ranks, 2 micro-batches of 8,192 tokens each):
+float8 also shrinks FSDP2's traffic. With torchao's `enable_fsdp_float8_all_gather` (tensorwise only), each block's linear weights are cast to float8 **before** their all-gather, so they move one byte per parameter instead of bf16's two; the embedding, the norms and the head keep bf16, and the reduce-scatters keep the gradient's precision. Counted for Llama 3 8B with the script's units (the embedding and the blocks gathered twice per micro-batch, the norm and head once), then the planner's `float8_all_gather` flag for ZeRO-3 over 4 nodes of 8 H100s (32 ranks, 2 micro-batches of 8,192 tokens each):
 """
 
 # %% slideshow={"slide_type": "-"}
-from course_lib.transformer import param_counts
-
-parts = param_counts(llama8b)
 linear = parts["attention"] + parts["mlp"]  # the blocks' linear weights: what torchao converts to float8
-root = parts["embedding"] + parts["head"] + llama8b.d_model  # with the final norm
-others = param_count(llama8b) - linear - root  # the blocks' norms
-gathered = {dt: 2 * (2 * (linear * lin_bytes + others * 2) + root * 2) for dt, lin_bytes in (("bf16", 2), ("float8", 1))}
+ends = parts["head"] + llama8b.d_model  # the head with the final norm: gathered once per micro-batch
+others = param_count(llama8b) - linear - ends  # the embedding and the blocks' norms: bf16, gathered twice
+gathered = {dt: 2 * (2 * (linear * lin_bytes + others * 2) + ends * 2) for dt, lin_bytes in (("bf16", 2), ("float8", 1))}
 print(f"parameters gathered per rank and step (2 micro-batches): bf16 {gathered['bf16'] / 1e9:.1f} GB, float8 "
       f"{gathered['float8'] / 1e9:.1f} GB ({gathered['float8'] / gathered['bf16']:.2f} of bf16's)")
 nodes4 = h100_cluster(nodes=4)
@@ -897,7 +977,7 @@ assert waits[True] < waits[False]
 
 ### 8.4 This notebook's script in torchtitan's words
 
-Every flag of `fsdp_train.py`, read from the script itself, with the torchtitan option that does the same job and the line of torchtitan's configuration that defines it; then the flags of notebook 18's capstone script, which adds tensor parallelism, `torch.compile` and restarts:
+Every flag of `fsdp_train.py`, read from the script itself, with the torchtitan option that does the same job and the line of torchtitan's configuration that defines it; then the flags of notebook 18's capstone script, which adds tensor, pipeline and context parallelism, `torch.compile` and restarts:
 """
 
 # %% slideshow={"slide_type": "-"}
@@ -919,14 +999,14 @@ for feature, (option, line, note) in TORCHTITAN_EXTRAS.items():
 """
 ## Summary
 
-- Build on `meta`, `fully_shard` each block and then the root on an explicit mesh of the device you chose, `to_empty`, initialize: no rank ever holds the whole model, and the sharded run trained like one process (losses and gradient norms within 1e-5, final parameters within 1e-4).
-- One unit per block: an all-gather holds one block's parameters. Per micro-batch the root is gathered once and each block twice; `set_requires_gradient_sync(False)` skips the reduce-scatters of all micro-batches but the last, not the all-gathers, and keeps every gradient unsharded meanwhile: right for a small model, not for a large one.
+- Build on `meta`, `fully_shard` the embedding, each block, the norm with the head (kept gathered after forward) and then the root on an explicit mesh of the device you chose, `to_empty`, initialize: no rank ever holds the whole model, and the sharded run trained like one process (losses and gradient norms within 1e-5, final parameters within 1e-4).
+- torchtitan's units: an all-gather holds one block's parameters, or the embedding's, or the norm and head's; left in the root, the embedding and head of Llama 3 8B would be one unit of 4.8 blocks, gathered from forward to the end of backward. Per micro-batch the embedding and each block are gathered twice, the norm and head once. Reduce-scattering every micro-batch holds only the sharded gradient; `set_requires_gradient_sync(False)` skips the reduce-scatters of all micro-batches but the last, not the all-gathers, and holds every gradient unsharded meanwhile (world size times the bytes, measured): right for a small model, not for a large one. With HSDP, `set_requires_all_reduce(False)` defers only the replicas' all-reduce.
 - `MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)` computes in bf16 on fp32 shards, gradients and optimizer state; checkpoint each block first, then shard it.
 - `clip_grad_norm_` on DTensor gradients returns the global norm.
 - `torch.distributed.checkpoint` writes and reads each rank's shards of the model and the optimizer; with a deterministic data order the resumed run is bit for bit the uninterrupted one.
 - HSDP (`--replicate 2` on 4 ranks): replicas hold the same shards bit for bit; all-gathers and reduce-scatters run inside a shard group, one all-reduce per unit and step across replicas; it trained like one process within the same tolerances.
 - `CPUOffloadPolicy` keeps shards, gradients and AdamW's state on the CPU (4 × the shard per rank off the device) and copies each gathered shard to the device and each gradient shard back, counted per step from the collectives.
-- A fake process group, `FakeTensorMode` and `FSDPMemTracker` size a Llama 3 8B step over 8 ranks on one CPU: the model state agrees with the course's model to the byte, the activations within 1 %, and the peak adds what decides an OOM: the loss's fp32 logits and their gradient, and the root unit's gathered embedding and head (units of their own remove it).
+- A fake process group, `FakeTensorMode` and `FSDPMemTracker` size a Llama 3 8B step over 8 ranks on one CPU: the model state agrees with the course's model to the byte, the activations within 1 %, and the peak adds what decides an OOM: the loss's fp32 logits and their gradient, and the gathered head (and embedding, when the root holds it).
 - `dcp.async_save` (its own gloo group, the future waited on before the next save) writes the same checkpoint while training goes on; only the staging copy stalls the loop.
 - float8 (e4m3 for weights and activations, e5m2 for gradients) needs a scale per tensor or per row; an outlier row ruins a tensorwise scale. FSDP2's float8 all-gather moves one byte per parameter instead of bf16's two; async TP hides all but one chunk of TP's collectives; torchft keeps training when a replica group fails; each flag of the script has its torchtitan option.
 """
@@ -935,7 +1015,7 @@ for feature, (option, line, note) in TORCHTITAN_EXTRAS.items():
 """
 ## Exercises
 
-1. Write `collectives(n_blocks, micro_batches, sync_every_micro_batch)`: the all-gathers and reduce-scatters of one step of this script's model (one unit per block plus the root, `reshard_after_forward` at its default), as `{"all_gather": ..., "reduce_scatter": ...}`.
+1. Write `collectives(n_blocks, micro_batches, sync_every_micro_batch)`: the all-gathers and reduce-scatters of one step of this script's model (units: the embedding, one per block, the norm with the head under `reshard_after_forward=False`, and a root with no parameter; the others at the default), as `{"all_gather": ..., "reduce_scatter": ...}`; `sync_every_micro_batch=False` is `--defer-grad-sync`.
 2. Write `gather_bytes(config, param_dtype)`: the bytes one block's all-gather brings together for a `TransformerConfig`, when `MixedPrecisionPolicy(param_dtype=param_dtype)` is used (count the parameters of a block of notebook 14's transformer).
 """
 

@@ -19,24 +19,29 @@ def _blank(*args: object) -> object:
 
 
 def _right(n: int, m: int, sync: bool) -> dict[str, int]:
-    return {"all_gather": m * (1 + 2 * n), "reduce_scatter": (n + 1) * (m if sync else 1)}
+    return {"all_gather": m * (2 * n + 3), "reduce_scatter": (n + 2) * (m if sync else 1)}
 
 
 def test_collectives_per_step() -> None:
-    assert collectives_per_step(2, 2) == {"all_gather": 10, "reduce_scatter": 3}
-    assert collectives_per_step(2, 2, sync_every_micro_batch=True)["reduce_scatter"] == 6
+    assert collectives_per_step(2, 2) == {"all_gather": 14, "reduce_scatter": 8}
+    assert collectives_per_step(2, 2, sync_every_micro_batch=False)["reduce_scatter"] == 4
     with pytest.raises(ValueError):
         collectives_per_step(2, 0)
+    with pytest.raises(ValueError):
+        collectives_per_step(10**7, 2)
     assert_check(
         check_collectives_per_step,
-        right=[_right],
+        right=[_right, lambda n, m, s: collectives_per_step(n, m, sync_every_micro_batch=s)],
         not_done=[_blank, ...],
         wrong=[
-            (lambda n, m, s: {**_right(n, m, s), "all_gather": m * 2 * (n + 1)}, "root unit is not gathered again"),
-            (lambda n, m, s: {**_right(n, m, s), "all_gather": m * (n + 1)}, "gathered twice"),
-            (lambda n, m, s: {**_right(n, m, s), "all_gather": 1 + 2 * n}, "gathers again"),
-            (lambda n, m, s: {**_right(n, m, s), "reduce_scatter": (n + 1) * m}, "last micro-batch only"),
-            (lambda n, m, s: {**_right(n, m, s), "reduce_scatter": n * (m if s else 1)}, "root unit"),
+            (lambda n, m, s: {**_right(n, m, s), "all_gather": m * (2 * n + 4)}, "not gathered again in backward"),
+            (lambda n, m, s: {**_right(n, m, s), "all_gather": m * (2 * n + 1)}, "units of their own"),
+            (lambda n, m, s: {**_right(n, m, s), "all_gather": m * (n + 2)}, "gathered twice"),
+            (lambda n, m, s: {**_right(n, m, s), "all_gather": 2 * n + 3}, "gathers again"),
+            (lambda n, m, s: {**_right(n, m, s), "reduce_scatter": (n + 2) * m}, "last micro-batch only"),
+            (lambda n, m, s: {**_right(n, m, s), "reduce_scatter": n + 2}, "each micro-batch reduce-scatters"),
+            (lambda n, m, s: {**_right(n, m, s), "reduce_scatter": n * (m if s else 1)}, "reduce-scatter too"),
+            (lambda n, m, s: {**_right(n, m, s), "reduce_scatter": (n + 3) * (m if s else 1)}, "root has no parameter"),
             (lambda n, m, s: {"all_gather": 1}, "keys"),
             (lambda n, m, s: {**_right(n, m, s), "all_gather": "10"}, "return a number"),
         ],

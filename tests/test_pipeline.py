@@ -89,6 +89,18 @@ def test_plot_gantt_draws_one_bar_per_task() -> None:
     plt.close(ax.figure)
 
 
+def test_zero_bubble_and_interleaved_tasks_are_drawn() -> None:
+    import matplotlib.pyplot as plt
+
+    split = [Task(0, 0, "F", 0.0, 1.0), Task(0, 0, "B", 1.0, 2.0), Task(0, 0, "W", 2.0, 3.0, chunk=1)]
+    ax = plot_gantt(split, title="one stage")
+    assert len(ax.collections) == 3 and ax.get_title() == "one stage"
+    assert [c.get_hatch() for c in ax.collections] == [None, None, "//"]
+    plt.close(ax.figure)
+    with pytest.raises(ValueError, match="chunk must be"):
+        Task(0, 0, "F", 0.0, 1.0, chunk=-1)
+
+
 def test_validation() -> None:
     with pytest.raises(TypeError, match="n_stages must be an int"):
         bubble_fraction(2.0, 4)  # type: ignore[arg-type]

@@ -19,19 +19,24 @@ __all__ = [
 ]
 
 
-def collectives_per_step(n_blocks: int, micro_batches: int, *, sync_every_micro_batch: bool = False) -> dict[str, int]:
-    """FSDP2's collectives in one step: one unit per block plus the root unit, ``reshard_after_forward``
-    left at its default (blocks gathered again in backward; the root stays gathered), and gradients
-    reduce-scattered after the last micro-batch only (``set_requires_gradient_sync``) or after each one.
+def collectives_per_step(n_blocks: int, micro_batches: int, *, sync_every_micro_batch: bool = True) -> dict[str, int]:
+    """FSDP2's collectives in one step of notebook 16's script, torchtitan's units: the embedding and each block
+    (``reshard_after_forward`` at its default: gathered in forward and again in backward), the final norm with the
+    untied head (``reshard_after_forward=False``: gathered once), and a root with no parameter (no collective);
+    gradients reduce-scattered after each micro-batch, or after the last one only (``set_requires_gradient_sync``).
 
     >>> collectives_per_step(2, 2)
-    {'all_gather': 10, 'reduce_scatter': 3}
+    {'all_gather': 14, 'reduce_scatter': 8}
+    >>> collectives_per_step(2, 2, sync_every_micro_batch=False)["reduce_scatter"]
+    4
     """
     if n_blocks < 0 or micro_batches < 1:
         raise ValueError("n_blocks must be >= 0 and micro_batches >= 1")
-    units = n_blocks + 1
+    if n_blocks > 1_000_000 or micro_batches > 1_000_000:
+        raise ValueError("n_blocks and micro_batches must be at most 1,000,000")
+    units = n_blocks + 2
     return {
-        "all_gather": micro_batches * (1 + 2 * n_blocks),
+        "all_gather": micro_batches * (2 * n_blocks + 3),
         "reduce_scatter": units * (micro_batches if sync_every_micro_batch else 1),
     }
 
@@ -67,20 +72,39 @@ def check_collectives_per_step(collectives: Any) -> str:
         ag = as_number(got["all_gather"], f"{call}['all_gather']")
         rs = as_number(got["reduce_scatter"], f"{call}['reduce_scatter']")
         if ag != want["all_gather"]:
-            if ag == m * 2 * (n + 1):
-                raise Wrong(f"{call}: the root unit is not gathered again in backward (it stays gathered)")
-            if ag == m * (n + 1):
+            if ag == m * (2 * n + 4):
+                raise Wrong(
+                    f"{call}: the norm and head unit (reshard_after_forward=False) is not gathered again in backward"
+                )
+            if ag == m * (2 * n + 1):
+                raise Wrong(f"{call}: the embedding and the norm with the head are units of their own, not the root's")
+            if ag == m * (n + 2):
                 raise Wrong(f"{call}: each block is gathered twice per micro-batch, once in forward, once in backward")
-            if ag == 1 + 2 * n and m > 1:
+            if ag == 2 * n + 3 and m > 1:
                 raise Wrong(f"{call}: every micro-batch runs forward and backward, so it gathers again")
-            raise Wrong(f"{call}['all_gather'] = {ag:g}; count per micro-batch: the root once, each block twice")
+            raise Wrong(
+                f"{call}['all_gather'] = {ag:g}; count per micro-batch: the embedding and each block twice, the norm "
+                "and head once, the root (no parameter) never"
+            )
         if rs != want["reduce_scatter"]:
-            if n > 0 and rs == want["reduce_scatter"] // (n + 1) * n:
-                raise Wrong(f"{call}: the root unit (embedding, final norm) has gradients to reduce-scatter too")
-            if not sync and rs == (n + 1) * m:
+            per_sync = m if sync else 1
+            if rs == (n + 3) * per_sync:
+                raise Wrong(f"{call}: the root has no parameter, so no gradient to reduce-scatter")
+            if sync and rs == n + 2 and m > 1:
+                raise Wrong(f"{call}: with sync every micro-batch, each micro-batch reduce-scatters every unit")
+            if not sync and rs == (n + 2) * m:
                 raise Wrong(f"{call}: without sync, gradients are reduce-scattered after the last micro-batch only")
-            raise Wrong(f"{call}['reduce_scatter'] = {rs:g}; one per unit each time gradients are synchronized")
-    return "the root once and each block twice per micro-batch; one reduce-scatter per unit per synchronization"
+            if rs == n * per_sync:
+                raise Wrong(
+                    f"{call}: the embedding's unit and the norm and head's have gradients to reduce-scatter too"
+                )
+            raise Wrong(
+                f"{call}['reduce_scatter'] = {rs:g}; one per unit with parameters each time gradients are synchronized"
+            )
+    return (
+        "the embedding and each block twice per micro-batch, the norm and head once; one reduce-scatter per unit with "
+        "parameters per synchronization"
+    )
 
 
 @exercise("bytes of one block's all-gather", todo="write gather_bytes(config, param_dtype)")
