@@ -47,6 +47,7 @@ from .planner_layout import (
     a100_cluster,
     check_config,
     check_layout,
+    cpu_cluster,
     h100_cluster,
 )
 from .planner_model import predict, shard_params, stage_seconds
@@ -65,6 +66,7 @@ __all__ = [
     "a100_cluster",
     "candidate_layouts",
     "check_layout",
+    "cpu_cluster",
     "format_plan",
     "h100_cluster",
     "plan",

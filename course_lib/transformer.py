@@ -1,7 +1,7 @@
 """The course's transformer: a small Llama-style decoder.
 
 Notebook 14 builds it and measures it; notebooks 15 (tensor, sequence, context and expert
-parallelism), 16 (FSDP2 per block, ``torch.compile``) and 18 (the capstone and its planner) reuse it. So the
+parallelism), 16 (FSDP2 per block, ``torch.compile``), 18 (the capstone) and 19 (the planner) reuse it. So the
 layout follows the conventions that PyTorch's parallelism APIs address by name:
 
 * its configuration is a :class:`TransformerConfig` (:mod:`course_lib.transformer_config`, with the

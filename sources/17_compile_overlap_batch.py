@@ -893,7 +893,7 @@ plt.show()
 
 # %% [markdown] slideshow={"slide_type": "fragment"}
 """
-Small messages are latency-bound (the bandwidth climbs with the size), large ones approach the link's rate: the α-β curve says the same, with α and β of this machine. On a GPU cluster, `all_reduce_perf` from nccl-tests, run over 2 to N GPUs inside a node and then across nodes, gives the two bus bandwidths that the planner's `Cluster(intra=..., inter=...)` expects (notebook 18 §4).
+Small messages are latency-bound (the bandwidth climbs with the size), large ones approach the link's rate: the α-β curve says the same, with α and β of this machine. On a GPU cluster, `all_reduce_perf` from nccl-tests, run over 2 to N GPUs inside a node and then across nodes, gives the two bus bandwidths that the planner's `Cluster(intra=..., inter=...)` expects (notebook 19).
 """
 
 # %% [markdown] slideshow={"slide_type": "slide"}

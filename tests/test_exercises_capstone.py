@@ -6,9 +6,7 @@ from course_lib.exercises.capstone import (
     TECHNIQUES,
     check_effective_batch,
     check_technique_choice,
-    check_tp_rank_params,
 )
-from course_lib.transformer import param_counts
 
 RIGHT = {
     "activations do not fit, the model does": "checkpointing",
@@ -56,31 +54,5 @@ def test_technique_choice_check() -> None:
             ({b: t for b, t in RIGHT.items() if b != slow_matmuls}, ""),
             ({**RIGHT, "the wanted batch does not fit on the one device you have": None}, ""),
             (["ddp"], ""),
-        ],
-    )
-
-
-def _split(config, n):
-    parts = param_counts(config)
-    return (parts["attention"] + parts["mlp"] + parts["embedding"] + parts["head"]) // n + parts["norms"]
-
-
-def test_tp_rank_params_check() -> None:
-    assert_check(
-        check_tp_rank_params,
-        right=[_split],
-        not_done=[...],
-        wrong=[
-            (lambda c, n: sum(param_counts(c).values()) // n, "norms"),
-            (
-                lambda c, n: (
-                    (param_counts(c)["attention"] + param_counts(c)["mlp"]) // n
-                    + param_counts(c)["norms"]
-                    + param_counts(c)["embedding"]
-                    + param_counts(c)["head"]
-                ),
-                "vocabulary",
-            ),
-            (lambda c, n: float(_split(c, n)), ""),
         ],
     )

@@ -15,6 +15,7 @@ from course_lib.planner import (
     a100_cluster,
     candidate_layouts,
     check_layout,
+    cpu_cluster,
     format_plan,
     h100_cluster,
     plan,
@@ -264,6 +265,15 @@ def test_the_h100_cluster_is_the_one_the_notebooks_plan_for() -> None:
     assert (c.intra.beta, c.inter.beta) == (450e9, 50e9)
     with pytest.raises(ValueError, match="nodes"):
         h100_cluster(0)
+
+
+def test_the_cpu_cluster_is_this_machines_nominal_processes() -> None:
+    c = cpu_cluster()
+    assert (c.devices_per_node, c.memory_bytes, c.peak_flops, c.matmul) == (8, 2**30, 5e9, None)
+    assert (c.intra.alpha, c.intra.beta, c.inter.alpha, c.inter.beta) == (100e-6, 2e9, 100e-6, 2e9)
+    # a tiny transformer's step on it: idealized, so its time is FLOPs over 5 GFLOP/s plus unhidden communication
+    tiny = dataclasses.replace(PRESETS["tiny"], tie_embeddings=False)
+    assert predict(tiny, c, Layout(data=4, micro_batch=4), seq_len=64, global_batch=16).idealized
 
 
 # --- the time model a practitioner can use (per-stage work, interleave, overlap window, CP, transients) -------

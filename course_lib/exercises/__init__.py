@@ -7,5 +7,6 @@ Import a check from its notebook's module (``from course_lib.exercises.graphs im
   ``mixed_precision`` (06, 07), ``accumulation`` (08), ``all_reduce`` (09), ``ddp`` (10),
   ``ddp_knobs`` (11), ``model_parallel`` (12), ``sharding`` (13), ``transformer`` (14),
   ``transformer_parallelism`` (15), ``fsdp_in_practice`` (16),
-  ``compile_overlap_batch`` (17), ``capstone`` (18), ``then_and_now`` (19)
+  ``compile_overlap_batch`` (17), ``capstone`` (18), ``planning`` (19),
+  ``then_and_now`` (20)
 """

@@ -7,7 +7,7 @@ from typing import Any
 from ..validation import is_int
 from .core import Wrong, call_learner, dict_answer, exercise, is_placeholder
 
-__all__ = ["check_effective_batch", "check_technique_choice", "check_tp_rank_params", "TECHNIQUES", "BOTTLENECKS"]
+__all__ = ["check_effective_batch", "check_technique_choice", "TECHNIQUES", "BOTTLENECKS"]
 
 TECHNIQUES = ("checkpointing", "mixed precision", "accumulation", "ddp", "sharding", "pipeline", "tensor parallel")
 
@@ -70,32 +70,3 @@ def check_technique_choice(choice: Any) -> str:
         if answer.strip().lower() not in good:
             raise Wrong(f"{bottleneck!r}: {answer!r} does not address it ({why})")
     return "memory of activations, of the batch, of the model, and time: each has its own first remedy"
-
-
-@exercise(
-    "tensor-parallel parameters",
-    todo="write tp_rank_params(config, n): the parameters one of n tensor-parallel ranks holds",
-)
-def check_tp_rank_params(tp_rank_params: Any) -> str:
-    import dataclasses
-
-    from ..planner import shard_params
-    from ..transformer import PRESETS, param_count
-
-    configs = [dataclasses.replace(PRESETS["tiny"], tie_embeddings=False), PRESETS["llama2-7b"], PRESETS["llama3-8b"]]
-    for config in configs:
-        for n in (1, 2, 4):
-            got = call_learner(tp_rank_params, config, n)
-            if not is_int(got):
-                raise Wrong(f"tp_rank_params should return an int, got {got!r}")
-            want = shard_params(config, n)
-            if got != want:
-                hint = ""
-                if got == param_count(config) // n:
-                    hint = " - the norms' scales are not split: every rank keeps them whole"
-                elif got == want + (n - 1) * 2 * config.vocab_size * config.d_model // n:
-                    hint = " - the embedding and the head are split too, by vocabulary rows"
-                raise Wrong(
-                    f"{config.d_model}-wide, {config.n_layers} layers, n={n}: got {got:,}, expected {want:,}{hint}"
-                )
-    return "attention, MLP, embedding and head divide by n; the norms stay whole (the planner's shard_params)"

@@ -1,6 +1,6 @@
 # %% [markdown] slideshow={"slide_type": "slide"}
 """
-# 19 · The posts' APIs, then and now
+# 20 · The posts' APIs, then and now
 
 The four posts this course started from were written for an older PyTorch: Apex, `torch.cuda.amp`, `torch.distributed.launch`. Most of their code still runs somewhere, and much of it is copied into new projects; some of it now warns, some fails, and some runs and does something else. This notebook is the translation table: each old API next to today's, each replacement run. Two translations get a section of their own, because they are where old code goes quietly wrong: loading a checkpoint (`torch.load` refuses what it once unpickled, and unpickling runs code) and the float16 training step (Apex's loop and today's `GradScaler` loop, with clipping).
 
