@@ -698,11 +698,9 @@ Notebook 19 builds a planner that counts each rank's memory and a step's time fr
 
 # %% slideshow={"slide_type": "-"}
 from course_lib.planner import Layout, cpu_cluster, predict
-from course_lib.sharding import Precision
 
 TINY, SEQ, BATCH = capstone.CONFIG, 64, 16  # the script's model and its global batch: 16 sequences of 64 tokens
 CPU = cpu_cluster()  # this machine's processes as a cluster: nominal 5 GFLOP/s each, assumed (notebook 19)
-FP32_ADAM = Precision(4, 4, 8)  # float32 parameters and gradients, Adam's m and v
 
 # %% slideshow={"slide_type": "fragment"}
 CAPSTONE_LAYOUTS = {  # the runs of section 2, as planner layouts (16 sequences per step in every one)
@@ -716,7 +714,7 @@ STATE = ("parameters", "gradients", "optimizer state")
 print(f"{'run':<26} {'model state, predicted':>22} {'measured':>10} {'error':>8}   step ms, predicted / measured")
 worst_capstone = 0.0
 for name, lay in CAPSTONE_LAYOUTS.items():
-    pred = predict(TINY, CPU, lay, seq_len=SEQ, global_batch=BATCH, precision=FP32_ADAM)
+    pred = predict(TINY, CPU, lay, seq_len=SEQ, global_batch=BATCH, precision="fp32_adam")  # fp32 state, Adam
     r = result(name)
     p_bytes, m_bytes = sum(pred.memory[k] for k in STATE), sum(r["held"][k] for k in STATE)
     errors = [abs(pred.memory[k] - r["held"][k]) / r["held"][k] for k in STATE]

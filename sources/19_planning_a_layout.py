@@ -50,7 +50,7 @@ import dataclasses
 from course_lib.comm_model import AlphaBeta
 from course_lib.launch import run_ranks
 from course_lib.planner import Cluster, Layout, PlanError, cpu_cluster, format_plan, plan, predict
-from course_lib.sharding import Precision
+from course_lib.sharding import PRECISIONS, Precision
 from course_lib.transformer import PRESETS, TransformerConfig, param_count
 
 # the tiny transformer of notebook 14, untied (tensor parallelism splits the embedding and the head apart)
@@ -60,7 +60,7 @@ SEQ, BATCH = 64, 16  # 16 sequences of 64 tokens per optimizer step, on every la
 # this machine as a "cluster" of CPU processes: nominal numbers, assumed (not measured): 5 GFLOP/s per process,
 # gloo over loopback with 100 us per message and 2 GB/s
 CPU = cpu_cluster()  # Cluster(8 per node, 1 GiB, 5 GFLOP/s, links of AlphaBeta(100e-6, 2e9)); notebook 18 uses it too
-FP32_ADAM = Precision(4, 4, 8)  # float32 parameters and gradients, Adam's m and v
+FP32_ADAM = PRECISIONS["fp32_adam"]  # Precision(4, 4, 8): float32 parameters and gradients, Adam's m and v
 SHARDED_ADAM = Precision(4, 4, 12)  # + ShardedOptimizer's own float32 copy of its shard (like mixed precision's master weights)
 LAYOUTS = {  # name: (processes of the launch, layout)
     "DDP": (4, Layout(data=4, micro_batch=4)),
