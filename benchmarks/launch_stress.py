@@ -16,10 +16,10 @@ times in total, round-robin under ``torchrun``, the legacy ``python -m torch.dis
 ``course_lib.launch.run_ranks`` (2 processes each). ``--script FILE`` launches another file instead.
 
 ``--all-scripts``: every script a notebook launches that runs a process group (:data:`CATALOG`: the
-``torchrun`` scripts of 10, 11, 16 and 18, ``mp.spawn``'s script of 10, and the ``run_ranks`` jobs of 09
-(HandDDP and the hook cells), 13 (ZeRO, FSDP by hand, FSDP2), 15 (TP, SP, ring attention, experts)), each
+``torchrun`` scripts of 10, 11, 17 and 20, ``mp.spawn``'s script of 10, and the ``run_ranks`` jobs of 09
+(HandDDP and the hook cells), 13 (ZeRO, FSDP by hand, FSDP2), 15 (TP, SP) and 16 (ring attention, experts)), each
 with the launcher its notebook uses, round-robin until ``--launches``. Every ``%%writefile`` file of
-notebooks 09-18 is written to a temporary folder first, as the notebooks write them. ``--replace
+notebooks 09-20 is written to a temporary folder first, as the notebooks write them. ``--replace
 _runs/fsdp_train.py=OLD.py`` launches OLD.py in that file's place (to measure an old version).
 ``--ci-conditions`` runs the whole benchmark as CI's extra pass runs the notebooks: the portable CPU (one
 thread), 2 simulated GPUs visible (tests/gpu_visible) and ``scripts/cpu_hog.py`` keeping every core busy.
@@ -92,44 +92,44 @@ CATALOG = [
         launcher_args=["--max-restarts=1"],
     ),
     Job("11 device_generic.py", "run_script", "python _runs/device_generic.py"),
-    Job("16 fsdp_train.py", "torchrun", "_runs/fsdp_train.py", args=["--out", "OUT", "--save-at", "2"]),
+    Job("17 fsdp_train.py", "torchrun", "_runs/fsdp_train.py", args=["--out", "OUT", "--save-at", "2"]),
     Job(
-        "16 fsdp_train.py --defer-grad-sync",
+        "17 fsdp_train.py --defer-grad-sync",
         "torchrun",
         "_runs/fsdp_train.py",
         args=["--out", "OUT", "--defer-grad-sync"],
     ),
     Job(
-        "16 fsdp_train.py --bf16 --checkpointing",
+        "17 fsdp_train.py --bf16 --checkpointing",
         "torchrun",
         "_runs/fsdp_train.py",
         args=["--out", "OUT", "--bf16", "--checkpointing"],
     ),
     Job(
-        "16 fsdp_train.py HSDP --cpu-offload",
+        "17 fsdp_train.py HSDP --cpu-offload",
         "torchrun",
         "_runs/fsdp_train.py",
         nproc=4,
         args=["--out", "OUT", "--replicate", "2", "--cpu-offload"],
     ),
     Job(
-        "16 fsdp_train.py --async-save",
+        "17 fsdp_train.py --async-save",
         "torchrun",
         "_runs/fsdp_train.py",
         args=["--out", "OUT", "--save-at", "2", "--async-save"],
     ),
     # torch.profiler starts a C++ thread of its own (Kineto's) that lives until exit: --count-exposed counts it here,
     # though no process group is left (the script's teardown checks that)
-    Job("16 fsdp_train.py --profile", "torchrun", "_runs/fsdp_train.py", args=["--out", "OUT", "--profile", "OUT"]),
-    Job("16 fsdp_memory.py (a fake 8-rank world)", "run_script", "python _runs/fsdp_memory.py 8 1024 OUT"),
+    Job("17 fsdp_train.py --profile", "torchrun", "_runs/fsdp_train.py", args=["--out", "OUT", "--profile", "OUT"]),
+    Job("17 fsdp_memory.py (a fake 8-rank world)", "run_script", "python _runs/fsdp_memory.py 8 1024 OUT"),
     Job(
-        "18 capstone_train.py",
+        "20 capstone_train.py",
         "torchrun",
         "_runs/capstone_train.py",
         args=["--out", "OUT", "--runs", "ddp:--dp ddp --accum 2 --steps 2;fsdp:--dp fsdp2 --tp 2 --bf16 --steps 2"],
     ),
     Job(
-        "18 capstone_train.py --pp (1F1B, interleaved, GPipe)",
+        "20 capstone_train.py --pp (1F1B, interleaved, GPipe)",
         "torchrun",
         "_runs/capstone_train.py",
         args=[
@@ -141,7 +141,7 @@ CATALOG = [
         ],
     ),
     Job(
-        "18 capstone_train.py --cp and DP x PP",
+        "20 capstone_train.py --cp and DP x PP",
         "torchrun",
         "_runs/capstone_train.py",
         nproc=4,
@@ -158,17 +158,17 @@ CATALOG = [
     Job("13 fsdp2_demo.py:report", "run_ranks", "_runs/fsdp2_demo.py:report", args=["cpu"]),
     Job("15 tp_api.py:section1", "run_ranks", "_runs/n15/tp_api.py:section1"),
     Job("15 sp.py:section2", "run_ranks", "_runs/n15/sp.py:section2"),
-    Job("15 ring.py:section3", "run_ranks", "_runs/n15/ring.py:section3", nproc=4),
-    Job("15 ep.py:section4", "run_ranks", "_runs/n15/ep.py:section4"),
+    Job("16 ring.py:section1", "run_ranks", "_runs/n16/ring.py:section1", nproc=4),
+    Job("16 ep.py:section2", "run_ranks", "_runs/n16/ep.py:section2"),
     Job("10 loader_job.py:pipeline (DataLoader workers)", "run_ranks", "_runs/loader_job.py:pipeline"),
     Job(
-        "17 traced_step.py:train (DDP, profiled)",
+        "18 traced_step.py:train (DDP, profiled)",
         "run_ranks",
         "_runs/traced_step.py:train",
         args=["ddp", "baseline", "OUT"],
     ),
     Job(
-        "17 traced_step.py:train (FSDP2, profiled)",
+        "18 traced_step.py:train (FSDP2, profiled)",
         "run_ranks",
         "_runs/traced_step.py:train",
         args=["fsdp", "baseline", "OUT"],
@@ -176,7 +176,7 @@ CATALOG = [
 ]
 
 
-def write_notebook_files(folder: Path, first: int = 9, last: int = 18) -> list[str]:
+def write_notebook_files(folder: Path, first: int = 9, last: int = 20) -> list[str]:
     """Every file notebooks ``first``..``last`` write with %%writefile, at its path under ``folder``."""
     written = []
     for source in sorted((ROOT / "sources").glob("*.py")):
@@ -305,7 +305,7 @@ def main(argv: list[str] | None = None) -> int:
                 parser.error(f"--only {args.only!r} matches no job")
             # the jobs import their siblings (the notebooks put _runs on the kernel's path): every process gets it
             path = os.environ.get("PYTHONPATH")
-            runs = os.pathsep.join(str(folder / d) for d in ("_runs", "_runs/n15"))  # 15's jobs live in _runs/n15
+            runs = os.pathsep.join(str(folder / d) for d in ("_runs", "_runs/n15", "_runs/n16"))  # 15's and 16's jobs live there
             os.environ["PYTHONPATH"] = runs + (os.pathsep + path if path else "")
         else:
             script = folder / "_runs" / "ddp_train.py"

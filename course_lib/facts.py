@@ -1,6 +1,6 @@
 """The course's comparison facts and corrections, stated once: each fact about a training technique lives here.
 
-Notebook 10's "DataParallel vs DDP", notebook 12's map of parallelism and notebook 18's decision guide all restate
+Notebook 10's "DataParallel vs DDP", notebook 12's map of parallelism and notebook 20's decision guide all restate
 facts taught earlier. Written out by hand three times, they drifted apart (08 said "ring all-reduce" where 07 shows
 the backend chooses; 10 said data parallelism needs the whole model state on one device, which sharding answers).
 Here a fact is written once, under the technique it belongs to, with the notebook section that shows it.
@@ -124,7 +124,7 @@ FACTS: dict[str, dict[str, str]] = {
         "block's compute when posted first and the compute lasts at least as long",
         "needs": "a sequence long enough that one block's attention outweighs passing its keys and values",
         "use when": "long context: the activations of one sequence do not fit one device",
-        "shown": "notebook 15 §3",
+        "shown": "notebook 16 §1",
     },
     "expert": {
         "name": "expert parallel",
@@ -134,7 +134,7 @@ FACTS: dict[str, dict[str, str]] = {
         "idle": "load imbalance: the busiest expert's rank sets the pace; capacity drops the excess",
         "needs": "a balanced router (auxiliary loss or bias) and fast all-to-all",
         "use when": "mixture-of-experts models: more experts than fit one device",
-        "shown": "notebook 15 §4",
+        "shown": "notebook 16 §2",
     },
     "checkpointing": {
         "bottleneck": "activations do not fit (deep or wide model, long sequences)",

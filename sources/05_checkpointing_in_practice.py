@@ -462,7 +462,7 @@ Overlapping the copies with compute takes a second CUDA stream for them, and eve
 """
 ## 3. Checkpointing under `torch.compile`
 
-`torch.compile(fn)` turns `fn` into graphs and runs them. This section needs five terms, in the order they act (notebook 17 uses the same ones for training):
+`torch.compile(fn)` turns `fn` into graphs and runs them. This section needs five terms, in the order they act (notebook 18 uses the same ones for training):
 
 | term | what it is |
 |---|---|

@@ -11,7 +11,7 @@ By the end you will be able to:
 - count the training FLOPs per token ($6N$ plus attention), check them with `FlopCounterMode`, and turn a measured tokens/s into MFU, here and for a published training run;
 - write attention by hand down to a FlashAttention-2 `autograd.Function` (tiled online softmax forward, recomputing backward), equal to SDPA forward and backward, with O(s) saved bytes instead of O(s²).
 
-This notebook assumes: notebooks 02 and 03 (saved tensors, `SavedTensorMeter`, writing and `gradcheck`-ing an `autograd.Function`), 04 and 05 (where training memory goes, checkpointing, selective checkpointing, `FlopCounterMode`, `measure_peak`) and 06 (bf16). Notebook 13's ZeRO calculator uses the memory formula of section 3; notebooks 15–17 reuse the model.
+This notebook assumes: notebooks 02 and 03 (saved tensors, `SavedTensorMeter`, writing and `gradcheck`-ing an `autograd.Function`), 04 and 05 (where training memory goes, checkpointing, selective checkpointing, `FlopCounterMode`, `measure_peak`) and 06 (bf16). Notebook 13's ZeRO calculator uses the memory formula of section 3; notebooks 15–18 reuse the model.
 """
 
 # %% slideshow={"slide_type": "-"}
@@ -71,7 +71,7 @@ with expect_error(ValueError, match="exceeds max_seq_len"):
 """
 ### One block, by hand
 
-The module names are the ones PyTorch's parallelism APIs will address in notebooks 15 and 16: `layers.0.attn.q_proj`, `layers.0.mlp.down_proj`. Here is block 0's forward pass written out with those modules, the shape after each step printed. Attention works per head: the width 64 is split into 4 heads of 16, `(batch, seq, width)` becomes `(batch, heads, seq, head_dim)`, and back.
+The module names are the ones PyTorch's parallelism APIs will address in notebooks 15 and 17: `layers.0.attn.q_proj`, `layers.0.mlp.down_proj`. Here is block 0's forward pass written out with those modules, the shape after each step printed. Attention works per head: the width 64 is split into 4 heads of 16, `(batch, seq, width)` becomes `(batch, heads, seq, head_dim)`, and back.
 """
 
 # %% slideshow={"slide_type": "fragment"}
@@ -697,7 +697,7 @@ assert 0.3 < implied < 0.6
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-About 45 % MFU. For comparison, Meta reports 38–43 % for Llama 3 405B on 16,000 H100s ([Llama Team, 2024](https://arxiv.org/abs/2407.21783), table 4). The last two lines are why long-context training is an attention problem: at 4,096 tokens attention is 14 % of the FLOPs, at 32,768 it is over half. Notebook 18's planner runs exactly this arithmetic for every layout it considers.
+About 45 % MFU. For comparison, Meta reports 38–43 % for Llama 3 405B on 16,000 H100s ([Llama Team, 2024](https://arxiv.org/abs/2407.21783), table 4). The last two lines are why long-context training is an attention problem: at 4,096 tokens attention is 14 % of the FLOPs, at 32,768 it is over half. Notebook 20's planner runs exactly this arithmetic for every layout it considers.
 """
 
 # %% [markdown] slideshow={"slide_type": "slide"}
@@ -750,7 +750,7 @@ assert torch.allclose(online, torch.softmax(row, 0)) and torch.isclose(m_run + l
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 r"""
-Attention needs $Pv$, not $P$, and the same trick carries the output: keep an unnormalized accumulator $\text{acc} = \sum_j e^{S_j - m} v_j$, rescale it with the sum, and divide by $\ell$ at the end. What a tile contributes is a **partial result**: its own normalized output and its own log-sum-exp. Two partial results over disjoint keys merge exactly, each weighted by its share of the total mass, $e^{\text{lse}_i - \text{lse}}$ with $\text{lse} = \log(e^{\text{lse}_1} + e^{\text{lse}_2})$. The library has this merge in `course_lib.attention` (`attention_block` for one block of keys, `merge_attention`), because notebook 15's ring attention merges the blocks that arrive from other devices this way. The hand-written running update and the library's merge must agree, tile after tile:
+Attention needs $Pv$, not $P$, and the same trick carries the output: keep an unnormalized accumulator $\text{acc} = \sum_j e^{S_j - m} v_j$, rescale it with the sum, and divide by $\ell$ at the end. What a tile contributes is a **partial result**: its own normalized output and its own log-sum-exp. Two partial results over disjoint keys merge exactly, each weighted by its share of the total mass, $e^{\text{lse}_i - \text{lse}}$ with $\text{lse} = \log(e^{\text{lse}_1} + e^{\text{lse}_2})$. The library has this merge in `course_lib.attention` (`attention_block` for one block of keys, `merge_attention`), because notebook 16's ring attention merges the blocks that arrive from other devices this way. The hand-written running update and the library's merge must agree, tile after tile:
 """
 
 # %% slideshow={"slide_type": "fragment"}
@@ -850,7 +850,7 @@ def flash_attention(q, k, v, causal=False, tile=64):
 """
 ### Checked: forward and backward against SDPA and the naive version, `gradcheck`, the library's twin
 
-In float32, on 200 positions (not a multiple of the tile, so the last tile is ragged), with and without the causal mask: the output and the three gradients must agree with SDPA and with `naive_attention` within $10^{-5}$. Then `gradcheck` in float64 (notebook 03), and the library's pieces, which notebook 15 uses: `blockwise_attention` (the fold of `attention_block` and `merge_attention`) must give the same output **and** log-sum-exp, and `attention_block_backward` summed over key blocks the same gradients.
+In float32, on 200 positions (not a multiple of the tile, so the last tile is ragged), with and without the causal mask: the output and the three gradients must agree with SDPA and with `naive_attention` within $10^{-5}$. Then `gradcheck` in float64 (notebook 03), and the library's pieces, which notebook 16 uses: `blockwise_attention` (the fold of `attention_block` and `merge_attention`) must give the same output **and** log-sum-exp, and `attention_block_backward` summed over key blocks the same gradients.
 """
 
 # %% slideshow={"slide_type": "fragment"}

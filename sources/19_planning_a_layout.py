@@ -2,14 +2,14 @@
 """
 # 19 · Planning a layout: memory and time by counting
 
-Notebook 18 ran every technique on a tiny transformer; a real run must first choose how much of each to use, on a cluster it rents by the hour. This notebook sizes a parallel layout before running it. A planner built from the course's own formulas predicts each rank's memory and the time of a step for any mix of data, tensor, pipeline and context parallelism, ZeRO stage, micro-batch and checkpointing. Seven layouts of the transformer, run on 4 and 8 processes, check its memory; two published tables of layouts and measured throughput (Megatron-LM's on A100s, Llama 3's on H100s) check its time; then it plans Llama 3 on H100 clusters next to the layout Meta published, and you can ask it about your own model and cluster.
+Notebooks 09–18 taught each technique on its own, on a tiny transformer; a real run must first choose how much of each to use, on a cluster it rents by the hour. This notebook sizes a parallel layout before running it. A planner built from the course's own formulas predicts each rank's memory and the time of a step for any mix of data, tensor, pipeline and context parallelism, ZeRO stage, micro-batch and checkpointing. Seven layouts of the transformer, run on 4 and 8 processes, check its memory; two published tables of layouts and measured throughput (Megatron-LM's on A100s, Llama 3's on H100s) check its time; then it plans Llama 3 on H100 clusters next to the layout Meta published, and you can ask it about your own model and cluster.
 
 By the end you will be able to:
 - predict memory per rank and step time of a data, tensor, pipeline and context parallel layout with ZeRO and checkpointing, and say which term each technique changes;
 - check a planner's memory against a real run, and its time against published runs, and say where and why they disagree;
 - rank the layouts that fit a cluster, and read why the first ones win.
 
-This notebook assumes: notebooks 09 (the α-β model), 12 (pipelines and their bubble), 13 (ZeRO), 14 (the transformer's counts), 15 (tensor and context parallelism) and 18 (the capstone). It runs on 2 CPU cores; timings are marked `~`. No GPU needed.
+This notebook assumes: notebooks 09 (the α-β model), 12 (pipelines and their bubble), 13 (ZeRO), 14 (the transformer's counts), 15 and 16 (tensor and context parallelism) and 17 (FSDP2). It runs on 2 CPU cores; timings are marked `~`. No GPU needed.
 """
 
 # %% slideshow={"slide_type": "-"}
@@ -59,7 +59,7 @@ TINY = dataclasses.replace(PRESETS["tiny"], tie_embeddings=False, attention="nai
 SEQ, BATCH = 64, 16  # 16 sequences of 64 tokens per optimizer step, on every layout
 # this machine as a "cluster" of CPU processes: nominal numbers, assumed (not measured): 5 GFLOP/s per process,
 # gloo over loopback with 100 us per message and 2 GB/s
-CPU = cpu_cluster()  # Cluster(8 per node, 1 GiB, 5 GFLOP/s, links of AlphaBeta(100e-6, 2e9)); notebook 18 uses it too
+CPU = cpu_cluster()  # Cluster(8 per node, 1 GiB, 5 GFLOP/s, links of AlphaBeta(100e-6, 2e9)); the capstone (notebook 20) uses it too
 FP32_ADAM = PRECISIONS["fp32_adam"]  # Precision(4, 4, 8): float32 parameters and gradients, Adam's m and v
 SHARDED_ADAM = Precision(4, 4, 12)  # + ShardedOptimizer's own float32 copy of its shard (like mixed precision's master weights)
 LAYOUTS = {  # name: (processes of the launch, layout)
@@ -371,10 +371,10 @@ print(f"\nLlama 3 405B on 8,192 H100s, 2,048 sequences: the published layout ran
 """
 **How far to trust it.** The outputs above show where the planner's numbers stand:
 
-- **memory** is counted, not modelled: within 5% of what the ranks held, exactly for every data-parallel layout (asserted). Trust it to say what fits; its transients are what a memory tracker adds at scale (notebook 16 §7 measures them for Llama 3 8B);
+- **memory** is counted, not modelled: within 5% of what the ranks held, exactly for every data-parallel layout (asserted). Trust it to say what fits; its transients are what a memory tracker adds at scale (notebook 17 §7 measures them for Llama 3 8B);
 - **time**, with the calibrated efficiency, lands within the printed errors of two published tables, once its one constant is fitted for the GPU and the software: the A100's does not carry over to the H100. Refit it on one measured run of your own before trusting a forecast;
 - **the idealized model** (no `MatmulEfficiency`) runs every product at the peak: its MFU is an upper bound, and the planner marks any MFU above 70 % as idealized. No published run of a dense model reaches it;
-- **what the model still leaves out**: memory-bound operations beyond the constant, collectives that take longer than the ring model says at thousands of ranks, the overlap of the context-parallel exchange, and the capstone's CPU fixed costs (its step times above are off by large factors both ways).
+- **what the model still leaves out**: memory-bound operations beyond the constant, collectives that take longer than the ring model says at thousands of ranks, the overlap of the context-parallel exchange, and the fixed costs of CPU processes (the step times above are off by large factors both ways).
 
 So: trust its memory to decide what fits, use its times to compare layouts on a cluster whose constant you have measured, and make the last choice by measuring.
 """

@@ -51,10 +51,10 @@ def test_submissions_are_collected_in_either_layout(tmp_path: Path) -> None:
     (tmp_path / "ann" / "lab_10_ddp").mkdir(parents=True)
     (tmp_path / "ann" / "lab_10_ddp" / "lab_10_ddp.ipynb").write_text("{}")
     (tmp_path / "ben").mkdir()
-    (tmp_path / "ben" / "lab_15_experts.ipynb").write_text("{}")
-    found = collect(tmp_path, ["lab_10_ddp", "lab_15_experts"])
+    (tmp_path / "ben" / "lab_16_experts.ipynb").write_text("{}")
+    found = collect(tmp_path, ["lab_10_ddp", "lab_16_experts"])
     assert sorted(found) == ["ann", "ben"]
-    assert list(found["ann"]) == ["lab_10_ddp"] and list(found["ben"]) == ["lab_15_experts"]
+    assert list(found["ann"]) == ["lab_10_ddp"] and list(found["ben"]) == ["lab_16_experts"]
     (tmp_path / "bad name").mkdir()
     with pytest.raises(ValueError, match="student folder 'bad name'"):
         collect(tmp_path, ["lab_10_ddp"])

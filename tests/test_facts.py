@@ -68,7 +68,7 @@ def test_fact_and_table_refuse_unknown_names_clearly() -> None:
 
 
 def test_the_format_facts_are_torchs_and_name_both_counts() -> None:
-    # notebooks 06, 07, 11 and 18 state these counts; tests/test_wording.py holds their text to these facts
+    # notebooks 06, 07, 11 and 20 state these counts; tests/test_wording.py holds their text to these facts
     import torch
 
     from course_lib.float_formats import float_format

@@ -69,7 +69,7 @@ def test_a_missing_file_is_not_done_yet_in_a_fresh_process(tmp_path: Path, monke
     with pytest.raises(AssertionError, match=r"\[lab_10_ddp\] not graded as correct: ⏳ Not done yet"):
         grade_lab("lab_10_ddp", timeout=30)
     done = subprocess.run(
-        [sys.executable, "-I", "-m", "course_lib.labs", "lab_15_experts", "--solution", str(tmp_path / "none.py")],
+        [sys.executable, "-I", "-m", "course_lib.labs", "lab_16_experts", "--solution", str(tmp_path / "none.py")],
         capture_output=True,
         text=True,
         timeout=120,

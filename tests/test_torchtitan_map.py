@@ -9,7 +9,7 @@ import pytest
 from course_lib.manifest import ROOT
 from course_lib.torchtitan_map import TORCHTITAN_EXTRAS, TORCHTITAN_FLAGS, torchtitan_rows, torchtitan_table
 
-SCRIPTS = {"fsdp_train.py": "16_fsdp2_in_practice", "capstone_train.py": "18_capstone"}
+SCRIPTS = {"fsdp_train.py": "17_fsdp2_in_practice", "capstone_train.py": "20_capstone"}
 
 
 def _flags_of(stem: str, script: str) -> list[str]:

@@ -6,7 +6,7 @@ Import a check from its notebook's module (``from course_lib.exercises.graphs im
 * ``start`` (00), ``tensors`` (01), ``graphs`` (02), ``custom_autograd`` (03), ``checkpointing`` (04, 05),
   ``mixed_precision`` (06, 07), ``accumulation`` (08), ``all_reduce`` (09), ``ddp`` (10),
   ``ddp_knobs`` (11), ``model_parallel`` (12), ``sharding`` (13), ``transformer`` (14),
-  ``transformer_parallelism`` (15), ``fsdp_in_practice`` (16),
-  ``compile_overlap_batch`` (17), ``capstone`` (18), ``planning`` (19),
-  ``then_and_now`` (20)
+  ``tensor_parallelism`` (15), ``context_expert_parallelism`` (16), ``fsdp_in_practice`` (17),
+  ``compile_overlap_batch`` (18), ``planning`` (19), ``capstone`` (20),
+  ``then_and_now`` (21)
 """

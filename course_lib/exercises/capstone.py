@@ -1,4 +1,4 @@
-"""Checks for notebook 18 (capstone)."""
+"""Checks for notebook 20 (capstone)."""
 
 from __future__ import annotations
 

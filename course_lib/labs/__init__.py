@@ -10,9 +10,9 @@ PyTorch's own implementation and judges gradients and parameters with a printed 
 * :mod:`course_lib.labs.fsdp` — FSDP by hand: shard, gather, free, reduce-scatter (lab 13);
 * :mod:`course_lib.labs.tensor_parallel` — the f/g operators, column- and row-parallel blocks, sequence parallelism
   (lab 15);
-* :mod:`course_lib.labs.ring_attention` — ring attention with the online-softmax merge, causal, zig-zag (lab 15);
-* :mod:`course_lib.labs.experts` — expert parallelism: the all-to-all dispatch and combine with a capacity (lab 15);
-* :mod:`course_lib.labs.capstone` — a training step assembled from flags, launched by ``torchrun`` (lab 18);
+* :mod:`course_lib.labs.ring_attention` — ring attention with the online-softmax merge, causal, zig-zag (lab 16);
+* :mod:`course_lib.labs.experts` — expert parallelism: the all-to-all dispatch and combine with a capacity (lab 16);
+* :mod:`course_lib.labs.capstone` — a training step assembled from flags, launched by ``torchrun`` (lab 20);
 * :mod:`course_lib.labs.core` — what every lab shares: the launch, the verdict (:class:`~.core.LabResult`);
 * :mod:`course_lib.labs.recorder` — the record of the collectives the learner's code issues;
 * :mod:`course_lib.labs.measure` — small measurements the checks share.
@@ -28,8 +28,8 @@ CHECKS: dict[str, str] = {
     "lab_12_pipeline": "course_lib.labs.pipeline:check_pipeline_lab",
     "lab_13_fsdp": "course_lib.labs.fsdp:check_fsdp_lab",
     "lab_13_zero": "course_lib.labs.zero:check_zero_lab",
-    "lab_15_experts": "course_lib.labs.experts:check_experts_lab",
-    "lab_15_ring_attention": "course_lib.labs.ring_attention:check_ring_attention_lab",
+    "lab_16_experts": "course_lib.labs.experts:check_experts_lab",
+    "lab_16_ring_attention": "course_lib.labs.ring_attention:check_ring_attention_lab",
     "lab_15_tensor_parallel": "course_lib.labs.tensor_parallel:check_tensor_parallel_lab",
-    "lab_18_capstone": "course_lib.labs.capstone:check_capstone_lab",
+    "lab_20_capstone": "course_lib.labs.capstone:check_capstone_lab",
 }

@@ -1,8 +1,8 @@
 # %% [markdown] slideshow={"slide_type": "slide"}
 """
-# 17 · torch.compile with DDP and FSDP2, overlap measured, and the batch size you can afford
+# 18 · torch.compile with DDP and FSDP2, overlap measured, and the batch size you can afford
 
-Notebook 16 wrote the FSDP2 script a real job runs. Three things stand between that script and a fast, well-trained model, and each is usually learned the hard way: how `torch.compile` cooperates with DDP and FSDP2 (it must cut its graphs where the communication starts, or the overlap is lost), how much that overlap really saves (measured here, not asserted), and what happens to the learning rate when going from one process to `N` multiplies the global batch by `N`.
+Notebook 17 wrote the FSDP2 script a real job runs. Three things stand between that script and a fast, well-trained model, and each is usually learned the hard way: how `torch.compile` cooperates with DDP and FSDP2 (it must cut its graphs where the communication starts, or the overlap is lost), how much that overlap really saves (measured here, not asserted), and what happens to the learning rate when going from one process to `N` multiplies the global batch by `N`.
 
 By the end you will be able to:
 - count the graphs that DDPOptimizer cuts a compiled DDP model into and match them to DDP's buckets; compile an FSDP2 model block by block; say what compiled autograd changes;
@@ -11,7 +11,7 @@ By the end you will be able to:
 - export and read a `torch.profiler` trace of a distributed step, tell an input-bound, a compute-bound and a communication-bound step apart, and measure the bus bandwidth of your own machine;
 - choose a learning rate and a warmup for a larger global batch (linear scaling for SGD, square-root scaling for Adam) and recognize the critical batch size past which a larger batch stops paying.
 
-This notebook assumes: notebook 05 (`torch.compile` with `aot_eager`, its joint graph), 09 (the α-β model, HandDDP's overlap on the simulated device), 10 and 11 (DDP's buckets and `no_sync`), 13 and 16 (`fully_shard`, prefetch). No GPU: every distributed run is 2 CPU processes over gloo, launched with `course_lib.launch.run_ranks`; no C++ compiler is needed (the backends used are `aot_eager` and a counting backend of our own).
+This notebook assumes: notebook 05 (`torch.compile` with `aot_eager`, its joint graph), 09 (the α-β model, HandDDP's overlap on the simulated device), 10 and 11 (DDP's buckets and `no_sync`), 13 and 17 (`fully_shard`, prefetch). No GPU: every distributed run is 2 CPU processes over gloo, launched with `course_lib.launch.run_ranks`; no C++ compiler is needed (the backends used are `aot_eager` and a counting backend of our own).
 """
 
 # %% slideshow={"slide_type": "-"}
@@ -856,7 +856,7 @@ for scenario, kind in expected.items():
 
 # %% [markdown] slideshow={"slide_type": "fragment"}
 """
-Each change moved the step to another bound, and the trace says which: the fix differs for each. An input-bound step wants loader workers (notebook 10 §7) or faster storage; a compute-bound step wants faster kernels (`torch.compile`, bf16, a better GPU) and can afford more communication; a communication-bound step wants fewer or smaller messages (buckets, `no_sync`, a sparser metric) or overlap. The same reading works on a GPU trace, where the compute is kernels on a stream; notebook 16 §6 runs Holistic Trace Analysis on the GPU traces of `fsdp_train.py --profile`, which splits each rank's GPU time into computation, non-computation and idleness (its "temporal breakdown") and measures how much of the communication ran under compute.
+Each change moved the step to another bound, and the trace says which: the fix differs for each. An input-bound step wants loader workers (notebook 10 §7) or faster storage; a compute-bound step wants faster kernels (`torch.compile`, bf16, a better GPU) and can afford more communication; a communication-bound step wants fewer or smaller messages (buckets, `no_sync`, a sparser metric) or overlap. The same reading works on a GPU trace, where the compute is kernels on a stream; notebook 17 §6 runs Holistic Trace Analysis on the GPU traces of `fsdp_train.py --profile`, which splits each rank's GPU time into computation, non-computation and idleness (its "temporal breakdown") and measures how much of the communication ran under compute.
 
 On GPUs, one effect never shows in a CPU trace or in the simulated device of section 4: overlapped communication is not free. NCCL's kernels run on the same GPU as the compute, take some of its streaming multiprocessors and memory bandwidth, and slow the compute kernels they overlap; a trace shows it as compute kernels that run longer while an NCCL kernel is active than when it is not (Rashidi et al. measure this interference in the references).
 

@@ -1,4 +1,4 @@
-"""Checks for notebook 15 (tensor, sequence, context and expert parallelism)."""
+"""Checks for notebook 16 (context and expert parallelism)."""
 
 from __future__ import annotations
 
@@ -10,51 +10,9 @@ import torch
 from ..context_parallel import ring_attention_bytes
 from ..context_parallel_variants import cp_attention_bytes
 from ..moe import send_counts
-from ..tensor_parallel import COLUMN_PARALLEL, ROW_PARALLEL
-from .core import Wrong, as_number, call_learner, dict_answer, exercise
+from .core import Wrong, as_number, call_learner, exercise
 
-__all__ = ["LINEAR_LAYERS", "check_a2a_send_counts", "check_parallel_styles", "check_ring_forward_bytes"]
-__all__ += ["check_ulysses_forward_bytes"]
-
-_STYLE = {name.split(".")[-1]: "column" for name in COLUMN_PARALLEL} | {
-    name.split(".")[-1]: "row" for name in ROW_PARALLEL
-}
-LINEAR_LAYERS: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-
-
-@exercise("column or row", todo='give "column" or "row" for each linear layer of LINEAR_LAYERS')
-def check_parallel_styles(answer: Any) -> str:
-    answer = dict_answer(answer, LINEAR_LAYERS, name="answer")
-    for name in LINEAR_LAYERS:
-        if answer[name] not in ("column", "row"):
-            raise Wrong(f'{name}: answer "column" or "row", got {answer[name]!r}')
-    got = {name: answer[name] for name in LINEAR_LAYERS}
-    if got == {k: ("row" if v == "column" else "column") for k, v in _STYLE.items()}:
-        raise Wrong(
-            "every answer is swapped: a column-parallel layer splits its *outputs* (each rank computes some "
-            "output features), which is how q, k, v and the MLP's first projections hand whole heads and "
-            "slices of d_ff to each rank"
-        )
-    for name in ("q_proj", "k_proj", "v_proj"):
-        if got[name] != "column":
-            raise Wrong(
-                f"{name}: for a rank to hold whole heads, it computes only its heads' outputs: split by columns"
-            )
-    if got["o_proj"] != "row":
-        raise Wrong(
-            "o_proj: its input is the heads' outputs, which each rank holds for its heads only: split it by "
-            "rows (inputs), and the partial sums are added by g"
-        )
-    for name in ("gate_proj", "up_proj"):
-        if got[name] != "column":
-            raise Wrong(
-                f"{name}: SwiGLU multiplies gate and up elementwise; splitting both by columns keeps each "
-                "rank's slice of d_ff local"
-            )
-    if got["down_proj"] != "row":
-        raise Wrong("down_proj: its input is the slice of d_ff each rank computed: split it by rows")
-    return "column-parallel q, k, v, gate, up; row-parallel o and down: one all-reduce (g) per sub-layer"
-
+__all__ = ["check_a2a_send_counts", "check_ring_forward_bytes", "check_ulysses_forward_bytes"]
 
 RING_CASES: list[tuple[int, int, int, int, int, int]] = [
     (1, 4, 128, 16, 4, 4),

@@ -1,4 +1,4 @@
-"""Typical bugs in the ring-attention lab (solutions/lab_15_ring_attention.py): patches its check must reject."""
+"""Typical bugs in the ring-attention lab (solutions/lab_16_ring_attention.py): patches its check must reject."""
 
 from mutants import Mutant
 

@@ -1,6 +1,6 @@
 # %% [markdown] slideshow={"slide_type": "slide"}
 """
-# 20 · The posts' APIs, then and now
+# 21 · The posts' APIs, then and now
 
 The four posts this course started from were written for an older PyTorch: Apex, `torch.cuda.amp`, `torch.distributed.launch`. Most of their code still runs somewhere, and much of it is copied into new projects; some of it now warns, some fails, and some runs and does something else. This notebook is the translation table: each old API next to today's, each replacement run. Two translations get a section of their own, because they are where old code goes quietly wrong: loading a checkpoint (`torch.load` refuses what it once unpickled, and unpickling runs code) and the float16 training step (Apex's loop and today's `GradScaler` loop, with clipping).
 
@@ -141,7 +141,7 @@ print("dist.all_reduce / dist.all_gather exist; allreduce / allgather do not")
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-The rest of the table runs in the capstone (notebook 18): `torchrun` instead of `torch.distributed.launch`, `LOCAL_RANK` from the environment instead of `--local_rank` (the script's GPU path binds it), DDP instead of `DataParallel`, gloo on the CPU. Notebook 10 shows the legacy launcher failing on the posts' `--local_rank`, and notebook 07 shows the single-machine post's Apex script calling `amp.initialize` before its optimizer exists.
+The rest of the table runs in the capstone (notebook 20): `torchrun` instead of `torch.distributed.launch`, `LOCAL_RANK` from the environment instead of `--local_rank` (the script's GPU path binds it), DDP instead of `DataParallel`, gloo on the CPU. Notebook 10 shows the legacy launcher failing on the posts' `--local_rank`, and notebook 07 shows the single-machine post's Apex script calling `amp.initialize` before its optimizer exists.
 """
 
 # %% [markdown] slideshow={"slide_type": "slide"}

@@ -1,4 +1,4 @@
-"""Typical bugs in the capstone lab (solutions/lab_18_capstone.py): each a small patch its check must reject."""
+"""Typical bugs in the capstone lab (solutions/lab_20_capstone.py): each a small patch its check must reject."""
 
 from mutants import Mutant
 

@@ -2,7 +2,7 @@
 """
 # Lab · Ring attention with the online-softmax merge
 
-Notebook 15 §3 split the sequence through attention: each rank keeps its queries, and the key-value blocks travel around a ring, each step's partial result folded into the running one with the log-sum-exp rule of notebook 14 §5. In this lab you write that forward pass yourself, on four real processes, and it is compared with `scaled_dot_product_attention` on the whole sequence.
+Notebook 16 §1 split the sequence through attention: each rank keeps its queries, and the key-value blocks travel around a ring, each step's partial result folded into the running one with the log-sum-exp rule of notebook 14 §5. In this lab you write that forward pass yourself, on four real processes, and it is compared with `scaled_dot_product_attention` on the whole sequence.
 
 By the end you will have written, and seen pass against PyTorch:
 - the attention of some queries over one block of keys, with its log-sum-exp and the causal mask in global positions;
@@ -10,7 +10,7 @@ By the end you will have written, and seen pass against PyTorch:
 - the ring: key-value blocks sent with `isend`/`irecv` (or `batch_isend_irecv`), the next block posted before the current one is computed, blocks entirely in the queries' future skipped;
 - the zig-zag layout, which gives every rank the same causal work.
 
-This lab assumes notebook 14 §5 (attention by blocks, `merge_attention`) and notebook 15 §3 (ring attention, the zig-zag split). Expected time: about 75 minutes.
+This lab assumes notebook 14 §5 (attention by blocks, `merge_attention`) and notebook 16 §1 (ring attention, the zig-zag split). Expected time: about 75 minutes.
 """
 
 # %% [markdown] slideshow={"slide_type": "slide"}

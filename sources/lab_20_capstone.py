@@ -2,7 +2,7 @@
 """
 # Lab · Assemble the training script
 
-Notebook 18's script combines every technique of the course behind flags. In this lab you write the heart of such a script yourself: the training step, from the wrapping of the model to the optimizer, for data parallelism by DDP or by FSDP2, with gradient accumulation and gradient clipping. The check launches it the way you would, with `torchrun`, and holds it to the standard of notebook 18 §2: the **gradients** of its first step and its parameters after every step must match one process's, not only its losses.
+Notebook 20's script combines every technique of the course behind flags. In this lab you write the heart of such a script yourself: the training step, from the wrapping of the model to the optimizer, for data parallelism by DDP or by FSDP2, with gradient accumulation and gradient clipping. The check launches it the way you would, with `torchrun`, and holds it to the standard of notebook 20 §2: the **gradients** of its first step and its parameters after every step must match one process's, not only its losses.
 
 By the end you will have written, and seen pass against one process:
 - a training step that wraps a model in `DistributedDataParallel` or shards it with `fully_shard` on an explicit CPU mesh;
@@ -10,7 +10,7 @@ By the end you will have written, and seen pass against one process:
 - gradient clipping once per step with the norm of the whole gradient, across ranks;
 - the records a comparison with one process needs: the first step's gradients, whole, before clipping.
 
-This lab assumes notebooks 08 (accumulation), 10 (DDP), 16 (FSDP2) and 18 §2. Expected time: about an hour.
+This lab assumes notebooks 08 (accumulation), 10 (DDP), 16 (FSDP2) and 20 §2. Expected time: about an hour.
 """
 
 # %% [markdown] slideshow={"slide_type": "slide"}
@@ -118,7 +118,7 @@ if __name__ == "__main__":
 - the first step's gradients against one process's, relative to their size, within 1e-5 (`course_lib.equivalence.compare_gradients`: it names a sum where a mean belongs, or an accumulation that forgot to divide);
 - the parameters after 3 steps within 1e-5 of one process's.
 
-Why 1e-5: the two ranks' rows are summed in another order than one process sums them, so the last bits differ (the largest differences are printed after `~`). Why gradients and not only parameters: with AdamW the parameters and the losses would not see a gradient multiplied by a constant (notebook 18 §2), and a wrong clipping point changes the gradients' size too.
+Why 1e-5: the two ranks' rows are summed in another order than one process sums them, so the last bits differ (the largest differences are printed after `~`). Why gradients and not only parameters: with AdamW the parameters and the losses would not see a gradient multiplied by a constant (notebook 20 §2), and a wrong clipping point changes the gradients' size too.
 """
 
 # %% slideshow={"slide_type": "-"}
@@ -130,7 +130,7 @@ print(check_capstone_lab())
 """
 ## Hints, if you are stuck
 
-- The FSDP2 model is `model` itself after `fully_shard(model, ...)`: its class changes, and it gains `set_requires_gradient_sync`. Shard each `nn.Linear` first, then the whole model (notebook 16).
+- The FSDP2 model is `model` itself after `fully_shard(model, ...)`: its class changes, and it gains `set_requires_gradient_sync`. Shard each `nn.Linear` first, then the whole model (notebook 17).
 - DDP's `no_sync()` is a context manager; on the last micro-batch use any context that does nothing (`torch.enable_grad()` or `contextlib.nullcontext()`).
 - `torch.nn.utils.clip_grad_norm_` returns the norm before clipping: print it on rank 0 if you want to see what clipping does to each step.
 - The losses are for you: average them over the ranks with one `dist.all_reduce` per step.

@@ -1,8 +1,8 @@
 # %% [markdown] slideshow={"slide_type": "slide"}
 """
-# 18 · Capstone: one training script, every technique, measured
+# 20 · Capstone: one training script, every technique, measured
 
-The course's techniques in one real training script for notebook 14's transformer: bf16 autocast (notebooks 06–07), full and selective activation checkpointing (04–05, 14), gradient accumulation (08), DDP (09–11) or FSDP2 (13, 16), tensor parallelism on a 2-D mesh (15), pipeline parallelism with `torch.distributed.pipelining` (12), context parallelism with ring attention (15), `torch.compile` (17) and distributed checkpoints (16). Each is a flag. The notebook launches combinations of them and checks that each trains like one plain process; it kills a rank and lets `torchrun` restart the job from its last checkpoint, and resumes a run saved on 4 processes on 2. A Slurm job script launches the same training on two nodes. The course's planner (notebook 19) sizes the capstone's runs by counting, and a table closes the notebook: which technique answers which bottleneck.
+The course's techniques in one real training script for notebook 14's transformer: bf16 autocast (notebooks 06–07), full and selective activation checkpointing (04–05, 14), gradient accumulation (08), DDP (09–11) or FSDP2 (13, 17), tensor parallelism on a 2-D mesh (15), pipeline parallelism with `torch.distributed.pipelining` (12), context parallelism with ring attention (16), `torch.compile` (18) and distributed checkpoints (17). Each is a flag. The notebook launches combinations of them and checks that each trains like one plain process; it kills a rank and lets `torchrun` restart the job from its last checkpoint, and resumes a run saved on 4 processes on 2. A Slurm job script launches the same training on two nodes. The course's planner (notebook 19) sizes the capstone's runs by counting, and a table closes the notebook: which technique answers which bottleneck.
 
 By the end you will be able to:
 - combine autocast, checkpointing, accumulation, DDP or FSDP2, tensor, pipeline or context parallelism and `torch.compile` in one training script without changing what it computes, and prove it with the first step's gradients;
@@ -10,9 +10,9 @@ By the end you will be able to:
 - launch the same script with Slurm on two nodes (`sbatch`, `srun torchrun` with a c10d rendezvous) and read what `squeue`, `scancel` and a failed node show;
 - pick the technique for a bottleneck (activation memory, batch size, model size, time).
 
-Notebook 19 plans layouts for real clusters by counting; notebook 20 translates the posts' APIs into today's.
+Notebook 21 translates the posts' APIs into today's.
 
-This notebook assumes: notebooks 04–17. It runs on 2 CPU cores; timings are marked `~`. No GPU needed.
+This notebook assumes: notebooks 04–19 (19's planner sizes these runs in section 4). It runs on 2 CPU cores; timings are marked `~`. No GPU needed.
 """
 
 # %% slideshow={"slide_type": "-"}
@@ -42,11 +42,11 @@ The model is notebook 14's tiny transformer (2 blocks, width 64, 256-byte vocabu
 - `--bf16`: the forward under `torch.autocast(device, dtype=torch.bfloat16)`, parameters and optimizer in float32 (notebook 07);
 - `--checkpointing none|full|selective`: the model's own switch (notebook 14): full keeps each block's input, selective drops attention's probabilities;
 - `--accum K`: K micro-batches per step, each loss divided by K; DDP skips its all-reduce (`no_sync`) and FSDP2 its reduce-scatter (`set_requires_gradient_sync(False)`) on all but the last;
-- `--dp ddp|fsdp2` and `--tp T`: N processes form a 2-D mesh, N/T data-parallel × T tensor-parallel (`init_device_mesh`, notebook 15). `--tp` uses `parallelize_module` with notebook 15's plan (column-parallel in, row-parallel out, the embedding and head split by vocabulary); FSDP2 shards each block, then the root, over the data dimension (notebook 16). DDP with T > 1 all-reduces the tensor-parallel shards' gradients over the data dimension by hand;
+- `--dp ddp|fsdp2` and `--tp T`: N processes form a 2-D mesh, N/T data-parallel × T tensor-parallel (`init_device_mesh`, notebook 15). `--tp` uses `parallelize_module` with notebook 15's plan (column-parallel in, row-parallel out, the embedding and head split by vocabulary); FSDP2 shards each block, then the root, over the data dimension (notebook 17). DDP with T > 1 all-reduces the tensor-parallel shards' gradients over the data dimension by hand;
 - `--pp P` with `--schedule 1f1b|interleaved|gpipe`: N/P data-parallel × P pipeline stages with `torch.distributed.pipelining`, the `--accum` micro-batches run by the schedule; `--cp C`: N/C data-parallel × C context-parallel ranks, each with a zig-zag slice of every sequence and ring attention (section 2.1). Both average their gradients by hand, with DDP's arithmetic; `--layers L` gives the model L blocks (a pipeline needs more than 2);
-- `--compile`: `torch.compile` with the `aot_eager` backend on the CPU (traced, run by PyTorch's own kernels: notebook 17's cheap backend);
-- `--save-every K` and `--resume`: a DCP checkpoint (`torch.distributed.checkpoint`, notebook 16 §5) of the model, the optimizer, the step and each rank's random-number state every K steps; `--resume` loads the newest on whatever mesh the new run has;
-- `--device cpu|cuda` (default cpu, never chosen by availability): the GPU path binds `LOCAL_RANK`'s GPU, uses NCCL and passes `device_id=`, as notebooks 10 and 16 do.
+- `--compile`: `torch.compile` with the `aot_eager` backend on the CPU (traced, run by PyTorch's own kernels: notebook 18's cheap backend);
+- `--save-every K` and `--resume`: a DCP checkpoint (`torch.distributed.checkpoint`, notebook 17 §5) of the model, the optimizer, the step and each rank's random-number state every K steps; `--resume` loads the newest on whatever mesh the new run has;
+- `--device cpu|cuda` (default cpu, never chosen by availability): the GPU path binds `LOCAL_RANK`'s GPU, uses NCCL and passes `device_id=`, as notebooks 10 and 17 do.
 
 `--runs` runs several flag sets in turn in one launch, so that the processes start once. Each run writes its losses, its step time (the slowest rank's median) and what the fullest rank holds between steps, counted exactly from its local tensors (parameters, gradients, Adam's moments; Adam's 0-d step counters left out, as the planner does).
 
@@ -101,7 +101,7 @@ from course_lib.data import text_batch, text_corpus
 from course_lib.teardown import end_process_group
 from course_lib.transformer import PRESETS, Transformer
 
-# notebook 18's tiny transformer: untied (TP splits the embedding and the head apart), hand-written attention
+# notebook 20's tiny transformer: untied (TP splits the embedding and the head apart), hand-written attention
 CONFIG = dataclasses.replace(PRESETS["tiny"], tie_embeddings=False, attention="naive")
 warnings.filterwarnings("ignore", message=".*returned a view tensor.*")
 warnings.filterwarnings("ignore", message="Full backward hook is firing.*")
@@ -140,7 +140,7 @@ def build(args, device, mesh):
     if mesh is not None and args.tp > 1:
         tensor_parallel_(model, mesh["tp"])
     net = model
-    if mesh is not None and args.dp == "fsdp2":  # one unit per block, then the root (notebook 16)
+    if mesh is not None and args.dp == "fsdp2":  # one unit per block, then the root (notebook 17)
         for block in model.layers:
             fully_shard(block, mesh=mesh["dp"])
         fully_shard(model, mesh=mesh["dp"])
@@ -592,7 +592,7 @@ The loss check passes both bugs; the gradient check names them. Comparing losses
 Two of the rows above split what tensor and data parallelism leave whole.
 
 - **`--pp P`** cuts the model into stages with `torch.distributed.pipelining` (notebook 12 §4): each rank builds the whole model (the same weights on every rank), keeps its blocks, the first stage also the embedding, the last the final norm and the head, and wraps them in a `PipelineStage`; the loss function runs on the last stage, once per micro-batch (`--accum` of them). `--schedule` picks `Schedule1F1B`, `ScheduleGPipe` or `ScheduleInterleaved1F1B`, which gives each rank two stages (rank 0 the first and the third of 4), so the 4-block model is cut into 4 stages of one block. Each stage keeps its parameters' names in the whole model (`layers.3.mlp.up_proj.weight`), so the gradients compare name by name; the data-parallel ranks of a stage average its gradients by hand.
-- **`--cp C`** gives each rank 2 chunks of every sequence in notebook 15's zig-zag layout, one early and one late (`course_lib.context_parallel.zigzag_layout`), and every block's attention becomes `ring_attention` over the context-parallel ranks: the key and value blocks travel around the ring, causally masked by their global positions. The rotary tables are cut with the same layout, so each position keeps its own rotation. Every weight is replicated over the context-parallel ranks, and each rank's gradient covers only its own slice of the tokens, so the gradients are averaged over data × context-parallel ranks (here by hand, 4 ranks). PyTorch's own `context_parallel` is notebook 15's subject and needs a GPU.
+- **`--cp C`** gives each rank 2 chunks of every sequence in notebook 16's zig-zag layout, one early and one late (`course_lib.context_parallel.zigzag_layout`), and every block's attention becomes `ring_attention` over the context-parallel ranks: the key and value blocks travel around the ring, causally masked by their global positions. The rotary tables are cut with the same layout, so each position keeps its own rotation. Every weight is replicated over the context-parallel ranks, and each rank's gradient covers only its own slice of the tokens, so the gradients are averaged over data × context-parallel ranks (here by hand, 4 ranks). PyTorch's own `context_parallel` is notebook 15's subject and needs a GPU.
 
 **Activations on the first stage.** The course's planner (`course_lib.planner`, notebook 19) counts, for a pipeline of `p` stages under 1F1B, the activations of `p` micro-batches on the first stage (notebook 12 §4: the first stage runs `p` forwards before its first backward). The script measures it: a `saved_tensors_hooks` pair on rank 0 adds up the floating-point tensors autograd keeps for backward (each storage once, parameters and the rotary tables left out) and drops each when the graph lets go of it, so it knows how many bytes are alive at every moment of the schedule; it also runs one micro-batch through the first stage alone.
 """
@@ -693,7 +693,7 @@ print("a gradient 10,000 times smaller moves it by", f"{w.item() / -lr:.0%} of a
 """
 ## 4. The planner's count for these runs
 
-Notebook 19 builds a planner that counts each rank's memory and a step's time from the course's formulas (`course_lib.planner`). Here it sizes the layouts section 2 ran: DDP is ZeRO-0, FSDP2 is ZeRO-3, `--tp 2` on 4 processes is DP 2 × TP 2. The script counted each rank's model state from its local tensors; the planner's bytes are asserted within 5%, its step time is printed next to the measured one after `~`.
+Notebook 19 built a planner that counts each rank's memory and a step's time from the course's formulas (`course_lib.planner`). Here it sizes the layouts section 2 ran: DDP is ZeRO-0, FSDP2 is ZeRO-3, `--tp 2` on 4 processes is DP 2 × TP 2. The script counted each rank's model state from its local tensors; the planner's bytes are asserted within 5%, its step time is printed next to the measured one after `~`.
 """
 
 # %% slideshow={"slide_type": "-"}
@@ -876,7 +876,7 @@ They combine: each run of section 2 uses three or four at once and computes what
 - DCP checkpoints make a run restartable and reshardable: killed by a crash under `torchrun --max-restarts=1`, the run resumed from its last checkpoint and ended bit for bit equal to the uninterrupted one; saved on 4 processes, it resumed on 2 and stayed equal up to rounding.
 - A Slurm job script runs the same training on two nodes: `srun` starts one `torchrun` agent per node, the agents meet at a c10d rendezvous on the first node; a recorded run shows the job, `scancel` and a failed node.
 - Choose by bottleneck: activations → checkpointing (or smaller micro-batches, bf16); batch → accumulation; time with more devices → DDP; model state too big → sharding (ZeRO, FSDP) first, then pipeline or tensor parallelism.
-- The planner's count for the capstone's runs (notebook 19 builds it): each run's parameters, gradients and optimizer state per rank within 5%.
+- The planner's count for the capstone's runs (notebook 19 built it): each run's parameters, gradients and optimizer state per rank within 5%.
 """
 
 # %% [markdown] slideshow={"slide_type": "slide"}

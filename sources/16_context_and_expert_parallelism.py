@@ -1,19 +1,18 @@
 # %% [markdown] slideshow={"slide_type": "slide"}
 """
-# 15 · Parallelism for transformers: tensor, sequence, context and expert parallelism, on a 3-D mesh
+# 16 · Context and expert parallelism, on a 3-D mesh
 
-Data parallelism and sharding (notebooks 09–13) split the *batch*. The dimensions in this notebook split the *model's work on one batch*: the weights of each layer (tensor parallelism), the tokens between those layers (sequence parallelism), the sequence inside attention (context parallelism), and the experts of a mixture-of-experts layer (expert parallelism). A team training a current model chooses among them: long context is handled with context parallelism, mixture-of-experts models need expert parallelism and its all-to-all, and tensor parallelism without sequence parallelism leaves the norms' activations whole on every rank.
+Notebook 15 split each layer's weights (tensor parallelism) and the tokens between the layers (sequence parallelism). Two things stay whole on every rank: the sequence inside attention, and the experts of a mixture-of-experts layer. A team training a current model splits them too: long context is handled with context parallelism, and mixture-of-experts models need expert parallelism and its all-to-all. Then the dimensions are combined on one mesh.
 
 Every parallel version here runs on CPU processes over gloo, uses notebook 14's transformer, and is checked against one process running the same model on the same data, forward and backward. Every one counts the bytes each rank sends per step and compares them with a formula.
 
 By the end you will be able to:
-- split a transformer block across ranks by hand (heads and MLP columns, column- then row-parallel), write Megatron's conjugate operators `f` and `g` as `autograd.Function`s, and shard the embedding and the loss over the vocabulary; then do the same with `parallelize_module`;
-- turn tensor parallelism into sequence parallelism (reduce-scatter plus all-gather instead of all-reduce, the same bytes) and count the activation bytes per rank it saves;
-- write ring attention (key/value blocks passed around a ring, partial results merged with the log-sum-exp rule), check it forward and backward against full causal attention, balance its causal work with the zig-zag split and hide its transfers behind its compute; compare it with the all-gather of keys and values (PyTorch's default, Llama 3's choice) and Ulysses' all-to-all over heads, bytes included;
+- write ring attention (key/value blocks passed around a ring, partial results merged with the log-sum-exp rule), check it forward and backward against full causal attention, balance its causal work with the zig-zag split and hide its transfers behind its compute;
+- compare it with the all-gather of keys and values (PyTorch's default, Llama 3's choice) and Ulysses' all-to-all over heads, bytes included, and switch PyTorch's `context_parallel` between them;
 - route tokens to experts (top-k, capacity, dropped tokens), dispatch and combine them across ranks with `all_to_all_single`, and use the auxiliary loss against load imbalance;
 - combine three dimensions on a `DeviceMesh` of 8 processes and say which collective runs on which group, with how many bytes.
 
-This notebook assumes: notebook 09 (the collectives and their bytes), 12 §6 (tensor parallelism of one layer), 13 §4 (`DeviceMesh`, DTensor) and 14 (the transformer, its activation memory formula, attention's log-sum-exp merge). No GPU: every run is CPU processes on gloo, launched with `course_lib.launch.run_ranks`, one launch per section.
+This notebook assumes: notebook 09 (the collectives and their bytes), 13 §4 (`DeviceMesh`, DTensor), 14 (the transformer, attention's log-sum-exp merge) and 15 (tensor parallelism, for the mesh). No GPU: every run is CPU processes on gloo, launched with `course_lib.launch.run_ranks`, one launch per section.
 """
 
 # %% slideshow={"slide_type": "-"}
@@ -31,23 +30,22 @@ from course_lib.errors import expect_error
 from course_lib.launch import free_port, run_ranks
 from course_lib.moe import MoE
 from course_lib.seeding import seed_everything
-from course_lib.tensor_parallel import COLUMN_PARALLEL, ROW_PARALLEL
 
 seed_everything(0)
 torch.set_num_threads(1)  # steady on a shared machine; the launched processes run one thread each too
-os.makedirs("_runs/n15", exist_ok=True)  # this notebook's worker scripts (git ignores _runs)
-sys.path.insert(0, os.path.abspath("_runs/n15"))
+os.makedirs("_runs/n16", exist_ok=True)  # this notebook's worker scripts (git ignores _runs)
+sys.path.insert(0, os.path.abspath("_runs/n16"))
 notebook_start = time.perf_counter()
 print(f"torch {torch.__version__.split('+')[0]}, gloo available: {dist.is_gloo_available()}")
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-The model and the data, shared by every script: notebook 14's tiny decoder with an untied head (a tied head is one matrix used twice; sharding it once and using it in both places works, but keeps the code longer), 2 sequences of 64 bytes of Python's documentation, float32. `reference` is the one process every parallel version is compared with.
+The model and the data, shared by every script, as in notebook 15: notebook 14's tiny decoder with an untied head, 2 sequences of 64 bytes of Python's documentation, float32. `reference` is the one process every parallel version is compared with.
 """
 
 # %% slideshow={"slide_type": "-"}
-# %%writefile _runs/n15/common.py
-"""Notebook 15's shared pieces: the model, the data, the one-process reference."""
+# %%writefile _runs/n16/common.py
+"""Notebook 16's shared pieces: the model, the data, the one-process reference."""
 import torch
 
 from course_lib.data import text_batch, text_corpus
@@ -84,428 +82,17 @@ print(f"data: {BATCH} sequences x {SEQ} tokens; tolerance of every comparison: m
 
 # %% [markdown] slideshow={"slide_type": "slide"}
 """
-## 1. Tensor parallelism of a whole block, by hand
+## 1. Context parallelism: the ring, the all-gather and Ulysses
 
-Notebook 12 §6 split one linear layer: by its **columns** (outputs; each rank computes some output features from the whole input) or by its **rows** (inputs; each rank computes a partial sum over its share of the input features, and the partial sums are added). A block of notebook 14's transformer chains them so that a block needs one sum per sub-layer (Shoeybi et al., 2019, Megatron-LM):
-
-- **attention**: `q_proj`, `k_proj`, `v_proj` column-parallel, so each rank holds whole *heads* (attention itself then runs on local heads, no communication); `o_proj` row-parallel, its input is exactly the local heads' output;
-- **MLP**: `gate_proj` and `up_proj` column-parallel (each rank a slice of `d_ff`), SwiGLU's product elementwise on that slice; `down_proj` row-parallel.
-
-Two operators mark where the ranks meet. **`g`** after a row-parallel layer: forward, an all-reduce of the partial sums; backward, the gradient passes unchanged (every rank needs all of it). **`f`** before the column-parallel layers: forward, the identity (every rank has the whole input); backward, an all-reduce, because each rank's layers give only part of the input's gradient. They are conjugate: each is the other's backward.
-
-The norms sit outside these regions and are computed, whole and identical, on every rank.
-"""
-
-# %% slideshow={"slide_type": "fragment"}
-print("column-parallel (split by output rows of the weight):", ", ".join(COLUMN_PARALLEL))
-print("row-parallel    (split by input columns of the weight):", ", ".join(ROW_PARALLEL))
-
-# %% [markdown] slideshow={"slide_type": "subslide"}
-"""
-The embedding and the head are split over the **vocabulary**: each rank holds `vocab_size / n` rows. A rank looks up the ids that fall in its rows and writes zeros for the others, so the lookup is a `g` (the sum over ranks fills every row). The head gives each rank the logits of its slice of the vocabulary, and the cross-entropy never gathers a full row of logits: it needs, per token, the global maximum (for a stable `exp`), the sum of `exp` over the whole vocabulary, and the target's logit, which lives on one rank. Three all-reduces of one number per token, against `vocab_size` numbers per token for gathering the logits.
-
-The script below writes all of it by hand, counts what each all-reduce sends with the ring formula of notebook 09 (`2 (n-1)/n` of the tensor), and compares the loss and every gradient with one process.
-"""
-
-# %% slideshow={"slide_type": "-"}
-# %%writefile _runs/n15/tp_hand.py
-"""Tensor parallelism of the whole model, by hand: f and g, the sharded blocks, the vocabulary-parallel ends."""
-import torch
-import torch.distributed as dist
-import torch.nn.functional as F
-from torch import nn
-
-SENT = {"bytes": 0}                              # what this rank sent: 2 (n-1)/n of every all-reduced tensor
-
-
-def all_reduce_(t, op=dist.ReduceOp.SUM):
-    n = dist.get_world_size()
-    SENT["bytes"] += 2 * (n - 1) * t.numel() * t.element_size() // n
-    dist.all_reduce(t, op=op)
-    return t
-
-
-class CopyToTP(torch.autograd.Function):         # f: identity forward, all-reduce backward
-    @staticmethod
-    def forward(ctx, x):
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return all_reduce_(grad.clone())
-
-
-class ReduceFromTP(torch.autograd.Function):     # g: all-reduce forward, identity backward
-    @staticmethod
-    def forward(ctx, x):
-        return all_reduce_(x.clone())
-
-    @staticmethod
-    def backward(ctx, grad):
-        return grad
-
-
-f, g = CopyToTP.apply, ReduceFromTP.apply
-
-
-def shard(model, rank, n):
-    """Keep this rank's rows (column-parallel layers, embedding, head) or columns (row-parallel layers)."""
-    def keep(module, dim):
-        module.weight = nn.Parameter(module.weight.detach().chunk(n, dim)[rank].clone())
-    for layer in model.layers:
-        for column in (layer.attn.q_proj, layer.attn.k_proj, layer.attn.v_proj, layer.mlp.gate_proj, layer.mlp.up_proj):
-            keep(column, 0)
-        for row in (layer.attn.o_proj, layer.mlp.down_proj):
-            keep(row, 1)
-    keep(model.embed, 0)
-    keep(model.head, 0)
-    return model
-
-
-def block(layer, x, rope, enter=f, leave=g):
-    h = x + leave(layer.attn(enter(layer.attn_norm(x)), rope))    # attention runs on this rank's heads
-    return h + leave(layer.mlp(enter(layer.mlp_norm(h))))
-
-
-def embed(model, ids, rank, leave=g):
-    rows = model.embed.weight.shape[0]
-    mine = (ids >= rank * rows) & (ids < (rank + 1) * rows)
-    local = F.embedding((ids - rank * rows) * mine, model.embed.weight) * mine.unsqueeze(-1)
-    return leave(local)                                         # zeros where another rank holds the row
-
-
-def cross_entropy(logits, targets, rank):
-    """Mean cross-entropy with this rank's slice of the vocabulary: three all-reduces of one number per token."""
-    rows = logits.shape[-1]
-    top = all_reduce_(logits.detach().max(-1).values, op=dist.ReduceOp.MAX)  # the global max: exp cannot overflow
-    total = g(torch.exp(logits - top.unsqueeze(-1)).sum(-1))                  # softmax denominator, whole vocabulary
-    mine = (targets >= rank * rows) & (targets < (rank + 1) * rows)
-    picked = torch.gather(logits, -1, ((targets - rank * rows) * mine).unsqueeze(-1)).squeeze(-1)
-    target_logit = g((picked - top) * mine)                                   # one rank holds it, the others add 0
-    return (torch.log(total) - target_logit).mean()
-
-
-def loss_fn(model, ids, targets, rank, enter=f, leave=g):
-    x = embed(model, ids, rank, leave)
-    for layer in model.layers:
-        x = block(layer, x, (model.rope_cos, model.rope_sin), enter, leave)
-    return cross_entropy(model.head(enter(model.norm(x))), targets, rank)
-
-
-# %% [markdown] slideshow={"slide_type": "subslide"}
-"""
-The same plan with PyTorch's API: `parallelize_module` takes a module and a plan (`{submodule name: style}`) and replaces each named weight by a `DTensor` sharded on a 1-D `DeviceMesh` (notebook 13 §4). `ColwiseParallel` and `RowwiseParallel` are the two splits with `f` and `g` built in; on an `nn.Embedding` `RowwiseParallel` splits the table by vocabulary rows. `use_local_output=False` keeps the head's logits a `DTensor` sharded on the vocabulary, and inside `loss_parallel()` `F.cross_entropy` on them computes the vocabulary-parallel loss. `CommDebugMode` counts the collectives DTensor runs.
-
-The job runs the hand version, the API version and the library's twin (`course_lib.tensor_parallel`, the copy notebooks 16 and 17 reuse, which counts its collectives with `CommCounter`) on 2 processes.
-"""
-
-# %% slideshow={"slide_type": "-"}
-# %%writefile _runs/n15/tp_api.py
-"""The same tensor parallelism with parallelize_module, and the job of section 1."""
-import torch
-import torch.nn.functional as F
-from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.tensor import DTensor, Replicate, Shard
-from torch.distributed.tensor.debug import CommDebugMode
-from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel, SequenceParallel,
-                                               loss_parallel, parallelize_module)
-
-import course_lib.tensor_parallel as tp
-import tp_hand
-from common import CONFIG, TOL, batch, max_diff, reference
-from course_lib.transformer import Transformer
-
-
-def plans(sequence_parallel=False):
-    """(the model's plan, each block's plan); with sequence_parallel the norms work on slices of the sequence."""
-    if not sequence_parallel:
-        model_plan = {"embed": RowwiseParallel(input_layouts=Replicate()), "head": ColwiseParallel(use_local_output=False)}
-        block_plan = {}
-    else:
-        model_plan = {"embed": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
-                      "norm": SequenceParallel(),
-                      "head": ColwiseParallel(input_layouts=Shard(1), use_local_output=False)}
-        block_plan = {"attn_norm": SequenceParallel(), "mlp_norm": SequenceParallel(),
-                      "attn": PrepareModuleInput(input_layouts=(Shard(1), None), desired_input_layouts=(Replicate(), None)),
-                      "mlp": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))}
-    out = Shard(1) if sequence_parallel else Replicate()
-    block_plan |= {"attn.q_proj": ColwiseParallel(), "attn.k_proj": ColwiseParallel(), "attn.v_proj": ColwiseParallel(),
-                   "attn.o_proj": RowwiseParallel(output_layouts=out),
-                   "mlp.gate_proj": ColwiseParallel(), "mlp.up_proj": ColwiseParallel(),
-                   "mlp.down_proj": RowwiseParallel(output_layouts=out)}
-    return model_plan, block_plan
-
-
-def api_grads(rank, n, ids, targets, sequence_parallel=False):
-    """Loss, gradients (this rank's shards) and collective counts of the parallelize_module version."""
-    mesh = init_device_mesh("cpu", (n,), mesh_dim_names=("tp",))
-    model = Transformer(CONFIG, seed=0)
-    model_plan, block_plan = plans(sequence_parallel)
-    parallelize_module(model, mesh, model_plan)
-    for layer in model.layers:
-        parallelize_module(layer, mesh, block_plan)
-    with CommDebugMode() as comm:
-        logits = model(ids)
-        with loss_parallel():
-            loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten())
-            loss.backward()
-    grads = {}
-    for name, p in model.named_parameters():
-        grad = p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad
-        grads[name] = tp.shard_of(name, grad, rank, n)
-    counts = {str(k).split(".")[-1]: v for k, v in comm.get_comm_counts().items()}
-    placement = str(logits.placements[0])
-    return loss.full_tensor().item(), grads, counts, placement
-
-
-def section1(rank, n):
-    ids, targets = batch()
-    ref, ref_loss = reference(ids, targets)
-    full = {name: p.grad for name, p in ref.named_parameters()}
-    # by hand
-    hand = tp_hand.shard(Transformer(CONFIG, seed=0), rank, n)
-    tp_hand.SENT["bytes"] = 0
-    loss = tp_hand.loss_fn(hand, ids, targets, rank)
-    loss.backward()
-    hand_grads = {name: p.grad for name, p in hand.named_parameters()}
-    # the library's twin, its collectives counted
-    lib = tp.parallelize_transformer_(Transformer(CONFIG, seed=0), None)
-    with tp.CommCounter() as counter:
-        lib_loss = tp.tensor_parallel_loss(lib, ids, targets)
-        lib_loss.backward()
-    # parallelize_module
-    api_loss, api, counts, placement = api_grads(rank, n, ids, targets)
-    return {
-        "loss": (ref_loss.item(), loss.item(), lib_loss.item(), api_loss),
-        "hand vs one process": max(max_diff(hand_grads[k], tp.shard_of(k, full[k], rank, n)) for k in full),
-        "library vs hand": max(max_diff(p.grad, hand_grads[k]) for k, p in lib.named_parameters()),
-        "api vs hand": max(max_diff(api[k], hand_grads[k]) for k in full),
-        "shapes": {k: (tuple(full[k].shape), tuple(hand_grads[k].shape)) for k in full if k.startswith("layers.0") or k in ("embed.weight", "head.weight")},
-        "hand sent": tp_hand.SENT["bytes"], "library sent": counter.sent(), "library table": counter.table(),
-        "api counts": counts, "logits placement": placement, "tol": TOL,
-    }
-
-
-# %% slideshow={"slide_type": "subslide"}
-t0 = time.perf_counter()
-s1 = run_ranks("_runs/n15/tp_api.py:section1", nprocs=2, timeout=240, echo="none")
-print(f"2 processes, every rank exit code 0 (~{time.perf_counter() - t0:.0f} s with the start of the processes)")
-r = s1[0]
-for name, (full_shape, local) in r["shapes"].items():
-    print(f"{name:<28} one process {str(full_shape):<10} rank 0 holds {local}")
-
-# %% slideshow={"slide_type": "fragment"}
-from course_lib.tensor_parallel import tp_bytes_per_step  # noqa: E402
-
-for rank, res in enumerate(s1):
-    ref_loss, hand_loss, lib_loss, api_loss = res["loss"]
-    assert max(abs(x - ref_loss) for x in (hand_loss, lib_loss, api_loss)) < TOL
-    assert max(res["hand vs one process"], res["library vs hand"], res["api vs hand"]) < TOL
-print(f"loss, one process {s1[0]['loss'][0]:.4f}; by hand, library, parallelize_module: the same (|difference| < {TOL:g}) on both ranks")
-print(f"every gradient shard: by hand = one process's slice, library = by hand, parallelize_module = by hand (< {TOL:g})")
-print(f"logits of the API version: a DTensor placed {s1[0]['logits placement']} (the vocabulary dimension)")
-
-tokens = BATCH * SEQ
-formula = tp_bytes_per_step(CONFIG, tokens, 2)
-print(f"\nbytes one rank sends per training step, n = 2, {tokens} tokens, float32:")
-for part, b in formula.items():
-    print(f"  {part:<20} {b:>9,}")
-print(f"  {'formula total':<20} {sum(formula.values()):>9,}")
-print(f"  {'counted by hand':<20} {s1[0]['hand sent']:>9,}")
-print(f"  {'counted (library)':<20} {s1[0]['library sent']:>9,}   {s1[0]['library table']}")
-print(f"collectives DTensor ran (CommDebugMode): {s1[0]['api counts']}")
-assert all(res["hand sent"] == res["library sent"] == sum(formula.values()) for res in s1)
-ours = s1[0]["library table"][("all_reduce", "world")][0]
-extra = CONFIG.n_layers * (len(COLUMN_PARALLEL) - 2)  # per block: one f per column-parallel layer instead of 2
-print(f"all-reduces: f and g by hand {ours}; parallelize_module {s1[0]['api counts']['all_reduce']} = {ours} + "
-      f"{CONFIG.n_layers} blocks x ({len(COLUMN_PARALLEL)} column-parallel layers - 2 f's)")
-assert s1[0]["api counts"] == {"all_reduce": ours + extra}
-
-# %% [markdown] slideshow={"slide_type": "subslide"}
-"""
-Read the count against the code: per transformer block (attention and MLP together), `g` twice forward (after attention, after the MLP) and `f` twice backward, four all-reduces of `tokens x d_model` floats, two per sub-layer: the MLP block alone of notebook 12 §6 had one forward and one backward; the embedding's `g` and the head's `f` add two more; the loss three all-reduces of one float per token.
-
-`parallelize_module` gives the same gradients but runs more all-reduces: each `ColwiseParallel` layer turns its own input into a replicated `DTensor`, so in backward each of `q_proj`, `k_proj`, `v_proj` (and `gate_proj`, `up_proj`) all-reduces its own share of the input's gradient, where the hand-written `f` adds the three shares locally and all-reduces once. A `PrepareModuleInput` on `attn` and `mlp` (as in the sequence-parallel plan of section 2) makes the input a `DTensor` once, and its gradient is reduced once.
-
-The price is in the count: every transformer block waits for four all-reduces of its activations, forward and backward together, on the critical path (the compute cannot go on until the sum arrives). That is why tensor parallelism stays inside a node, on NVLink, in practice: the activations cross the link in every layer.
-"""
-
-# %% [markdown] slideshow={"slide_type": "slide"}
-"""
-## 2. Sequence parallelism
-
-In section 1 the norms (and, in models that use it, dropout) run whole on every rank: the same computation, and the same saved activations, `n` times. Sequence parallelism (Korthikanti et al., 2022) splits those regions along the **sequence** instead: between the blocks' parallel regions each rank keeps only `1/n` of the tokens. An all-reduce is a reduce-scatter followed by an all-gather (notebook 09 §3), so the communication only moves:
-
-- `g` (all-reduce) becomes a **reduce-scatter** along the sequence: each rank receives the summed output of *its* tokens;
-- `f` (identity) becomes an **all-gather** along the sequence: the column-parallel layers need every token;
-- and in backward the other way round (the all-gather's backward is a reduce-scatter, and vice versa).
-
-Same bytes: `(n-1)/n` each half, `2 (n-1)/n` together. One new cost: the norms' weights see only a slice of the tokens on each rank, so their gradients are partial and need an all-reduce (`h` floats per norm, small).
-"""
-
-# %% slideshow={"slide_type": "-"}
-# %%writefile _runs/n15/sp.py
-"""Sequence parallelism by hand, its bytes, its activation memory, and PyTorch's SequenceParallel; the job of section 2."""
-import torch
-import torch.distributed as dist
-
-import course_lib.tensor_parallel as tp
-import tp_api
-import tp_hand
-from common import BATCH, CONFIG, SEQ, TOL, batch, max_diff, reference
-from course_lib.saved_tensors import SavedTensorMeter
-from course_lib.transformer import Transformer
-
-
-def all_gather_seq(x):
-    n = dist.get_world_size()
-    out = torch.empty((n * x.shape[1], x.shape[0], *x.shape[2:]), dtype=x.dtype)
-    tp_hand.SENT["bytes"] += (n - 1) * out.numel() * out.element_size() // n
-    dist.all_gather_single(out, x.transpose(0, 1).contiguous())      # 2.13's name (notebook 09 §3)
-    return out.transpose(0, 1).contiguous()                         # (batch, n * local tokens, ...)
-
-
-def reduce_scatter_seq(x):
-    n = dist.get_world_size()
-    front = x.transpose(0, 1).contiguous()
-    out = torch.empty((front.shape[0] // n, *front.shape[1:]), dtype=x.dtype)
-    tp_hand.SENT["bytes"] += (n - 1) * front.numel() * front.element_size() // n
-    dist.reduce_scatter_single(out, front)                          # 2.13's name (notebook 09 §3)
-    return out.transpose(0, 1).contiguous()                         # (batch, local tokens, ...), summed
-
-
-class GatherSeq(torch.autograd.Function):       # replaces f: all-gather forward, reduce-scatter backward
-    @staticmethod
-    def forward(ctx, x):
-        return all_gather_seq(x)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return reduce_scatter_seq(grad)
-
-
-class ScatterSeq(torch.autograd.Function):      # replaces g: reduce-scatter forward, all-gather backward
-    @staticmethod
-    def forward(ctx, x):
-        return reduce_scatter_seq(x)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return all_gather_seq(grad)
-
-
-def saved_per_rank(rank, n):
-    """What one block keeps for backward: one process, tensor parallel, tensor + sequence parallel."""
-    model = Transformer(CONFIG, seed=0)
-    x = torch.randn(BATCH, SEQ, CONFIG.d_model, generator=torch.Generator().manual_seed(1), requires_grad=True)
-    rope, layer = (model.rope_cos, model.rope_sin), model.layers[0]
-    out = {}
-    with SavedTensorMeter(exclude=[*model.parameters(), *model.buffers()]) as m:
-        layer(x, rope)
-    out["one process"] = m.bytes
-    tp_hand.shard(model, rank, n)
-    skip = [*model.parameters(), *model.buffers()]
-    with SavedTensorMeter(exclude=skip) as m:
-        tp_hand.block(layer, x, rope)
-    out["tensor parallel"] = m.bytes
-    x_slice = x.detach().chunk(n, 1)[rank].contiguous().requires_grad_()
-    with SavedTensorMeter(exclude=skip) as m:
-        tp_hand.block(layer, x_slice, rope, GatherSeq.apply, ScatterSeq.apply)
-    out["tensor + sequence parallel"] = m.bytes
-    return out
-
-
-def section2(rank, n):
-    ids, targets = batch()
-    ref, ref_loss = reference(ids, targets)
-    full = {name: p.grad for name, p in ref.named_parameters()}
-    hand = tp_hand.shard(Transformer(CONFIG, seed=0), rank, n)
-    tp_hand.SENT["bytes"] = 0
-    loss = tp_hand.loss_fn(hand, ids, targets, rank, GatherSeq.apply, ScatterSeq.apply)
-    loss.backward()
-    for name, p in hand.named_parameters():
-        if name.endswith("norm.weight"):
-            tp_hand.all_reduce_(p.grad)                             # each rank saw 1/n of the tokens
-    hand_grads = {name: p.grad for name, p in hand.named_parameters()}
-    lib = tp.parallelize_transformer_(Transformer(CONFIG, seed=0), None, sequence_parallel=True)
-    with tp.CommCounter() as counter:
-        lib_loss = tp.tensor_parallel_loss(lib, ids, targets)
-        lib_loss.backward()
-        tp.sync_sequence_parallel_grads(lib)
-    api_loss, api, counts, _ = tp_api.api_grads(rank, n, ids, targets, sequence_parallel=True)
-    return {
-        "loss": (ref_loss.item(), loss.item(), lib_loss.item(), api_loss),
-        "hand vs one process": max(max_diff(hand_grads[k], tp.shard_of(k, full[k], rank, n)) for k in full),
-        "library vs hand": max(max_diff(p.grad, hand_grads[k]) for k, p in lib.named_parameters()),
-        "api vs hand": max(max_diff(api[k], hand_grads[k]) for k in full),
-        "hand sent": tp_hand.SENT["bytes"], "library sent": counter.sent(), "library table": counter.table(),
-        "api counts": counts, "saved": saved_per_rank(rank, n), "tol": TOL,
-    }
-
-
-# %% slideshow={"slide_type": "subslide"}
-t0 = time.perf_counter()
-s2 = run_ranks("_runs/n15/sp.py:section2", nprocs=2, timeout=240, echo="none")
-print(f"2 processes, every rank exit code 0 (~{time.perf_counter() - t0:.0f} s)")
-for res in s2:
-    assert max(abs(x - res["loss"][0]) for x in res["loss"][1:]) < TOL
-    assert max(res["hand vs one process"], res["library vs hand"], res["api vs hand"]) < TOL
-print(f"sequence parallel: loss and every gradient shard equal one process's (< {TOL:g}): by hand, library, SequenceParallel plan")
-sp_formula = tp_bytes_per_step(CONFIG, tokens, 2, sequence_parallel=True)
-for part, b in sp_formula.items():
-    print(f"  {part:<22} {b:>9,}")
-print(f"  {'formula total':<22} {sum(sp_formula.values()):>9,}   (tensor parallel alone: {sum(formula.values()):,})")
-print(f"  {'counted by hand':<22} {s2[0]['hand sent']:>9,}")
-print(f"  {'counted (library)':<22} {s2[0]['library sent']:>9,}   {s2[0]['library table']}")
-print(f"collectives DTensor ran (CommDebugMode): {s2[0]['api counts']}")
-assert all(res["hand sent"] == res["library sent"] == sum(sp_formula.values()) for res in s2)
-activations = sum(v for k, v in sp_formula.items() if k != "norm weight gradients")
-print(f"activations' bytes: {activations:,} with sequence parallelism, {sum(formula.values()):,} without: "
-      f"{'the same' if activations == sum(formula.values()) else 'different'}")
-assert activations == sum(formula.values())
-table = s2[0]["library table"]
-assert (table[("reduce_scatter", "world")][0], table[("all_gather", "world")][0]) == (s2[0]["api counts"]["reduce_scatter_tensor"], s2[0]["api counts"]["all_gather_into_tensor"])
-
-# %% [markdown] slideshow={"slide_type": "subslide"}
-"""
-The names `CommDebugMode` prints for the plan, `reduce_scatter_tensor` and `all_gather_into_tensor`, are the operators of PyTorch's functional collectives, which DTensor calls inside the plan; they are not the Python functions `dist.reduce_scatter_tensor` and `dist.all_gather_into_tensor` that 2.13 deprecates (notebook 09 §3). The hand-written version calls the names 2.13 recommends, `dist.reduce_scatter_single` and `dist.all_gather_single`, with the same arguments (output, then input).
-
-### Activation bytes per rank
-
-What one block keeps for backward, per rank, against notebook 14 §3's formula (`block_saved_terms`) with the right terms divided by `n` (`course_lib.tensor_parallel.tp_saved_bytes`): tensor parallelism divides what lives on the local heads and the local slice of `d_ff`; sequence parallelism also divides the norms' inputs and statistics. The projections' inputs stay whole in both: they are the all-gathered tensors the linear layers keep. (Megatron-LM keeps only the slice and gathers it again in backward, one more all-gather per sub-layer, to divide that term too.)
-"""
-
-# %% slideshow={"slide_type": "fragment"}
-from course_lib.tensor_parallel import tp_saved_bytes  # noqa: E402
-
-expected = {"one process": sum(tp_saved_bytes(CONFIG, SEQ, 1, batch=BATCH).values()),
-            "tensor parallel": sum(tp_saved_bytes(CONFIG, SEQ, 2, batch=BATCH).values()),
-            "tensor + sequence parallel": sum(tp_saved_bytes(CONFIG, SEQ, 2, batch=BATCH, sequence_parallel=True).values())}
-print(f"one block, {BATCH} x {SEQ} tokens, float32, bytes kept for backward per rank (n = 2):")
-for kind, want in expected.items():
-    got = [res["saved"][kind] for res in s2]
-    print(f"  {kind:<28} measured {got[0]:>8,} (both ranks: {got[0] == got[1]})   formula {want:>8,}")
-    assert got == [want, want]
-sp_over_tp = expected["tensor + sequence parallel"] / expected["tensor parallel"]
-tp_over_one = expected["tensor parallel"] / expected["one process"]
-print(f"tensor parallel / one process: {tp_over_one:.3f}; with sequence parallelism / without: {sp_over_tp:.3f} (smaller)")
-terms_tp, terms_sp = tp_saved_bytes(CONFIG, SEQ, 2, batch=BATCH), tp_saved_bytes(CONFIG, SEQ, 2, batch=BATCH, sequence_parallel=True)
-print("terms that sequence parallelism divides:", ", ".join(k for k in terms_tp if terms_sp[k] < terms_tp[k]))
-assert expected["tensor + sequence parallel"] < expected["tensor parallel"] < expected["one process"]
-
-# %% [markdown] slideshow={"slide_type": "slide"}
-"""
-## 3. Context parallelism: the ring, the all-gather and Ulysses
-
-Sequence parallelism splits the tokens only *between* the parallel regions; attention itself still sees every token on every rank. For a context of a million tokens that is not possible: the keys and values of one layer no longer fit. Context parallelism splits the sequence **through** attention: each rank keeps the queries, keys and values of its slice of the positions. A query needs every key, so the key/value blocks travel: in ring attention (Liu et al., 2023) each rank passes its current key/value block to the next rank and receives one from the previous, `n - 1` times. At each step it computes its queries' attention over the block it holds, with global positions for the causal mask, and folds it into its running result with notebook 14 §5's log-sum-exp merge (`course_lib.attention.merge_attention`): partial softmaxes over disjoint key blocks combine exactly.
+Sequence parallelism (notebook 15 §2) splits the tokens only *between* the parallel regions; attention itself still sees every token on every rank. For a context of a million tokens that is not possible: the keys and values of one layer no longer fit. Context parallelism splits the sequence **through** attention: each rank keeps the queries, keys and values of its slice of the positions. A query needs every key, so the key/value blocks travel: in ring attention (Liu et al., 2023) each rank passes its current key/value block to the next rank and receives one from the previous, `n - 1` times. At each step it computes its queries' attention over the block it holds, with global positions for the causal mask, and folds it into its running result with notebook 14 §5's log-sum-exp merge (`course_lib.attention.merge_attention`): partial softmaxes over disjoint key blocks combine exactly.
 
 Backward passes the blocks around once more, with their gradient accumulators travelling alongside, and recomputes each block's probabilities from the saved log-sum-exp (FlashAttention-2's backward, notebook 14 §5); at the end the accumulators take one last hop home.
 """
 
 # %% slideshow={"slide_type": "-"}
-# %%writefile _runs/n15/ring.py
+# %%writefile _runs/n16/ring.py
 """Ring attention by hand (forward, overlapped or not), the library's versions (forward and backward), against full
-attention; section 3's job."""
+attention; section 1's job."""
 import time
 
 import torch
@@ -571,14 +158,14 @@ def ring_forward(q, k, v, layout, overlap=False, sim=None):
                 k_off += k_len
             q_off += q_len
         if sim:
-            delay(q, sim[0], 0, sim[2], f"block {step}")  # the block's attention, lasting compute_ms (notebook 17)
+            delay(q, sim[0], 0, sim[2], f"block {step}")  # the block's attention, lasting compute_ms (notebook 18)
         work.append(done)
         if step < n - 1:
             k, v = wait() if overlap else (k_next, v_next)
     return out, work
 
 
-def section3(rank, n, batch=1, heads=4, seq=128, head_dim=16):
+def section1(rank, n, batch=1, heads=4, seq=128, head_dim=16):
     g = torch.Generator().manual_seed(0)
     q, k, v, grad = (torch.randn(batch, heads, seq, head_dim, generator=g) for _ in range(4))
     leaves = [t.clone().requires_grad_() for t in (q, k, v)]
@@ -642,8 +229,8 @@ The ring is one of three exchanges in use. **All-gather** (Llama 3's choice): ev
 """
 
 # %% slideshow={"slide_type": "-"}
-# %%writefile _runs/n15/cp_variants.py
-"""All-gather and Ulysses attention by hand (forward): section 3's other two ways."""
+# %%writefile _runs/n16/cp_variants.py
+"""All-gather and Ulysses attention by hand (forward): section 1's other two ways."""
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -677,31 +264,31 @@ def ulysses_forward(q, k, v, layout):
 
 # %% slideshow={"slide_type": "subslide"}
 t0 = time.perf_counter()
-s3 = run_ranks("_runs/n15/ring.py:section3", nprocs=4, timeout=240, echo="none")
+cp_runs = run_ranks("_runs/n16/ring.py:section1", nprocs=4, timeout=240, echo="none")
 print(f"4 processes, every rank exit code 0 (~{time.perf_counter() - t0:.0f} s)")
-b_, h_, s_, d_ = s3[0]["shape"]
+b_, h_, s_, d_ = cp_runs[0]["shape"]
 print(f"q, k, v: batch {b_}, {h_} heads, {s_} positions, head_dim {d_}; causal")
 for name in ("contiguous", "zig-zag"):
-    worst = max(max(res["results"][name][k] for k in ("hand forward", "library forward", "library backward")) for res in s3)
+    worst = max(max(res["results"][name][k] for k in ("hand forward", "library forward", "library backward")) for res in cp_runs)
     print(f"{name:<10}: ring forward (by hand and library) and backward (library) equal full attention on all 4 ranks "
           f"(< {TOL:g}): {worst < TOL}")
     assert worst < TOL
-one = s3[0]["results"]["contiguous"]
+one = cp_runs[0]["results"]["contiguous"]
 block_bytes = b_ * h_ * (s_ // 4) * d_ * 4
 print(f"\nbytes one rank sends per call: forward, counted by hand {one['hand sent']:,}, formula 2 (n-1) B = "
       f"{one['formula forward']:,} with B = {block_bytes:,} (one key or value block)")
 print(f"forward + backward, counted (library) {one['library sent']:,}, formula 2 (n-1) B + (4n - 2) B = {one['formula step']:,}")
-assert all(res["results"][n_]["hand sent"] == one["formula forward"] for res in s3 for n_ in ("contiguous", "zig-zag"))
-assert all(res["results"][n_]["library sent"] == one["formula step"] for res in s3 for n_ in ("contiguous", "zig-zag"))
+assert all(res["results"][n_]["hand sent"] == one["formula forward"] for res in cp_runs for n_ in ("contiguous", "zig-zag"))
+assert all(res["results"][n_]["library sent"] == one["formula step"] for res in cp_runs for n_ in ("contiguous", "zig-zag"))
 
 # %% slideshow={"slide_type": "subslide"}
 print("zig-zag split, 4 ranks; bytes one rank sends per attention call, forward + backward (counted = formula):")
 for name, formula in (("ring", "2 (n-1) B + (4n-2) B"), ("allgather", "all-gather 2 (n-1) B + reduce-scatter 2 (n-1) B"),
                       ("ulysses", "(n-1)/n (2 B + 2 B) forward, the same backward")):
-    v_ = [res["variants"][name] for res in s3]
+    v_ = [res["variants"][name] for res in cp_runs]
     assert all(x["error"] < TOL and x["hand = library"] and x["sent"] == x["formula"] for x in v_)
     print(f"  {name:<9} = full attention (< {TOL:g}), by hand = library: True; {v_[0]['sent']:>7,} B = {formula}")
-assert all(res["variants"]["ring overlapped"]["sent"] == res["variants"]["ring"]["sent"] for res in s3)
+assert all(res["variants"]["ring overlapped"]["sent"] == res["variants"]["ring"]["sent"] for res in cp_runs)
 from course_lib.context_parallel_variants import cp_attention_bytes  # noqa: E402
 from course_lib.transformer_config import PRESETS  # noqa: E402
 
@@ -734,11 +321,11 @@ The zig-zag split (used by Llama 3's context parallelism and by ring-flash-atten
 
 # %% slideshow={"slide_type": "fragment"}
 for name, layout_fn in (("contiguous", contiguous_layout), ("zig-zag", zigzag_layout)):
-    counted = [res["results"][name]["work"] for res in s3]
+    counted = [res["results"][name]["work"] for res in cp_runs]
     assert counted == ring_work(layout_fn(s_, 4))
     per_rank = [sum(w) for w in counted]
     critical = sum(max(col) for col in zip(*counted))              # each step lasts as long as its busiest rank
-    print(f"{name}: positions of rank 0 {s3[0]['results'][name]['positions']}")
+    print(f"{name}: positions of rank 0 {cp_runs[0]['results'][name]['positions']}")
     for rank, w in enumerate(counted):
         print(f"  rank {rank}: pairs per step {w}, total {sum(w):>6,}")
     print(f"  busiest / least busy rank: {max(per_rank) / min(per_rank):.2f}; steps' critical path {critical:,} pairs "
@@ -757,15 +344,15 @@ In the contiguous split the last rank does 4 times the work of the first (the ra
 
 `ring_forward` above waits for each exchange before it computes (`overlap=False`): a step lasts the block's compute *plus* its transfer. With `overlap=True` it posts the next block's sends and receives first, computes on the block it holds, and only then waits. The block it receives needs a buffer of its own while the current one is being sent and read: two spare key/value buffers, used in turn. The arithmetic is the same, so the result is the same bit for bit (and so for the library's `ring_attention(..., overlap=True)`, forward and backward; backward can prefetch only the keys and values, the accumulators are ready after the compute).
 
-To see the time it hides, `ring_forward` ran again on notebook 17's simulated device: each block's compute lasts `compute_ms` (`course_lib.simulated_compute.delay`, a sleep that holds no core), and each exchange completes `LINK_MS` after it was posted, as over a link of that speed. Overlap hides `min(compute, transfer)` per step; when the compute is the shorter, `transfer - compute` stays exposed:
+To see the time it hides, `ring_forward` ran again on notebook 18's simulated device: each block's compute lasts `compute_ms` (`course_lib.simulated_compute.delay`, a sleep that holds no core), and each exchange completes `LINK_MS` after it was posted, as over a link of that speed. Overlap hides `min(compute, transfer)` per step; when the compute is the shorter, `transfer - compute` stays exposed:
 """
 
 # %% slideshow={"slide_type": "fragment"}
 link_ms, steps = 20, 3                              # ring.py's LINK_MS; 4 ranks: 3 exchanges per forward
-assert all(res["overlapped = plain"] for res in s3)
+assert all(res["overlapped = plain"] for res in cp_runs)
 print("overlapped ring = plain ring, bit for bit (by hand forward, library forward and backward), the same bytes: True")
 for compute_ms in (30, 10):
-    plain, over = ([res["timing"][compute_ms, o] for res in s3] for o in (False, True))
+    plain, over = ([res["timing"][compute_ms, o] for res in cp_runs] for o in (False, True))
     wall = [max(r[0] for r in runs) for runs in (plain, over)]
     exposed = max(r[1] for r in over) / steps * 1000
     hidden = min(r[2] for r in over) / steps * 1000
@@ -819,7 +406,7 @@ dist.destroy_process_group()
 
 # %% slideshow={"slide_type": "fragment"}
 if requires_gpu("context_parallel's ring attention with CUDA SDPA, against full attention", count=2, capability=(8, 0)):
-    with open("_runs/n15/cp_gpu.py", "w") as fh:
+    with open("_runs/n16/cp_gpu.py", "w") as fh:
         fh.write('''
 import torch, torch.nn.functional as F
 from torch.distributed.device_mesh import init_device_mesh
@@ -841,14 +428,14 @@ def run(rank, n):
         diffs[method] = (out.float() - full.float()).abs().max().item()
     return diffs
 ''')
-    diffs = run_ranks("_runs/n15/cp_gpu.py:run", nprocs=2, device="cuda", backend="nccl", timeout=300)
+    diffs = run_ranks("_runs/n16/cp_gpu.py:run", nprocs=2, device="cuda", backend="nccl", timeout=300)
     for method in ("allgather", "alltoall"):
         print(f"context_parallel on 2 GPUs, {method}, against full attention, bf16: largest difference "
               f"~{max(d[method] for d in diffs):.3f}")
 
 # %% [markdown] slideshow={"slide_type": "slide"}
 """
-## 4. Expert parallelism
+## 2. Expert parallelism
 
 A mixture-of-experts (MoE) layer replaces a block's MLP by `E` smaller MLPs, the experts, and a **router**: a linear layer that scores each token against each expert. Each token goes to its `k` best experts (top-k), and its output is their outputs weighted by the router's probabilities; so a token costs `k` experts' FLOPs while the layer holds `E` experts' parameters. An expert accepts at most a **capacity** of `ceil(capacity_factor x tokens x k / E)` tokens per batch; assignments past that are **dropped** (the token keeps only its residual path for that slot). `course_lib.moe.route` makes these decisions; first choices are served before second choices.
 
@@ -856,8 +443,8 @@ With **expert parallelism** each rank holds `E / n` experts and its own tokens. 
 """
 
 # %% slideshow={"slide_type": "-"}
-# %%writefile _runs/n15/ep.py
-"""Expert parallelism by hand: dispatch and combine with all_to_all_single; section 4's job."""
+# %%writefile _runs/n16/ep.py
+"""Expert parallelism by hand: dispatch and combine with all_to_all_single; section 2's job."""
 import torch
 import torch.distributed as dist
 
@@ -909,7 +496,7 @@ def ep_forward(moe, x):
     return torch.zeros_like(x).index_add(0, token, back * r.weights[token, slot].unsqueeze(-1)), r, send, recv
 
 
-def section4(rank, n):
+def section2(rank, n):
     xs = torch.randn(n, TOKENS, D_MODEL, generator=torch.Generator().manual_seed(0))   # every rank's tokens
     ref = MoE(D_MODEL, D_FF, EXPERTS, TOP_K, capacity_factor=1.25, seed=0)
     ref_x = xs.clone().requires_grad_()
@@ -944,17 +531,17 @@ def section4(rank, n):
 
 # %% slideshow={"slide_type": "subslide"}
 t0 = time.perf_counter()
-s4 = run_ranks("_runs/n15/ep.py:section4", nprocs=2, timeout=240, echo="none")
+ep_runs = run_ranks("_runs/n16/ep.py:section2", nprocs=2, timeout=240, echo="none")
 print(f"2 processes, every rank exit code 0 (~{time.perf_counter() - t0:.0f} s)")
-for res in s4:
+for res in ep_runs:
     assert max(res[k] for k in ("forward", "library", "input grads", "expert grads", "router grads")) < TOL
     assert res["others' experts untouched"]
 print(f"expert parallel = one process (< {TOL:g}): outputs, input gradients, each rank's experts' gradients, the router's")
-print(f"4 experts, top-2, capacity {s4[0]['capacity']} per expert per rank (capacity factor 1.25, 128 tokens per rank)")
-for rank, res in enumerate(s4):
+print(f"4 experts, top-2, capacity {ep_runs[0]['capacity']} per expert per rank (capacity factor 1.25, 128 tokens per rank)")
+for rank, res in enumerate(ep_runs):
     print(f"rank {rank}: routed per expert {res['wanted']}, kept {res['load']}, dropped {res['dropped']};"
           f" rows sent to ranks {res['send']}, received from ranks {res['recv']}")
-for rank, res in enumerate(s4):
+for rank, res in enumerate(ep_runs):
     print(f"rank {rank} bytes per step: by hand {res['hand sent']:,}, library {res['library sent']:,}, formula {res['formula']:,}")
     assert res["hand sent"] == res["library sent"] == res["formula"]
 
@@ -1003,11 +590,11 @@ Without the auxiliary loss, the router concentrates the tokens on some of the ex
 
 # %% [markdown] slideshow={"slide_type": "slide"}
 """
-## 5. A 3-D mesh: data × context × tensor parallelism on 8 processes
+## 3. A 3-D mesh: data × context × tensor parallelism on 8 processes
 
 The dimensions compose. `init_device_mesh("cpu", (2, 2, 2), mesh_dim_names=("dp", "cp", "tp"))` arranges 8 processes in a cube; each named dimension has its own process group, of the ranks that differ only in that coordinate. One training step then uses all three:
 
-- **tp**: the model is tensor-parallel over the `tp` group (`course_lib.tensor_parallel.parallelize_transformer_`, section 1's twin);
+- **tp**: the model is tensor-parallel over the `tp` group (`course_lib.tensor_parallel.parallelize_transformer_`, the twin of notebook 15 §1's);
 - **cp**: each attention's core is replaced by ring attention over the `cp` group, with the zig-zag layout, and the rotary positions are those of the rank's chunks;
 - **dp**: each `dp` rank trains on its own sequences;
 - the weights are replicated across `dp` and `cp` (each saw different tokens), so after backward their gradients are all-reduced over `cp` and then over `dp`, and divided by 4.
@@ -1016,8 +603,8 @@ Three Adam steps against one process training on the whole batch (4 sequences of
 """
 
 # %% slideshow={"slide_type": "-"}
-# %%writefile _runs/n15/mesh.py
-"""dp x cp x tp on 8 processes, three Adam steps, against one process; section 5's job."""
+# %%writefile _runs/n16/mesh.py
+"""dp x cp x tp on 8 processes, three Adam steps, against one process; section 3's job."""
 import functools
 
 import torch
@@ -1032,7 +619,7 @@ from course_lib.transformer import Transformer
 STEPS, SEQUENCES, LR = 3, 4, 1e-3
 
 
-def section5(rank, world):
+def section3(rank, world):
     mesh = init_device_mesh("cpu", (2, 2, 2), mesh_dim_names=("dp", "cp", "tp"))
     groups = {d: mesh.get_group(d) for d in ("dp", "cp", "tp")}
     coord = {d: mesh.get_local_rank(d) for d in ("dp", "cp", "tp")}
@@ -1080,29 +667,29 @@ def section5(rank, world):
 
 # %% slideshow={"slide_type": "subslide"}
 t0 = time.perf_counter()
-s5 = run_ranks("_runs/n15/mesh.py:section5", nprocs=8, timeout=300, echo="none")
+mesh_runs = run_ranks("_runs/n16/mesh.py:section3", nprocs=8, timeout=300, echo="none")
 print(f"8 processes, every rank exit code 0 (~{time.perf_counter() - t0:.0f} s)")
 print("rank  (dp, cp, tp)  sequences  positions           parameters held")
-for rank, res in enumerate(s5):
+for rank, res in enumerate(mesh_runs):
     c = res["coord"]
     print(f"{rank:>4}  ({c['dp']}, {c['cp']}, {c['tp']})      {str(res['sequences']):<9}  {str(res['positions']):<18}  "
           f"{res['held']:,} of {res['full']:,}")
-for step, (mine, ref) in enumerate(zip(s5[0]["losses"], s5[0]["ref losses"])):
+for step, (mine, ref) in enumerate(zip(mesh_runs[0]["losses"], mesh_runs[0]["ref losses"])):
     print(f"step {step}: loss, 8 processes {mine:.4f}, one process {ref:.4f}")
-assert all(abs(a - b) < TOL for res in s5 for a, b in zip(res["losses"], res["ref losses"]))
-assert max(res["params"] for res in s5) < TOL
-print(f"after {len(s5[0]['losses'])} Adam steps every rank's parameters equal the one-process model's slice (< {TOL:g})")
+assert all(abs(a - b) < TOL for res in mesh_runs for a, b in zip(res["losses"], res["ref losses"]))
+assert max(res["params"] for res in mesh_runs) < TOL
+print(f"after {len(mesh_runs[0]['losses'])} Adam steps every rank's parameters equal the one-process model's slice (< {TOL:g})")
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-What each rank sent in the last step, by group, against the formulas of sections 1 and 3 and notebook 09's ring all-reduce: on `tp`, section 1's count for this rank's `2 x 32` tokens; on `cp`, the ring attention of each of the 2 layers (on the 2 local heads) and the all-reduce of the gradients of the parameters this rank holds; on `dp`, that all-reduce again.
+What each rank sent in the last step, by group, against the formulas of notebook 15 §1, section 1 and notebook 09's ring all-reduce: on `tp`, notebook 15 §1's count for this rank's `2 x 32` tokens; on `cp`, the ring attention of each of the 2 layers (on the 2 local heads) and the all-reduce of the gradients of the parameters this rank holds; on `dp`, that all-reduce again.
 """
 
 # %% slideshow={"slide_type": "fragment"}
 from course_lib.context_parallel import ring_attention_bytes  # noqa: E402
-from course_lib.tensor_parallel import collective_bytes  # noqa: E402
+from course_lib.tensor_parallel import collective_bytes, tp_bytes_per_step  # noqa: E402
 
-res = s5[0]
+res = mesh_runs[0]
 grad_bytes = res["held"] * 4
 want = {
     "tp": sum(tp_bytes_per_step(CONFIG, res["tokens"], 2).values()),
@@ -1116,14 +703,14 @@ for (op, group), (calls, sent) in res["table"].items():
 for group, formula_bytes in want.items():
     counted = sum(sent for (op, g), (_, sent) in res["table"].items() if g == group)
     print(f"{group}: counted {counted:,} bytes, formula {formula_bytes:,}")
-    assert all(sum(s for (o, g), (_, s) in r["table"].items() if g == group) == formula_bytes for r in s5)
+    assert all(sum(s for (o, g), (_, s) in r["table"].items() if g == group) == formula_bytes for r in mesh_runs)
 print(f"notebook so far ~{time.perf_counter() - notebook_start:.0f} s")
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
 The table is the map of a real run at small scale: the per-layer, latency-critical collectives (tensor parallelism's all-reduces, the ring's point-to-point blocks) stay in the innermost groups, and the gradient all-reduce, once per step and overlappable with backward, runs on the outer group. On a cluster the mesh is laid out so that `tp` is inside a node (NVLink) and `dp` spans nodes; `cp` in between. Expert parallelism takes a dimension the same way (often sharing the ranks of `dp` or `cp`: the experts are split over ranks that otherwise hold copies), and pipeline parallelism (notebook 12) another.
 
-## 6. Which dimension for which problem
+## 4. Which dimension for which problem
 
 <!-- BEGIN generated: facts-transformer-parallelism -->
 | | tensor parallel | sequence parallel | context parallel | expert parallel |
@@ -1133,7 +720,7 @@ The table is the map of a real run at small scale: the per-layer, latency-critic
 | idle time | none, but communication on the critical path of every layer | as tensor parallelism | with a causal mask, uneven unless the sequence is split zig-zag; a ring's transfer hides behind a block's compute when posted first and the compute lasts at least as long | load imbalance: the busiest expert's rank sets the pace; capacity drops the excess |
 | needs | very fast links: one node, NVLink | tensor parallelism (the same group, the same fast links) | a sequence long enough that one block's attention outweighs passing its keys and values | a balanced router (auxiliary loss or bias) and fast all-to-all |
 | use when | single layers too big, or activations per layer; within a node | always with tensor parallelism: the norms' activations are otherwise replicated | long context: the activations of one sequence do not fit one device | mixture-of-experts models: more experts than fit one device |
-| shown | notebook 12 §6 (one layer), notebook 15 §1 (a whole block) | notebook 15 §2 | notebook 15 §3 | notebook 15 §4 |
+| shown | notebook 12 §6 (one layer), notebook 15 §1 (a whole block) | notebook 15 §2 | notebook 16 §1 | notebook 16 §2 |
 <!-- END generated -->
 """
 
@@ -1141,8 +728,6 @@ The table is the map of a real run at small scale: the per-layer, latency-critic
 """
 ## Summary
 
-- **Tensor parallelism** splits q/k/v and the MLP's first projections by columns (heads, `d_ff`) and o/down by rows; Megatron's `f` (identity forward, all-reduce backward) and `g` (all-reduce forward, identity backward) are the only communication: 4 all-reduces of the activations per transformer block and step, plus 2 for the vocabulary-parallel embedding and head and 3 small ones for the vocabulary-parallel loss. By hand, `course_lib` and `parallelize_module` gave one process's gradients and the counted bytes matched the formula.
-- **Sequence parallelism** replaces each all-reduce by a reduce-scatter and an all-gather along the sequence, the same activation bytes, plus an all-reduce of the norms' weight gradients; the norms' activations are divided by the ranks, measured to the byte against notebook 14's formula.
 - **Context parallelism** keeps each rank's queries and brings it every key and value: around a ring (merged by log-sum-exp; `2 (n-1)` blocks forward, `4n - 2` backward), all-gathered (the same forward bytes, the gradients reduce-scattered; Llama 3's choice, cheap under grouped-query attention) or re-split over heads by Ulysses' two all-to-alls (the fewest bytes, `n` limited by the key/value heads). All three equal full causal attention forward and backward, their counted bytes their formulas. Posting the next exchange before the block's compute hides the transfer when the compute lasts at least as long, and exposes `transfer - compute` per step otherwise. The zig-zag split evens the causal work per rank. PyTorch's `context_parallel` all-gathers by default (`set_rotate_method("alltoall")` gives the ring's exchange) and needs CUDA's SDPA kernels.
 - **Expert parallelism** dispatches token rows to their experts' ranks and combines them back with two `all_to_all_single` calls, equal to the one-process MoE; the auxiliary loss kept the load close to even where training without it collapsed onto some experts.
 - The dimensions compose on a `DeviceMesh`: dp × cp × tp on 8 processes trained like one process, and each group carried its own collectives.
@@ -1152,23 +737,17 @@ The table is the map of a real run at small scale: the per-layer, latency-critic
 """
 ## Exercises
 
-1. For each linear layer of a block, say whether tensor parallelism splits it by columns (`"column"`) or by rows (`"row"`).
-2. Write `ring_forward_bytes(batch, heads, seq_len, head_dim, n, p)`: the bytes one rank sends in the forward pass of one ring-attention call on `n` ranks (`p` bytes per element, heads of key and value equal to the query's).
-3. Write `a2a_send_counts(experts, kept, n_experts, n_ranks)`: the rows one rank sends to each rank at dispatch, given its routing (`experts` and `kept` of shape `(tokens, k)`, expert `e` on rank `e // (n_experts / n_ranks)`).
-4. Write `ulysses_forward_bytes(batch, heads, kv_heads, seq_len, head_dim, n, p)`: the bytes one rank sends in Ulysses' forward pass (its all-to-alls of q, k, v and of the output), with `kv_heads` key/value heads.
+1. Write `ring_forward_bytes(batch, heads, seq_len, head_dim, n, p)`: the bytes one rank sends in the forward pass of one ring-attention call on `n` ranks (`p` bytes per element, heads of key and value equal to the query's).
+2. Write `a2a_send_counts(experts, kept, n_experts, n_ranks)`: the rows one rank sends to each rank at dispatch, given its routing (`experts` and `kept` of shape `(tokens, k)`, expert `e` on rank `e // (n_experts / n_ranks)`).
+3. Write `ulysses_forward_bytes(batch, heads, kv_heads, seq_len, head_dim, n, p)`: the bytes one rank sends in Ulysses' forward pass (its all-to-alls of q, k, v and of the output), with `kv_heads` key/value heads.
 """
 
 # %% slideshow={"slide_type": "-"}
-from course_lib.exercises.transformer_parallelism import (  # noqa: E402
-    LINEAR_LAYERS, check_a2a_send_counts, check_parallel_styles, check_ring_forward_bytes, check_ulysses_forward_bytes,
+from course_lib.exercises.context_expert_parallelism import (  # noqa: E402
+    check_a2a_send_counts, check_ring_forward_bytes, check_ulysses_forward_bytes,
 )
 
-print(", ".join(LINEAR_LAYERS))
-answer = {name: ... for name in LINEAR_LAYERS}  # "column" or "row"
-print(check_parallel_styles(answer))
 
-
-# %% slideshow={"slide_type": "-"}
 def ring_forward_bytes(batch, heads, seq_len, head_dim, n, p):
     raise NotImplementedError  # your code here
 
@@ -1195,10 +774,8 @@ print(check_ulysses_forward_bytes(ulysses_forward_bytes))
 """
 ## References
 
-- M. Shoeybi et al., *Megatron-LM: Training Multi-Billion Parameter Language Models Using Model Parallelism*, 2019, [arXiv:1909.08053](https://arxiv.org/abs/1909.08053) (the `f` and `g` operators, vocabulary-parallel embedding and loss).
-- V. Korthikanti et al., *Reducing Activation Recomputation in Large Transformer Models*, 2022, [arXiv:2205.05198](https://arxiv.org/abs/2205.05198) (sequence parallelism, the activation formula).
 - H. Liu, M. Zaharia, P. Abbeel, *Ring Attention with Blockwise Transformers for Near-Infinite Context*, 2023, [arXiv:2310.01889](https://arxiv.org/abs/2310.01889); the zig-zag split and the all-gather of keys and values: Llama Team, *The Llama 3 Herd of Models*, 2024, [arXiv:2407.21783](https://arxiv.org/abs/2407.21783) (subsection 3.3.2, *Context parallelism*); S. A. Jacobs et al., *DeepSpeed Ulysses: System Optimizations for Enabling Training of Extreme Long Sequence Transformer Models*, 2023, [arXiv:2309.14509](https://arxiv.org/abs/2309.14509). PyTorch's exchange: `torch/distributed/tensor/experimental/_context_parallel/_attention.py` in torch 2.13 (`_ContextParallelOptions`, `_create_rotater`, `set_rotate_method`).
 - N. Shazeer et al., *Outrageously Large Neural Networks: The Sparsely-Gated Mixture-of-Experts Layer*, 2017, [arXiv:1701.06538](https://arxiv.org/abs/1701.06538); D. Lepikhin et al., *GShard*, 2020, [arXiv:2006.16668](https://arxiv.org/abs/2006.16668); W. Fedus, B. Zoph, N. Shazeer, *Switch Transformers*, 2021, [arXiv:2101.03961](https://arxiv.org/abs/2101.03961) (capacity, the auxiliary loss); DeepSeek-AI, *DeepSeek-V3 Technical Report*, 2024, [arXiv:2412.19437](https://arxiv.org/abs/2412.19437) (bias-based balancing).
 - Hugging Face, [*The Ultra-Scale Playbook: Training LLMs on GPU Clusters*](https://huggingface.co/spaces/nanotron/ultrascale-playbook), 2025; [picotron](https://github.com/huggingface/picotron).
-- PyTorch docs and tutorials: [Tensor Parallelism (`torch.distributed.tensor.parallel`)](https://pytorch.org/docs/stable/distributed.tensor.parallel.html), [Large Scale Transformer model training with Tensor Parallel](https://pytorch.org/tutorials/intermediate/TP_tutorial.html), [Context Parallel tutorial](https://pytorch.org/tutorials/prototype/context_parallel.html), [`all_to_all_single`](https://pytorch.org/docs/stable/distributed.html#torch.distributed.all_to_all_single), [DeviceMesh](https://pytorch.org/tutorials/recipes/distributed_device_mesh.html).
+- PyTorch docs and tutorials: [Context Parallel tutorial](https://pytorch.org/tutorials/prototype/context_parallel.html), [`all_to_all_single`](https://pytorch.org/docs/stable/distributed.html#torch.distributed.all_to_all_single), [DeviceMesh](https://pytorch.org/tutorials/recipes/distributed_device_mesh.html).
 """

@@ -3,47 +3,15 @@ from __future__ import annotations
 import torch
 
 from checks import assert_check
-from course_lib.exercises.transformer_parallelism import (
-    LINEAR_LAYERS,
+from course_lib.exercises.context_expert_parallelism import (
     check_a2a_send_counts,
-    check_parallel_styles,
     check_ring_forward_bytes,
     check_ulysses_forward_bytes,
 )
 
-RIGHT = {
-    "q_proj": "column",
-    "k_proj": "column",
-    "v_proj": "column",
-    "o_proj": "row",
-    "gate_proj": "column",
-    "up_proj": "column",
-    "down_proj": "row",
-}
-
 
 def _blank(*args: object) -> object:
     raise NotImplementedError
-
-
-def test_parallel_styles() -> None:
-    swapped = {k: "row" if v == "column" else "column" for k, v in RIGHT.items()}
-    assert_check(
-        check_parallel_styles,
-        right=[RIGHT, {**RIGHT, "extra": "ignored"}],
-        right_says="row-parallel o and down",
-        not_done=[..., None, {name: ... for name in LINEAR_LAYERS}],
-        wrong=[
-            (swapped, "every answer is swapped"),
-            ({**RIGHT, "k_proj": "row"}, "k_proj"),
-            ({**RIGHT, "o_proj": "column"}, "o_proj"),
-            ({**RIGHT, "gate_proj": "row"}, "SwiGLU"),
-            ({**RIGHT, "down_proj": "column"}, "down_proj"),
-            ({**RIGHT, "q_proj": "col"}, 'answer "column" or "row"'),
-            ({"q_proj": "column"}, "no answer for"),
-            (["column"] * 7, "should be a dict"),
-        ],
-    )
 
 
 def _ring(b: int, h: int, s: int, d: int, n: int, p: int) -> int:

@@ -2,7 +2,7 @@
 """
 # Lab · expert parallelism with all-to-all
 
-Notebook 15 §4 spread the experts of a mixture-of-experts layer over two processes: each rank routes its own tokens, sends each kept token to the rank that holds its expert with an all-to-all, runs its experts on what arrives, and sends the results back with a second all-to-all. In this lab you write that mechanism yourself, for a top-1 layer, and it runs as two real processes beside the same layer computed in one process.
+Notebook 16 §2 spread the experts of a mixture-of-experts layer over two processes: each rank routes its own tokens, sends each kept token to the rank that holds its expert with an all-to-all, runs its experts on what arrives, and sends the results back with a second all-to-all. In this lab you write that mechanism yourself, for a top-1 layer, and it runs as two real processes beside the same layer computed in one process.
 
 By the end you will have written, and seen pass against one process:
 - the counts exchange, which tells every rank how many rows it will receive from each rank, for each of its experts;
@@ -11,7 +11,7 @@ By the end you will have written, and seen pass against one process:
 - the results put back at their tokens and scaled by their gates, dropped tokens passing through unchanged;
 - an all-to-all as an `autograd.Function` whose backward is the reverse all-to-all.
 
-This lab assumes notebook 15 §4 (expert parallelism, `course_lib.moe`) and notebook 03 (custom `autograd.Function`s). Expected time: about an hour.
+This lab assumes notebook 16 §2 (expert parallelism, `course_lib.moe`) and notebook 03 (custom `autograd.Function`s). Expected time: about an hour.
 """
 
 # %% [markdown] slideshow={"slide_type": "slide"}

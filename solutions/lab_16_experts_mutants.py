@@ -1,4 +1,4 @@
-"""Typical bugs in the expert-parallel lab (solutions/lab_15_experts.py): each a small patch its check must reject."""
+"""Typical bugs in the expert-parallel lab (solutions/lab_16_experts.py): each a small patch its check must reject."""
 
 from mutants import Mutant
 
