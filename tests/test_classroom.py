@@ -78,6 +78,13 @@ def test_the_sweep_kills_what_a_run_left_behind() -> None:
     env = dict(os.environ, **{TOKEN_ENV: token})
     child = subprocess.Popen(["sleep", "120"], env=env, start_new_session=True)
     try:
+        # Popen returns after fork: until the child has exec'd `sleep`, /proc shows this process's environment
+        # (without the token) and command line. In a graded run the token is inherited, so the sweep sees a child
+        # from its fork on; here the test waits for the exec (it took over 0.5 s on a loaded machine once).
+        deadline = time.monotonic() + 30
+        while Path(f"/proc/{child.pid}/cmdline").read_bytes().split(b"\0")[0] != b"sleep":
+            assert time.monotonic() < deadline, "the child never exec'd sleep"
+            time.sleep(0.01)
         killed = sweep(token, grace=0.5)
         assert len(killed) == 1 and f"pid {child.pid}: sleep 120" in killed[0]
         assert child.wait(timeout=10) == -9
