@@ -619,8 +619,8 @@ from course_lib.transformer import Transformer
 STEPS, SEQUENCES, LR = 3, 4, 1e-3
 
 
-def section3(rank, world):
-    mesh = init_device_mesh("cpu", (2, 2, 2), mesh_dim_names=("dp", "cp", "tp"))
+def train(mesh, divisor):
+    """Three Adam steps on the mesh, the replicated gradients summed over cp and dp and divided by `divisor`."""
     groups = {d: mesh.get_group(d) for d in ("dp", "cp", "tp")}
     coord = {d: mesh.get_local_rank(d) for d in ("dp", "cp", "tp")}
     layout = zigzag_layout(SEQ, 2)
@@ -638,7 +638,6 @@ def section3(rank, world):
         ref_opt.zero_grad()
         ref_loss = ref.loss(ids, targets)
         ref_loss.backward()
-        ref_opt.step()
         ref_losses.append(ref_loss.item())
         rows = slice(coord["dp"] * per_dp, (coord["dp"] + 1) * per_dp)        # this dp rank's sequences
         ids_l, targets_l = (shard_sequence(t[rows], layout, coord["cp"]) for t in (ids, targets))  # its positions
@@ -649,14 +648,19 @@ def section3(rank, world):
             for p in model.parameters():                           # replicated over cp and dp: average
                 tp.all_reduce(p.grad, groups["cp"])
                 tp.all_reduce(p.grad, groups["dp"])
-                p.grad /= 4
+                p.grad /= divisor
+        if step == 0:                                              # the first step's gradients, this rank's slices
+            ref_params = dict(ref.named_parameters())
+            grads = {k: p.grad.clone() for k, p in model.named_parameters()}
+            ref_grads = {k: tp.shard_of(k, ref_params[k].grad, coord["tp"], 2) for k in grads}
         opt.step()
+        ref_opt.step()
         whole = loss.detach().clone()
         dist.all_reduce(whole)                                     # (not counted: only to print the global loss)
         losses.append(whole.item() / 8)                            # the 2 tp ranks of a (dp, cp) pair hold the same
     ref_params = dict(ref.named_parameters())
     return {
-        "coord": coord, "losses": losses, "ref losses": ref_losses,
+        "coord": coord, "losses": losses, "ref losses": ref_losses, "grads": grads, "ref grads": ref_grads,
         "params": max(max_diff(p, tp.shard_of(k, ref_params[k], coord["tp"], 2)) for k, p in model.named_parameters()),
         "held": sum(p.numel() for p in model.parameters()), "full": sum(p.numel() for p in ref.parameters()),
         "sequences": list(range(SEQUENCES))[rows], "positions": [list(c) for c in layout[coord["cp"]]],
@@ -665,7 +669,16 @@ def section3(rank, world):
     }
 
 
+def section3(rank, world):
+    mesh = init_device_mesh("cpu", (2, 2, 2), mesh_dim_names=("dp", "cp", "tp"))
+    out = train(mesh, divisor=4)                                   # 2 dp x 2 cp copies of each weight: divide by 4
+    out["planted"] = train(mesh, divisor=2)                        # a planted bug: divided by the dp size only
+    return out
+
+
 # %% slideshow={"slide_type": "subslide"}
+from course_lib.equivalence import compare_gradients  # noqa: E402
+
 t0 = time.perf_counter()
 mesh_runs = run_ranks("_runs/n16/mesh.py:section3", nprocs=8, timeout=300, echo="none")
 print(f"8 processes, every rank exit code 0 (~{time.perf_counter() - t0:.0f} s)")
@@ -679,6 +692,25 @@ for step, (mine, ref) in enumerate(zip(mesh_runs[0]["losses"], mesh_runs[0]["ref
 assert all(abs(a - b) < TOL for res in mesh_runs for a, b in zip(res["losses"], res["ref losses"]))
 assert max(res["params"] for res in mesh_runs) < TOL
 print(f"after {len(mesh_runs[0]['losses'])} Adam steps every rank's parameters equal the one-process model's slice (< {TOL:g})")
+matches = [compare_gradients(res["grads"], res["ref grads"], world_size=2) for res in mesh_runs]
+print(f"first step, rank 0: {matches[0]}")
+assert all(matches)
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+Why the first step's gradients and not only the losses: each weight is replicated over the 2 `cp` and 2 `dp` ranks, so its gradient is summed over 4 copies and must be divided by 4. The job ran a second time with a planted bug, dividing by 2 (the `dp` size only), so every gradient is twice one process's. Adam divides each step by the running root mean square of the gradients, so a constant factor cancels, except against its `eps` (`1e-8`): the losses still agree with one process within the tolerance, and the parameters move apart only where a gradient is not much larger than `eps`. The gradients are twice one process's, and the first step's comparison says so.
+"""
+
+# %% slideshow={"slide_type": "fragment"}
+planted = [res["planted"] for res in mesh_runs]
+loss_gap = max(abs(a - b) for res in planted for a, b in zip(res["losses"], res["ref losses"]))
+param_gap = max(res["params"] for res in planted)
+print(f"planted bug, after {len(planted[0]['losses'])} Adam steps: losses within ~{loss_gap:.1e} of one process's "
+      f"(< {TOL:g}: the loss check passes); parameters within ~{param_gap:.1e}")
+assert loss_gap < TOL
+caught = [compare_gradients(res["grads"], res["ref grads"], world_size=2) for res in planted]
+print(f"first step, rank 0: {caught[0]}")
+assert not any(caught) and all(abs(c.norm_ratio - 2) < 1e-3 for c in caught)
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
