@@ -1,7 +1,6 @@
 # %% [markdown] slideshow={"slide_type": "slide"}
 """
 # 09 · Data parallelism and all-reduce
-
 Data parallelism runs the same model on several devices, each on its own slice of the data, and averages the gradients so that every copy takes the same step. The averaging is a *collective* operation, and how it moves bytes decides how well training scales. This notebook looks briefly at PyTorch's old one-process answer, `nn.DataParallel`, then builds the communication that `DistributedDataParallel` relies on: parameter server versus ring all-reduce, the collectives of `torch.distributed` run for real in several processes, a ring all-reduce written by hand, a model of its time, and finally DDP itself, written by hand.
 
 By the end you will be able to:
@@ -19,24 +18,16 @@ This notebook assumes: notebook 08 (gradients add up over samples; accumulation)
 import copy
 import inspect
 import math
-import os
 import threading
 import time
 from pathlib import Path
-
 import ipywidgets as widgets
 import matplotlib.pyplot as plt
 import torch
-from IPython.display import display
+import torch.distributed as dist
 from torch import nn
-
-from course_lib.allreduce_sim import (
-    parameter_server_all_reduce,
-    parameter_server_bytes_formula,
-    render_snapshot,
-    ring_all_reduce,
-    ring_bytes_formula,
-)
+from course_lib.allreduce_sim import (parameter_server_all_reduce, parameter_server_bytes_formula, render_snapshot,
+                                      ring_all_reduce, ring_bytes_formula)
 from course_lib.data import digits
 from course_lib.device import requires_gpu
 from course_lib.errors import expect_error
@@ -46,9 +37,11 @@ from course_lib.seeding import seed_everything
 seed_everything(0)
 torch.set_num_threads(1)   # one thread: steadier timings on a shared machine
 train, test = digits()
-os.makedirs("_runs", exist_ok=True)  # scratch folder for the scripts this notebook writes (git ignores it)
+runs = Path("_runs")
+runs.mkdir(exist_ok=True)   # scratch folder for the scripts this notebook writes (git ignores it)
+for old in ("collectives.py", "ring.py", "deadlock.py", "comm_time.py", "handoff.txt", "hand_ddp.py", "overlap.py"):
+    (runs / old).unlink(missing_ok=True)   # so that %%writefile always says "Writing"
 print(f"digits: {len(train)} training images")
-
 
 def make_mlp() -> nn.Module:
     seed_everything(0)
@@ -58,9 +51,7 @@ def make_mlp() -> nn.Module:
 # %% [markdown] slideshow={"slide_type": "slide"}
 """
 ## 1. `nn.DataParallel`, briefly: one process, one thread per GPU
-
 `model = nn.DataParallel(model)` is one line, and for years it was the first thing people tried. PyTorch's documentation now recommends `DistributedDataParallel` instead, even on one machine (linked in the references), so this section is short: the four steps, why they are slow, and two facts that still bite. Every forward pass of `DataParallel`:
-
 1. **scatter**: cut the input batch into one chunk per GPU and copy each chunk to its GPU;
 2. **replicate**: copy the model (parameters and buffers) from `device_ids[0]` ("GPU 0") to every other GPU;
 3. **parallel_apply**: run each replica on its chunk, one Python *thread* per GPU;
@@ -70,8 +61,7 @@ In backward, the replicas' gradients flow back through the copy of step 2 and ar
 """
 
 # %% slideshow={"slide_type": "fragment"}
-from torch.nn.parallel import _functions as parallel_functions
-from torch.nn.parallel import parallel_apply, replicate
+from torch.nn.parallel import _functions as parallel_functions, parallel_apply, replicate
 
 src = inspect.getsource(nn.DataParallel.forward)
 steps = ["self.scatter(", "self.replicate(", "self.parallel_apply(", "self.gather("]
@@ -92,7 +82,6 @@ print("parameters and summed gradients live on device_ids[0]; output_device (by 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
 ### On a machine without GPUs, DataParallel is the module itself
-
 With no GPU, `DataParallel` sets `device_ids = []` (even if you pass some) and its forward is a plain call of the wrapped module: one call, on the whole batch, no threads. The only visible change is the `module.` prefix it adds to every key of the `state_dict`, a classic source of "missing keys" errors when a checkpoint saved from a wrapped model is loaded into a bare one.
 
 The demonstration runs as a small **CPU job** (a script started by `course_lib.launch.run_script`, which hides every GPU from the processes it starts), so it shows the no-GPU behaviour on every machine, yours included if it has GPUs: the rule of this course is that CPU jobs stay on the CPU unless asked.
@@ -103,19 +92,15 @@ The demonstration runs as a small **CPU job** (a script started by `course_lib.l
 """DataParallel on a machine without GPUs. Run as a CPU job: course_lib.launch hides any GPU from it."""
 import torch
 from torch import nn
-
 from course_lib.data import digits
 from course_lib.errors import expect_error
 from course_lib.seeding import seed_everything
 
-
-def make_mlp() -> nn.Module:
+def make_mlp() -> nn.Module:   # the notebook's seeded MLP, again: this script is a process of its own
     seed_everything(0)
     return nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 10))
 
-
-model = make_mlp()
-calls = []
+model, calls = make_mlp(), []
 model.register_forward_hook(lambda mod, inputs, output: calls.append(tuple(inputs[0].shape)))
 dp = nn.DataParallel(model, device_ids=[0, 1])
 x = digits()[0].flat()[:96]
@@ -131,15 +116,12 @@ print("loading dp.module.state_dict() works")
 
 # %% slideshow={"slide_type": "-"}
 print(run_script(["python", "_runs/dp_without_gpus.py"], timeout=600, echo="none").output("main"))
-
-# %% slideshow={"slide_type": "-"}
 model = make_mlp()  # the same seeded MLP, in this kernel, for the rest of the section
 loss_fn = nn.CrossEntropyLoss()
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
 ### Why it is slow
-
 - **The GIL.** The replicas run in threads of one Python process, and only one thread runs Python at a time. A replica's forward on a GPU is Python code (module calls, hooks, the forward's own lines) that launches kernels; the kernels then run on the GPU while the thread waits with the GIL released. So the threads overlap their GPUs' work but take turns for the Python work: the more small layers, the less the threads help.
 - **A full copy of the model at every step.** Only GPU 0 keeps the real parameters and the optimizer, so step 2 broadcasts the whole model again at every forward.
 - **No overlap of the gradient reduction with backward.** The gradients are summed when autograd reaches `Broadcast`'s backward, after the replicas' backward has finished (DDP starts each bucket's all-reduce during backward, section 6).
@@ -160,24 +142,20 @@ def run_in_threads(work, n: int) -> tuple[float, float]:
         t.join()
     return time.perf_counter() - t0, time.process_time() - cpu0
 
-
 def run_sequential(work, n: int) -> float:
     t0 = time.perf_counter()
     for _ in range(n):
         work()
     return time.perf_counter() - t0
 
-
 def python_bound() -> None:      # pure Python: holds the GIL the whole time, like a forward's Python lines
     x = 0.0
     for i in range(100_000):
         x = x * 0.5 + i
 
-
 def waits_for_device() -> None:  # a thread waiting for its GPU: the GIL is released while it waits
     for _ in range(5):
         time.sleep(0.01)
-
 
 speedup, cores, times = {}, {}, {}
 for name, work in [("Python-bound work", python_bound), ("waiting, GIL released", waits_for_device)]:
@@ -199,7 +177,6 @@ print(f"waiting in 2 threads: 2 jobs one after the other ~{one_after_the_other *
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
 ### What the source posts said about DataParallel, checked
-
 - *"DataParallel is single-process, multi-threaded, so the GIL limits it"*: **true** (above).
 - *"Its parameter update uses a parameter server"*: **essentially true**, with GPU 0 as the server: it broadcasts the weights and receives the summed gradients every step. There is no separate server machine.
 - *"It only works on one machine"*: **true**, threads cannot cross machines.
@@ -217,10 +194,7 @@ with torch.autocast("cpu", dtype=torch.float16):   # not the CPU's default dtype
     def replica() -> None:                           # parallel_apply's worker: autocast on, no dtype given
         with torch.amp.autocast("cpu", enabled=flag):
             seen["worker thread"] = (torch.is_autocast_enabled("cpu"), (xs @ w).dtype)
-
-    worker = threading.Thread(target=replica)
-    worker.start()
-    worker.join()
+    run_in_threads(replica, 1)                       # one worker thread, started and joined
 for where, (enabled, dtype) in seen.items():
     print(f"{where:<15} autocast enabled: {enabled}, a matmul computes in {dtype}")
 assert seen == {"calling thread": (True, torch.float16), "worker thread": (True, torch.bfloat16)}
@@ -232,12 +206,7 @@ print("parallel_apply carries autocast's on/off flag into its threads, not its d
 print(f"a thread's default autocast dtype: cuda {torch.get_autocast_dtype('cuda')}, cpu {torch.get_autocast_dtype('cpu')}"
       " -> bf16 autocast around DataParallel on 2+ GPUs computes in float16")
 
-# %% [markdown] slideshow={"slide_type": "subslide"}
-"""
-The real thing, on a machine with two or more GPUs: the same gradients as one GPU, the step time, and the dtype under bf16 autocast.
-"""
-
-# %% slideshow={"slide_type": "fragment"}
+# %% slideshow={"slide_type": "subslide"}
 if requires_gpu("nn.DataParallel on 2 GPUs: same gradients as one GPU, its step time, fp16 replicas under bf16 autocast", count=2):
     net = make_mlp().cuda()
     dp_net = nn.DataParallel(copy.deepcopy(net))
@@ -263,9 +232,7 @@ if requires_gpu("nn.DataParallel on 2 GPUs: same gradients as one GPU, its step 
 # %% [markdown] slideshow={"slide_type": "slide"}
 """
 ## 2. Averaging gradients: parameter server versus ring all-reduce
-
 Each of `N` workers has computed a gradient of `S` bytes on its own data. All of them need the average. Two ways:
-
 - **Parameter server**: every worker sends its gradient to a server, the server sums, and sends the result back to every worker. Each worker sends `S` and receives `S`, but the server receives `N·S` and sends `N·S`: its link is the bottleneck and it grows with `N`.
 - **Ring all-reduce**: workers form a ring; each gradient is cut into `N` chunks. In `N-1` **scatter-reduce** steps every worker passes one chunk to its right neighbour, which adds it to its own copy; afterwards each worker holds one chunk summed over everyone. In `N-1` **all-gather** steps the summed chunks travel around the ring. Each worker sends `2(N-1)` chunks of `S/N`: **`2(N-1)/N · S`**, less than `2S` whatever `N` is.
 
@@ -292,20 +259,17 @@ def ring_sim(grads: list[torch.Tensor]) -> tuple[list[torch.Tensor], list[int]]:
                     chunks[dst][c].copy_(payload)  # overwrite with the finished sum
     return [torch.cat(c) for c in chunks], sent
 
-
 def parameter_server_sim(grads: list[torch.Tensor]) -> tuple[list[torch.Tensor], list[int], int]:
     total = torch.stack(grads).sum(0)                           # the server receives N gradients and sums
     s = grads[0].numel() * grads[0].element_size()
     return [total.clone() for _ in grads], [s] * len(grads), len(grads) * s   # and sends N copies back
 
-
 grads = [torch.randn(10, generator=torch.Generator().manual_seed(w)) for w in range(4)]
 ring_out, ring_sent = ring_sim(grads)
 ps_out, ps_sent, server_sent = parameter_server_sim(grads)
 expected = torch.stack(grads).sum(0)
-for a, b in zip(ring_out, ps_out):
-    torch.testing.assert_close(a, expected)
-    torch.testing.assert_close(b, expected)
+for out in [*ring_out, *ps_out]:
+    torch.testing.assert_close(out, expected)
 lib = ring_all_reduce(grads)                      # course_lib's version, used from here on
 assert lib.sent_bytes == ring_sent and all(torch.allclose(a, b) for a, b in zip(lib.outputs, ring_out))
 print(f"4 workers, 10 floats (40 bytes) each: ring sends {ring_sent} bytes per worker "
@@ -315,7 +279,6 @@ print(f"parameter server: each worker sends {ps_sent[0]}, the server sends {serv
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
 ### Step through it
-
 Move the slider to walk through the 6 steps of a ring of 4 workers. Each cell says whose gradients that worker's copy of that chunk holds summed; `*` marks a chunk summed over all 4. After step 3 (the end of scatter-reduce) each worker owns one complete chunk; the all-gather then copies them around. (Below the slider, the same steps as static text.)
 """
 
@@ -324,23 +287,18 @@ demo = ring_all_reduce([torch.ones(8) for _ in range(4)])
 slider = widgets.IntSlider(value=0, min=0, max=len(demo.snapshots) - 1, description="step")
 view = widgets.HTML()
 
-
 def show_step(change=None) -> None:
     view.value = f"<pre>{render_snapshot(demo.snapshots[slider.value])}</pre>"
-
 
 slider.observe(show_step, names="value")
 show_step()
 display(widgets.VBox([slider, view]))
-
-# %% slideshow={"slide_type": "fragment"}
 for snap in demo.snapshots:
     print(render_snapshot(snap), end="\n\n")
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
 ### Bytes against the number of workers
-
 Measured with the simulation (a gradient whose size every `N` divides, so chunks are equal) and drawn next to the formulas. The ring's per-worker traffic approaches `2S` and stays there; the server's grows linearly.
 """
 
@@ -358,18 +316,16 @@ print(" N | ring, per worker | PS, per worker | PS, server | ring steps")
 for n, ring_w, ps_w, ps_s, steps in rows:
     print(f"{n:>2} | {ring_w:>13.3f} S | {ps_w:>12.3f} S | {ps_s:>8.0f} S | {steps:>4}")
 
-fig, ax = plt.subplots(figsize=(6.5, 3.6))
+fig, ax = plt.subplots(figsize=(6.5, 3.6), layout="tight")
 grid = torch.linspace(2, 16, 100)
 ax.plot(grid, 2 * (grid - 1) / grid, "-", color="tab:blue", alpha=0.5, label="ring formula 2(N-1)/N")
 ax.plot(ns, [r[1] for r in rows], "o", color="tab:blue", label="ring, measured per worker")
 ax.plot(grid, grid, "-", color="tab:red", alpha=0.5, label="server formula N")
 ax.plot(ns, [r[3] for r in rows], "s", color="tab:red", label="parameter server, measured at the server")
 ax.plot(ns, [r[2] for r in rows], "^", color="grey", label="parameter server, measured per worker")
-ax.set_xlabel("number of workers N  (S = the gradient size in bytes)")
-ax.set_ylabel("bytes sent per all-reduce (x S)")
-ax.set_title("Who sends how much: ring all-reduce vs parameter server")
+ax.set(xlabel="number of workers N  (S = the gradient size in bytes)", ylabel="bytes sent per all-reduce (x S)",
+       title="Who sends how much: ring all-reduce vs parameter server")
 ax.legend(fontsize=8)
-fig.tight_layout()
 plt.show()
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
@@ -377,7 +333,6 @@ plt.show()
 Bytes are not the whole story. The ring needs `2(N-1)` steps one after the other, and each step pays the network's latency, so for small messages or very many workers it loses to tree-shaped algorithms. NCCL picks ring or tree per message size; gloo has several all-reduce algorithms too. "DDP uses ring all-reduce", as the source post says, is a good mental model, not a precise description: DDP calls the backend's `all_reduce`, and the backend chooses.
 
 ### "Effective batch size": what the Tensor post mixed up
-
 The Tensor post says that with a parameter server "the effective batch size is the batch size" but with ring all-reduce "the effective batch is batch × 5" (for 5 GPUs). The communication algorithm has nothing to do with it: both compute the same average of the same gradients. What differs is the API convention: `DataParallel` splits **one** batch across the GPUs (global batch = the batch you pass), while with `DistributedDataParallel` each process loads **its own** batch (global batch = per-process batch × N). Below, 4 workers with 32 digits each: ring and parameter server give the same averaged gradient, and it equals the gradient of one batch of 128.
 """
 
@@ -387,7 +342,6 @@ def flat_grad(model: nn.Module, xs: torch.Tensor, ys: torch.Tensor) -> torch.Ten
     model.zero_grad()
     loss_fn(model(xs), ys).backward()
     return torch.cat([p.grad.reshape(-1) for p in model.parameters()])
-
 
 net = make_mlp()
 xs, ys = train.flat()[:128], train.y[:128]
@@ -401,11 +355,9 @@ print(f"{per_worker[0].numel()} gradient numbers: ring average == parameter-serv
 # %% [markdown] slideshow={"slide_type": "slide"}
 """
 ## 3. The collectives, for real: several processes on gloo
-
 `torch.distributed` gives each process a **rank** in a **world** of `world_size` processes, connected by a backend: `gloo` on CPUs (and GPUs), `nccl` between NVIDIA GPUs, `mpi` where PyTorch was built with it. Every process must call the same collectives in the same order; a call returns when this rank's part is done, which usually means waiting for the others.
 
 A function defined in a notebook cell cannot run in a freshly started process (the new process cannot import the notebook), so the worker code is written to a file with `%%writefile`, into `_runs/` (git ignores it), and launched with `course_lib.launch.run_ranks`. What it does, since the rest of the course relies on it:
-
 - `run_ranks("file.py:fn", nprocs=N, args=...)` starts `N` new processes (on Linux, forks of a helper process that has imported PyTorch once, the idea of Python's `forkserver` start method; elsewhere, or with `COURSE_LIB_FORKSERVER=0`, fresh interpreters). A fresh interpreter first imports torch, and DDP's constructor imports `torch._dynamo` too: seconds of CPU time per process before any work, which a fork of a process that has already imported them does not pay. Each one gets the environment variables that `torch.distributed`'s `env://` initialization reads (`MASTER_ADDR=127.0.0.1`, `MASTER_PORT` set to a port that was free a moment ago, `RANK`, `WORLD_SIZE`), calls `dist.init_process_group("gloo")`, imports `file.py` and calls `fn(rank, world_size, *args)`; then it tears the group down (`barrier`, `destroy_process_group`) and sends `fn`'s return value back (pickled). `run_ranks` returns the list of values in rank order. (It is not `torch.multiprocessing.spawn`, which calls `fn(i, *args)`, leaves the process group to `fn` and returns nothing: notebook 10 uses that one.)
 - The processes see **no GPU** (`CUDA_VISIBLE_DEVICES=""`): these are CPU jobs, and on a machine with GPUs they stay CPU jobs and print what you see here. `device="cuda"` is the opt-in: one GPU per rank, bound before `fn` runs.
 - While they run, it shows each rank's printed lines (grouped by rank in a notebook, so the output does not depend on which process printed first).
@@ -413,12 +365,6 @@ A function defined in a notebook cell cannot run in a freshly started process (t
 
 Notebook 10 runs the same kind of worker under `torchrun`, PyTorch's own launcher.
 """
-
-# %% slideshow={"slide_type": "-"}
-runs = Path("_runs")
-runs.mkdir(exist_ok=True)
-for old in ("collectives.py", "ring.py", "deadlock.py", "comm_time.py", "handoff.txt", "hand_ddp.py", "overlap.py"):
-    (runs / old).unlink(missing_ok=True)   # so that %%writefile always says "Writing"
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
@@ -443,16 +389,13 @@ The collectives the worker below runs, one call each, on `N` ranks. `S` is the b
 """Each collective of torch.distributed once, on tensors whose values say where they came from."""
 import time
 from pathlib import Path
-
 import torch
 import torch.distributed as dist
-
 
 def show(name: str, t) -> list:
     values = [round(v, 2) for v in t.tolist()] if isinstance(t, torch.Tensor) else t
     print(f"{name:<15} {values}")
     return values
-
 
 def demo(rank: int, world_size: int) -> dict:
     out = {}
@@ -460,50 +403,36 @@ def demo(rank: int, world_size: int) -> dict:
     t = torch.tensor([42.0, 43.0]) if rank == 0 else torch.zeros(2)
     dist.broadcast(t, src=0)
     out["broadcast"] = show("broadcast", t)
-
     # reduce: the sum arrives on dst only (other ranks' tensors are left unspecified)
     t = torch.tensor([float(rank + 1)])
     dist.reduce(t, dst=0, op=dist.ReduceOp.SUM)
-    out["reduce"] = show("reduce", t) if rank == 0 else show("reduce", "(not the destination)")
-
+    out["reduce"] = show("reduce", t if rank == 0 else "(not the destination)")
     # all_reduce: everyone gets the sum; ReduceOp.AVG gives the mean (gloo supports it)
-    t = torch.tensor([float(rank + 1)])
-    dist.all_reduce(t, op=dist.ReduceOp.SUM)
-    out["all_reduce"] = show("all_reduce", t)
-    t = torch.tensor([float(rank + 1)])
-    dist.all_reduce(t, op=dist.ReduceOp.AVG)
-    out["all_reduce avg"] = show("all_reduce avg", t)
-
+    for name, op in [("all_reduce", dist.ReduceOp.SUM), ("all_reduce avg", dist.ReduceOp.AVG)]:
+        t = torch.tensor([float(rank + 1)])
+        dist.all_reduce(t, op=op)
+        out[name] = show(name, t)
     # gather: rank 0 receives one tensor from each rank
-    t = torch.tensor([float(10 * rank)])
     bucket = [torch.zeros(1) for _ in range(world_size)] if rank == 0 else None
-    dist.gather(t, bucket, dst=0)
-    out["gather"] = show("gather", torch.cat(bucket)) if rank == 0 else show("gather", "(not the destination)")
-
+    dist.gather(torch.tensor([float(10 * rank)]), bucket, dst=0)
+    out["gather"] = show("gather", torch.cat(bucket) if rank == 0 else "(not the destination)")
     # all_gather: everyone receives everyone's tensor
     bucket = [torch.zeros(1) for _ in range(world_size)]
     dist.all_gather(bucket, torch.tensor([float(10 * rank)]))
     out["all_gather"] = show("all_gather", torch.cat(bucket))
-
     # reduce_scatter: rank r contributes inputs[i] = 10*r + i for every i; rank i gets the sum of the i-th ones
-    inputs = [torch.tensor([float(10 * rank + i)]) for i in range(world_size)]
-    t = torch.zeros(1)
+    inputs, t = [torch.tensor([float(10 * rank + i)]) for i in range(world_size)], torch.zeros(1)
     dist.reduce_scatter(t, inputs, op=dist.ReduceOp.SUM)
     out["reduce_scatter"] = show("reduce_scatter", t)
-
     # all_to_all: rank r's piece j (10*r + j) goes to rank j; rank j receives piece j of every rank
-    pieces = torch.tensor([float(10 * rank + j) for j in range(world_size)])
     received = torch.empty(world_size)
-    dist.all_to_all_single(received, pieces)
+    dist.all_to_all_single(received, torch.tensor([float(10 * rank + j) for j in range(world_size)]))
     out["all_to_all"] = show("all_to_all", received)
-
     # reduce_scatter, then all_gather of the shards, is an all_reduce of the whole vector
-    shards = [torch.zeros(1) for _ in range(world_size)]
+    shards, whole = [torch.zeros(1) for _ in range(world_size)], torch.cat(inputs)
     dist.all_gather(shards, t)
-    whole = torch.cat(inputs)
     dist.all_reduce(whole)
     out["rs+ag == all_reduce"] = show("rs+ag == ar", [bool(torch.equal(torch.cat(shards), whole))])
-
     # barrier: nobody passes until everyone has arrived. Rank 1 writes a file late; rank 0 reads it after the barrier
     handoff = Path(__file__).with_name("handoff.txt")
     if rank == 1:
@@ -517,13 +446,8 @@ def demo(rank: int, world_size: int) -> dict:
 # %% slideshow={"slide_type": "fragment"}
 results = run_ranks("_runs/collectives.py:demo", nprocs=3, timeout=600, echo="grouped")
 
-# %% [markdown] slideshow={"slide_type": "subslide"}
-"""
-What each rank printed is what the collectives promise. The notebook checks the returned values:
-"""
-
-# %% slideshow={"slide_type": "fragment"}
-N = 3
+# %% slideshow={"slide_type": "subslide"}
+N = 3   # what each rank printed is what the collectives promise; the returned values, checked:
 for rank, r in enumerate(results):
     assert r["broadcast"] == [42.0, 43.0]
     assert r["all_reduce"] == [N * (N + 1) / 2] and r["all_reduce avg"] == [(N + 1) / 2]
@@ -546,8 +470,6 @@ Notes on the current API, checked on PyTorch 2.13:
 """
 
 # %% slideshow={"slide_type": "fragment"}
-import torch.distributed as dist
-
 for old, new in [("reduce_scatter_tensor", "reduce_scatter_single"), ("all_gather_into_tensor", "all_gather_single")]:
     note = getattr(getattr(dist, old), "__deprecated__", None)
     assert note is not None and new in note and callable(getattr(dist, new))
@@ -556,7 +478,6 @@ for old, new in [("reduce_scatter_tensor", "reduce_scatter_single"), ("all_gathe
 # %% [markdown] slideshow={"slide_type": "slide"}
 """
 ## 4. A ring all-reduce from point-to-point messages
-
 `dist.isend`/`dist.irecv` (non-blocking) and `dist.send`/`dist.recv` (blocking) move one tensor between two ranks. With them, the ring of section 2 becomes real code, one process per worker: each step, send one chunk to the right and receive one from the left.
 
 The send must not block before the receive is posted. On gloo a blocking `send` returns only once the neighbour has posted the matching receive, so if every rank calls `send` first, each waits for its neighbour, in a cycle: a deadlock, even for a 10-float tensor. Below, 2 ranks each `send` 10 floats to the other before receiving. Nothing would ever return. `run_ranks`'s own timeout would end it, but that clock starts with the processes (a few seconds of `import torch` on a busy machine); instead the sends run in a process group created with a 2-second timeout (`dist.new_group(timeout=...)`), so gloo itself gives up inside `send`, and `run_ranks` reports the failed rank with its traceback. (Some MPI libraries buffer small messages, which is why such code can seem to work elsewhere.)
@@ -566,15 +487,12 @@ The send must not block before the receive is posted. On gloo a blocking `send` 
 # %%writefile _runs/deadlock.py
 """Both ranks send first: each send waits for a receive that the other rank never reaches."""
 from datetime import timedelta
-
 import torch
 import torch.distributed as dist
 
-
 def send_first(rank: int, world_size: int) -> str:
     group = dist.new_group(timeout=timedelta(seconds=2))   # its operations give up after 2 s
-    other = 1 - rank
-    t = torch.full((10,), float(rank))
+    other, t = 1 - rank, torch.full((10,), float(rank))
     dist.send(t, dst=other, group=group)         # waits until rank `other` posts its recv: never
     dist.recv(t, src=other, group=group)
     return "finished"
@@ -591,19 +509,13 @@ print("LaunchError: a rank failed inside dist.send(t, dst=other, group=group) wi
 print("  RuntimeError: ..." + lines[-1].split("]")[-1])
 print("both ranks were waiting in send(): a deadlock. The fix: isend, then recv, then wait.")
 
-# %% [markdown] slideshow={"slide_type": "fragment"}
-"""
-`isend` returns at once; the ring below calls `isend` to its right neighbour, `recv` from its left, then `wait()` for its send.
-"""
-
-# %% slideshow={"slide_type": "-"}
+# %% slideshow={"slide_type": "fragment"}
 # %%writefile _runs/ring.py
-"""Ring all-reduce (sum) with point-to-point messages, checked against dist.all_reduce and course_lib's copy."""
+"""Ring all-reduce (sum) with point-to-point messages, checked against dist.all_reduce and course_lib's copy.
+isend returns at once: each step isends to the right neighbour, recvs from the left, then waits for its send."""
 import torch
 import torch.distributed as dist
-
 from course_lib.collectives import ring_all_reduce as library_ring
-
 
 def ring_all_reduce(t: torch.Tensor) -> int:
     """Sum ``t`` over all ranks, in place. Returns the number of bytes this rank sent."""
@@ -627,19 +539,17 @@ def ring_all_reduce(t: torch.Tensor) -> int:
         sent += chunks[send_c].numel() * t.element_size()
     return sent
 
-
 def check(rank: int, world_size: int, sizes: list) -> list:
     rows = []
     for numel in sizes:
         x = torch.randn(numel, generator=torch.Generator().manual_seed(100 + rank))
-        mine, reference = x.clone(), x.clone()
+        mine, reference, twin = x.clone(), x.clone(), x.clone()
         sent = ring_all_reduce(mine)
         dist.all_reduce(reference)
         ints = torch.arange(numel, dtype=torch.float32) * (rank + 1)   # integers: exact in any order
         ints_ref = ints.clone()
         ring_all_reduce(ints)
         dist.all_reduce(ints_ref)
-        twin = x.clone()
         same_as_library = library_ring(twin) == sent and torch.equal(twin, mine)
         close = torch.allclose(mine, reference, rtol=1e-5, atol=1e-6)
         exact = torch.equal(ints, ints_ref)
@@ -655,6 +565,8 @@ ring_results = run_ranks("_runs/ring.py:check", nprocs=3, args=(sizes,), timeout
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
 Every rank's result matches `dist.all_reduce`. The bytes each rank sent are exactly those of the single-process simulation of section 2 (uneven chunks included: 10 floats over 3 ranks are chunks of 4, 3 and 3), and they match the formula `2(N-1)/N · S` when `N` divides the size.
+
+The library's version of this ring, `course_lib.collectives.ring_all_reduce`, which section 5 times against `dist.all_reduce`, gives the same sums and sends the same bytes: the worker above ran both on every rank, and the cell below asserts it. How fast is it? Section 5 answers with a model of time per message, fitted to measurements; the byte counts are exact, while times on a machine whose processes share the cores say as much about the machine as about the algorithms.
 """
 
 # %% slideshow={"slide_type": "fragment"}
@@ -662,21 +574,14 @@ n = 3
 for rank, rows in enumerate(ring_results):
     for row in rows:
         assert row["close"] and row["exact"] and row["library"]  # and course_lib's twin: same sums, same bytes
-        sim = ring_all_reduce([torch.zeros(row["numel"]) for _ in range(n)])
-        assert row["sent"] == sim.sent_bytes[rank]
+        assert row["sent"] == ring_all_reduce([torch.zeros(row["numel"]) for _ in range(n)]).sent_bytes[rank]
 for row in ring_results[0]:
     s = row["numel"] * 4
     print(f"{row['numel']:>6} floats (S = {s:>6} B): rank 0 sent {row['sent']:>6} B, formula 2(N-1)/N*S = {ring_bytes_formula(s, n):>9.1f} B")
 
-# %% [markdown] slideshow={"slide_type": "subslide"}
-"""
-The library's version of this ring, `course_lib.collectives.ring_all_reduce`, which section 5 times against `dist.all_reduce`, gives the same sums and sends the same bytes: the worker above ran both on every rank, and the cell asserted it. How fast is it? Section 5 answers with a model of time per message, fitted to measurements; the byte counts above are exact, while times on a machine whose processes share the cores say as much about the machine as about the algorithms.
-"""
-
 # %% [markdown] slideshow={"slide_type": "slide"}
 r"""
 ## 5. From bytes to time: the α-β model
-
 Sections 2 and 4 counted bytes. Time needs one more idea: a message of `m` bytes takes
 
 $$T(m) = \alpha + \frac{m}{\beta}$$
@@ -704,11 +609,9 @@ from course_lib.comm_model import AlphaBeta, all_reduce_steps, fit_alpha_beta, p
 S, link = 4 * 2**20, AlphaBeta(alpha=30e-6, beta=3e9)
 print(f"a made-up link: alpha = {link.alpha * 1e6:.0f} µs, beta = {link.beta / 1e9:.0f} GB/s")
 for n in (2, 3, 4, 8, 16):
-    by_hand = {
-        "ring": 2 * (n - 1) * link.alpha + 2 * (n - 1) / n * S / link.beta,
-        "tree": 2 * math.ceil(math.log2(n)) * (link.alpha + S / link.beta),
-        "parameter_server": 2 * (n - 1) * (link.alpha + S / link.beta),
-    }
+    by_hand = {"ring": 2 * (n - 1) * link.alpha + 2 * (n - 1) / n * S / link.beta,
+               "tree": 2 * math.ceil(math.log2(n)) * (link.alpha + S / link.beta),
+               "parameter_server": 2 * (n - 1) * (link.alpha + S / link.beta)}
     for algorithm, seconds in by_hand.items():
         assert math.isclose(seconds, predict_all_reduce(link, S, n, algorithm))
     steps = {a: len(all_reduce_steps(S, n, a)) for a in by_hand}
@@ -717,7 +620,6 @@ for n in (2, 3, 4, 8, 16):
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
 ### One launch measures everything
-
 The worker below times, for message sizes from 4 bytes to 4 MiB: one message (half of a ping-pong between ranks 0 and 1), one exchange, `dist.all_reduce`, course_lib's copy of section 4's ring, and a parameter server (`course_lib.collectives` has it, written with `send`/`recv`). It also all-reduces, one after the other, the buckets DDP would make for a 2.1 M-parameter MLP. DDP's rule, which section 6 builds by hand: the gradients in reverse order of the parameters, whole tensors, a bucket closed as soon as it holds at least its cap; with the default `bucket_cap_mb=25` (MiB) the cap is 1 MiB for the first bucket and 25 MiB for the others, while a `bucket_cap_mb` you pass caps every bucket. (That is DDP's steady state: its very first step puts every gradient in one bucket and then rebuilds the buckets in the order the gradients arrived, notebook 11 §3.2.)
 
 Each time is the fastest single call over 5 rounds of all sizes (after a warm-up round), with up to 20 calls per size and round: a call that had to wait for a core, because other work holds the machine, only takes longer, so the quickest call is what the link and the software cost. We use 2 ranks, no more than a 2-core laptop has cores: with more processes than cores a message also waits for its receiver to be scheduled, so `α` would measure the operating system's scheduler. With 2 ranks the tree and the parameter server are the same algorithm (one message to rank 0, one back), so only the second is measured.
@@ -727,12 +629,9 @@ Each time is the fastest single call over 5 rounds of all sizes (after a warm-up
 # %%writefile _runs/comm_time.py
 """Times of messages and all-reduces on gloo, for the alpha-beta model: every size, in one launch."""
 import time
-
 import torch
 import torch.distributed as dist
-
 from course_lib.collectives import parameter_server_all_reduce, ring_all_reduce
-
 
 def message(t: torch.Tensor) -> None:     # a ping-pong: rank 0 -> rank 1, then back (two messages)
     if dist.get_rank() == 0:
@@ -742,7 +641,6 @@ def message(t: torch.Tensor) -> None:     # a ping-pong: rank 0 -> rank 1, then 
         dist.recv(t, src=0)
         dist.send(t, dst=0)
 
-
 def exchange(t: torch.Tensor) -> None:    # both ranks send and receive at once (a ring's step)
     other = 1 - dist.get_rank()
     incoming = torch.empty_like(t)
@@ -750,10 +648,8 @@ def exchange(t: torch.Tensor) -> None:    # both ranks send and receive at once 
     dist.recv(incoming, src=other)
     request.wait()
 
-
 OPS = {"message": message, "exchange": exchange, "gloo all_reduce": dist.all_reduce,
        "ring": ring_all_reduce, "parameter server": parameter_server_all_reduce}
-
 
 def seconds_per_call(fn, reps: int) -> float:
     """The quickest of `reps` calls: waiting for a core can only make a call take longer."""
@@ -765,11 +661,9 @@ def seconds_per_call(fn, reps: int) -> float:
         best = min(best, time.perf_counter() - t0)
     return best
 
-
 def measure(rank: int, world_size: int, sizes: list, buckets: list, rounds: int) -> dict:
     torch.set_num_threads(1)
-    best = {name: [float("inf")] * len(sizes) for name in OPS}
-    best["buckets"] = [float("inf")]
+    best = {**{name: [float("inf")] * len(sizes) for name in OPS}, "buckets": [float("inf")]}
     grads = [torch.ones(b // 4) for b in buckets]
     for r in range(rounds + 1):               # round 0 warms up (connections, allocations): not kept
         for i, nbytes in enumerate(sizes):
@@ -782,7 +676,7 @@ def measure(rank: int, world_size: int, sizes: list, buckets: list, rounds: int)
             seconds = seconds_per_call(lambda: [dist.all_reduce(g) for g in grads], 1)
             best["buckets"][0] = min(best["buckets"][0], seconds) if r else best["buckets"][0]
     best["message"] = [s / 2 for s in best["message"]]   # one message = half a ping-pong
-    return {name: values for name, values in best.items()}
+    return best
 
 
 # %% slideshow={"slide_type": "fragment"}
@@ -794,7 +688,6 @@ def ddp_bucket_bytes(model: nn.Module, first: int = 2**20, cap: int = 25 * 2**20
         if current >= (first if not buckets else cap):
             buckets, current = [*buckets, current], 0
     return buckets + [current] if current else buckets
-
 
 seed_everything(0)
 ddp_model = nn.Sequential(nn.Linear(64, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU(),
@@ -808,27 +701,23 @@ print(f"measured {len(sizes)} sizes x {len(comm) - 1} operations, and the {len(b
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
 ### Fitting α and β
-
 Times span four orders of magnitude, so a plain least-squares fit would only care about the largest messages. We minimize the *relative* error instead: divide each equation `α + m/β = t` by `t`. It stays linear in the unknowns `α` and `1/β`, so `torch.linalg.lstsq` solves it. `course_lib.comm_model.fit_alpha_beta` does the same (with the two normal equations), and the cell checks that the two agree.
 """
 
 
 # %% slideshow={"slide_type": "fragment"}
-
 def fit(m: list[int], t: list[float]) -> tuple[float, float]:
     t_ = torch.tensor(t, dtype=torch.float64)
     A = torch.stack([1 / t_, torch.tensor(m, dtype=torch.float64) / t_], dim=1)   # rows (1/t, m/t)
     alpha, inv_beta = torch.linalg.lstsq(A, torch.ones_like(t_)).solution.tolist()
     return alpha, 1 / inv_beta
 
-
 links = {}
 for kind in ("message", "exchange"):
     alpha, beta = fit(sizes, comm[kind])
     links[kind] = fit_alpha_beta(sizes, comm[kind])
     assert abs(alpha / links[kind].alpha - 1) < 1e-6 and abs(beta / links[kind].beta - 1) < 1e-6
-    errors = sorted(abs(links[kind].time(m) / t - 1) for m, t in zip(sizes, comm[kind]))
-    median_error = errors[len(errors) // 2]
+    median_error = sorted(abs(links[kind].time(m) / t - 1) for m, t in zip(sizes, comm[kind]))[len(sizes) // 2]
     assert 1e-6 < alpha < 1e-3 and 5e7 < beta < 1e11      # microseconds, and 0.05 to 100 GB/s
     assert median_error < 0.5                              # the line fits most sizes
     print(f"{kind:<8}: alpha ~{alpha * 1e6:.0f} us, beta ~{beta / 1e9:.2f} GB/s; "
@@ -843,20 +732,16 @@ crossover_kib = alpha_us * 1e-6 * beta_gbs * 1e9 / 1024
 print(f"message: the two regimes meet where m = alpha * beta ~{crossover_kib:.0f} KiB (the rounded values above, "
       "multiplied): below it a message costs its latency, above it its bytes")
 
-# %% slideshow={"slide_type": "fragment"}
-fig, ax = plt.subplots(figsize=(6.5, 3.8))   # the numbers are printed above; the plot adds no new ones
+fig, ax = plt.subplots(figsize=(6.5, 3.8), layout="tight")   # the numbers are printed above; the plot adds no new ones
 grid = [4 * 2**i for i in range(21)]
 for kind, marker, color in [("message", "o", "tab:blue"), ("exchange", "s", "tab:orange")]:
     ax.plot(sizes, [t * 1e6 for t in comm[kind]], marker, color=color, label=f"{kind}, measured")
     ax.plot(grid, [links[kind].time(m) * 1e6 for m in grid], "-", color=color, alpha=0.6,
             label=f"{kind}: α + m/β fitted")
 ax.set_xscale("log", base=2)
-ax.set_yscale("log")
-ax.set_xlabel("message size m (bytes)")
-ax.set_ylabel("time (µs)")
-ax.set_title("gloo between 2 processes on this machine: latency, then bandwidth")
+ax.set(yscale="log", xlabel="message size m (bytes)", ylabel="time (µs)",
+       title="gloo between 2 processes on this machine: latency, then bandwidth")
 ax.legend(fontsize=8)
-fig.tight_layout()
 plt.show()
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
@@ -864,15 +749,12 @@ plt.show()
 Small messages cost about `α` whatever their size; above `α·β` bytes (printed above the plot: where the blue line bends) the bytes dominate. An exchange (both directions at once) costs the printed ratio times one message: the bytes of both directions go through the same CPU cores, and a machine with more cores can move them in parallel, so your ratio may be lower (the cell asserts only that it is not far below 1). On a full-duplex network it would cost the same as one message. So the ring's steps are predicted with the exchange fit, the parameter server's with the message fit.
 
 ### Predicted against measured
-
 The predictions use only the two fitted lines and the table of steps. Your measured times (after `~`) depend on the machine and on what else it runs; the cell asserts a generous relation: for each algorithm, the measured time is within a factor of 8 of the prediction on average over the sizes (geometric mean), and likewise for DDP's buckets. The margin is for busy machines: there a process also waits for a core to be free, at every message, and gloo's own `all_reduce`, which hands each call to a worker thread, suffers most. The factors are printed after `~`: on a machine shared with many other jobs they are large, and on an idle machine you can expect them closer to 1.
 """
 
 # %% slideshow={"slide_type": "fragment"}
-predicted = {
-    "ring": [predict_all_reduce(message, m, 2, "ring", exchange=exchange) for m in sizes],
-    "parameter server": [predict_all_reduce(message, m, 2, "parameter_server") for m in sizes],
-}
+predicted = {"ring": [predict_all_reduce(message, m, 2, "ring", exchange=exchange) for m in sizes],
+             "parameter server": [predict_all_reduce(message, m, 2, "parameter_server") for m in sizes]}
 predicted["gloo all_reduce"] = [min(r, p) for r, p in zip(predicted["ring"], predicted["parameter server"])]
 print(f"{'bytes':>8} | " + " | ".join(f"{name:>25}" for name in predicted))
 print(f"{'':>8} | " + " | ".join(f"{'predicted  measured':>25}" for _ in predicted))
@@ -896,15 +778,12 @@ assert 1 / margin < comm["buckets"][0] / ddp_pred < margin
 For `dist.all_reduce`, and so for DDP's buckets, the prediction is the smaller of the two algorithms' predicted times, since gloo picks its own algorithm (section 2: the backend chooses); `course_lib.comm_model.predict_buckets` adds up one algorithm's all-reduces, bucket by bucket, and is what the next cell uses. Our Python ring pays more than `α` per step at small sizes (an `isend`, a `recv`, a `wait` and an addition in Python), which is why it is the slowest of the three there.
 
 ### What changes on GPUs and real networks
-
 The model is the same; `α` and `β` change. The figures below are **cited from vendors' specifications, not measured here**: NVLink 4 on an NVIDIA H100 SXM GPU gives 900 GB/s of total bidirectional bandwidth (450 GB/s each way); one InfiniBand NDR port carries 400 Gb/s (50 GB/s each way). For `α` we *assume* 5 µs on both, the order of magnitude of a small NCCL all-reduce between GPUs; it is an assumption for the sketch, not a specification. Both links are full duplex, so the exchange costs one message. We predict, for 8 ranks, an all-reduce of ResNet-50's 102 MB of float32 gradients, in DDP's 25 MiB buckets, and of a 64 KiB tensor. (The tree column is the unpipelined model of the table above; NCCL's pipelined double binary tree would come much closer to the ring on the 102 MB.)
 """
 
 # %% slideshow={"slide_type": "fragment"}
-cited = {   # bandwidth per direction from vendors' specifications; alpha = 5 us is an assumption
-    "NVLink 4 (H100 SXM)": AlphaBeta(alpha=5e-6, beta=450e9),
-    "InfiniBand NDR port": AlphaBeta(alpha=5e-6, beta=400e9 / 8),
-}
+cited = {"NVLink 4 (H100 SXM)": AlphaBeta(alpha=5e-6, beta=450e9),   # bandwidth per direction, from vendors'
+         "InfiniBand NDR port": AlphaBeta(alpha=5e-6, beta=400e9 / 8)}  # specifications; alpha = 5 us is an assumption
 resnet50 = 25_557_032 * 4
 print(f"{'link':<28} 102 MB: ring, tree, parameter server | 64 KiB: ring, tree")
 for name, link in [("this machine (gloo, fitted)", message), *cited.items()]:
@@ -929,14 +808,11 @@ print(f"64 KiB on {n_many} ranks over NVLink-like links: tree {predict_all_reduc
 # %% [markdown] slideshow={"slide_type": "slide"}
 """
 ## 6. DDP by hand: hooks, overlap, buckets
-
 `DistributedDataParallel` computes section 2's average, but during backward instead of after it. We now write it ourselves, in three stages, each checked bit for bit against PyTorch's `torch.nn.parallel.DistributedDataParallel` after 4 AdamW steps on the digits. (Bit for bit is the right test here: with 2 ranks, dividing by 2 is exact and a sum of two floats is the same in either order, so any difference would be a bug.) The model has the two things a real one has and a toy one lacks:
-
 - a **frozen parameter** (`requires_grad=False`, like a frozen embedding or backbone; notebook 01 §6): it gets no gradient, so there is nothing to average and it gets no hook;
 - a **tied weight** (one `Parameter` used by two layers, like an embedding shared with the output layer): `model.parameters()` lists it once, and autograd adds both uses into its one `.grad` before its hook fires, so it is all-reduced once.
 
 What every stage does first, as DDP does at construction: **broadcast rank 0's parameters and buffers**, so that ranks which initialised differently (here each rank seeds with its own rank) start equal. Then:
-
 1. **After backward, one all-reduce per parameter.** Divide each gradient by the world size once and `all_reduce` it (a sum): every rank holds the mean. Correct, but all communication waits for the end of backward.
 2. **A hook per parameter.** `p.register_post_accumulate_grad_hook(hook)` (notebook 02 §6) calls `hook(p)` as soon as `p.grad` holds `p`'s whole gradient, while backward goes on with earlier layers. The hook starts `dist.all_reduce(p.grad, async_op=True)`, which returns a *handle* at once; the step waits for every handle (`handle.wait()`) before `optimizer.step()`. Divide before the launch: once its collective has started, a tensor belongs to it until `wait()` returns. The hook reaches the wrapper through a weak reference (`weakref.WeakMethod`), not the bound method `self.ready`: the parameter holds its hooks, so a bound method would make a cycle (parameter → hook → wrapper → parameter) that reference counting never frees. The objects would wait for the garbage collector, and with them the process group and its threads, possibly into interpreter shutdown, where a gloo thread can abort the process (notebook 10 §10.2).
 3. **Buckets.** Each message pays the latency `α` (section 5), so DDP groups gradients into buckets. In reverse registration order (the order backward produces them), whole tensors, a bucket is closed as soon as it reaches the cap; a complete bucket is copied into one flat tensor and all-reduced, and `finish()` copies the averages back. Buckets are launched strictly in order, so that every rank issues the same collectives in the same order, even if one rank's hooks fire in another order.
@@ -948,16 +824,13 @@ Here `bucket_cap_mb` is passed explicitly, so it caps every bucket; with the def
 # %%writefile _runs/hand_ddp.py
 """DDP by hand in three stages, each checked against DistributedDataParallel on the same model and data."""
 import weakref
-
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
-
 from course_lib.data import digits
 from course_lib.hand_ddp import HandDDP
-
 
 def make_model(seed: int) -> nn.Module:
     torch.manual_seed(seed)
@@ -967,21 +840,17 @@ def make_model(seed: int) -> nn.Module:
     model[0].bias.requires_grad_(False)   # frozen: no gradient, nothing to average
     return model
 
-
 def broadcast_from_rank0(model: nn.Module) -> None:
     """At construction: every rank starts from rank 0's parameters and buffers."""
     with torch.no_grad():
         for t in [*model.parameters(), *model.buffers()]:
             dist.broadcast(t, src=0)
 
-
 def trainable(model: nn.Module) -> list:
     return [p for p in model.parameters() if p.requires_grad]   # parameters() yields a tied tensor once
 
-
 class AfterBackward:
     """Stage 1: after backward, one all-reduce per parameter."""
-
     def __init__(self, model: nn.Module):
         broadcast_from_rank0(model)
         self.params, self.sent = trainable(model), []
@@ -992,10 +861,8 @@ class AfterBackward:
             dist.all_reduce(p.grad)
             self.sent.append(p.grad.numel() * p.grad.element_size())
 
-
 class HookPerParameter:
     """Stage 2: a hook per parameter starts its all-reduce the moment its gradient is ready."""
-
     def __init__(self, model: nn.Module):
         broadcast_from_rank0(model)
         self.handles, self.sent = [], []
@@ -1013,10 +880,8 @@ class HookPerParameter:
             handle.wait()
         self.handles.clear()
 
-
 class Buckets:
     """Stage 3: gradients grouped into buckets, in the order they become ready; one all-reduce per bucket."""
-
     def __init__(self, model: nn.Module, bucket_cap_mb: float):
         broadcast_from_rank0(model)
         cap = int(bucket_cap_mb * 2**20)        # bucket_cap_mb is in MiB
@@ -1050,12 +915,10 @@ class Buckets:
                 q.grad.copy_(averaged.view_as(q.grad))   # from the bucket back into each .grad
         self.pending, self.next, self.count = [], 0, [0] * len(self.buckets)
 
-
 def counting_hook(sent, bucket):   # no annotations: DDP checks them against its own (dist.GradBucket, Future)
     """A DDP communication hook: note the bucket's bytes, then do DDP's own all-reduce."""
     sent.append(bucket.buffer().numel() * bucket.buffer().element_size())
     return allreduce_hook(None, bucket)
-
 
 def wrap(kind: str, model: nn.Module, cap: float):
     """(the module to call, the object whose finish() ends a step or None, the list of all-reduced bytes)"""
@@ -1070,14 +933,12 @@ def wrap(kind: str, model: nn.Module, cap: float):
     hand = stage(model) if stage else Buckets(model, cap)
     return model, hand, hand.sent
 
-
 def train(rank: int, kind: str, cap: float, steps: int = 4) -> dict:
     model = make_model(seed=rank)   # each rank its own random weights: the construction broadcast fixes that
     forward, hand, sent = wrap(kind, model, cap)
     opt = torch.optim.AdamW(model.parameters(), lr=0.01, weight_decay=0.1)
     train_set = digits()[0]
-    x, y = train_set.flat(), train_set.y
-    per_step = []
+    x, y, per_step = train_set.flat(), train_set.y, []
     for step in range(steps):
         rows = slice(64 * step + 32 * rank, 64 * step + 32 * (rank + 1))   # this rank's own 32 samples
         opt.zero_grad()
@@ -1094,12 +955,10 @@ def train(rank: int, kind: str, cap: float, steps: int = 4) -> dict:
     return {"params": [p.detach().clone() for p in model.parameters()], "all-reduced bytes": per_step,
             "frozen has no grad": model[0].bias.grad is None}
 
-
 def compare(rank: int, world_size: int, cap: float) -> dict:
-    runs = {}
-    for kind, kind_cap in [("DDP", cap), ("DDP", 0), ("after backward", 0), ("hook per parameter", 0), ("buckets", cap),
-                           ("course_lib after backward", 0), ("course_lib hooks", 0), ("course_lib buckets", cap)]:
-        runs[(kind, kind_cap)] = train(rank, kind, kind_cap)
+    runs = {(kind, kind_cap): train(rank, kind, kind_cap) for kind, kind_cap in [
+        ("DDP", cap), ("DDP", 0), ("after backward", 0), ("hook per parameter", 0), ("buckets", cap),
+        ("course_lib after backward", 0), ("course_lib hooks", 0), ("course_lib buckets", cap)]}
     model = make_model(seed=0)
     slots = [p for m in model if isinstance(m, nn.Linear) for p in (m.weight, m.bias) if p.requires_grad]
     runs["count"] = (len(slots), len(trainable(model)))   # weight and bias slots with a gradient; distinct tensors
@@ -1110,12 +969,10 @@ def compare(rank: int, world_size: int, cap: float) -> dict:
 cap = 0.002   # MiB: 2,097 bytes, so that this small model (23,848 bytes of trainable gradients) gets 3 buckets
 runs = run_ranks("_runs/hand_ddp.py:compare", nprocs=2, args=(cap,), timeout=600, echo="none")
 rank0 = runs[0]
-ddp = rank0[("DDP", cap)]["params"]
 print("4 AdamW steps, 2 ranks; all-reduced bytes per step (DDP counted by a communication hook):")
-print(f"  DDP, bucket_cap_mb={cap}: step 1 {rank0[('DDP', cap)]['all-reduced bytes'][0]}, "
-      f"steps 2-4 {rank0[('DDP', cap)]['all-reduced bytes'][1]}")
-print(f"  DDP, bucket_cap_mb=0:     step 1 {rank0[('DDP', 0)]['all-reduced bytes'][0]}, "
-      f"steps 2-4 {rank0[('DDP', 0)]['all-reduced bytes'][1]}")
+for c in (cap, 0):
+    print(f"  DDP, {f'bucket_cap_mb={c}:':<20} step 1 {rank0[('DDP', c)]['all-reduced bytes'][0]}, "
+          f"steps 2-4 {rank0[('DDP', c)]['all-reduced bytes'][1]}")
 for kind, kind_cap, twin in [("after backward", 0, 0), ("hook per parameter", 0, 0), ("buckets", cap, cap)]:
     ours = rank0[(kind, kind_cap)]
     equal = all(torch.equal(a, b) for r in runs for a, b in zip(r[(kind, kind_cap)]["params"], r[("DDP", twin)]["params"]))
@@ -1150,7 +1007,6 @@ for ours, theirs in [(("after backward", 0), ("course_lib after backward", 0)), 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
 ### 6.1 Overlap, measured on a simulated device
-
 Stages 2 and 3 start communicating during backward. What does that buy? On a GPU, backward's kernels run on the device while NCCL moves the finished buckets over the links, so communication hides behind compute. On a CPU the two would fight over the same cores, so we **simulate the device**: `course_lib.simulated_compute.simulated_mlp` builds layers that do their (tiny) real math and then *sleep* for a fixed time, which takes no core and releases the GIL, as a GPU computes without the CPU. 4 layers of 1024 × 1024, each taking 5 ms forward and 30 ms backward: the compute time of a step is known in advance. The all-reduces are real gloo all-reduces, one 4 MiB bucket per layer.
 
 `HandDDP` is stage 3 with a `Timeline` that records each layer's compute and each all-reduce, from its launch to its completion; with `overlap=False` it starts the same buckets from `finish()`, after backward, as stage 1 does. The two settings alternate step by step (8 pairs), so both see the same load. What the cell asserts holds on a busy machine too: with overlap, every bucket but the first layer's starts during backward, and part of the communication is hidden behind compute, where without overlap none is; and the step waits less after backward (the median of the paired differences is positive). The times, after `~`, are this machine's.
@@ -1160,13 +1016,10 @@ Stages 2 and 3 start communicating during backward. What does that buy? On a GPU
 # %%writefile _runs/overlap.py
 """HandDDP on a simulated device: the same buckets all-reduced during backward (overlap) or after it."""
 import time
-
 import torch
 import torch.distributed as dist
-
 from course_lib.hand_ddp import HandDDP
 from course_lib.simulated_compute import Timeline, hidden_seconds, simulated_mlp
-
 
 def measure(rank: int, world_size: int, pairs: int, width: int, depth: int, forward_ms: float, backward_ms: float) -> dict:
     torch.set_num_threads(1)
@@ -1196,7 +1049,6 @@ def measure(rank: int, world_size: int, pairs: int, width: int, depth: int, forw
 
 # %% slideshow={"slide_type": "fragment"}
 import statistics
-
 from course_lib.simulated_compute import hidden_seconds, plot_timeline
 
 width, depth, forward_ms, backward_ms, pairs = 1024, 4, 5, 30, 8
@@ -1204,10 +1056,8 @@ result = run_ranks("_runs/overlap.py:measure", nprocs=2, args=(pairs, width, dep
                    timeout=600, echo="none")[0]
 on, off = result["rows"][True], result["rows"][False]
 
-
 def median_ms(rows: list[dict], key: str) -> float:
     return 1000 * statistics.median(r[key] for r in rows)
-
 
 print(f"{depth} layers of {width} x {width}, forward {forward_ms} ms + backward {backward_ms} ms each: "
       f"{depth * (forward_ms + backward_ms)} ms of simulated compute per step; {len(result['buckets'])} buckets of "
@@ -1226,12 +1076,11 @@ print(f"overlap saves ~{1000 * statistics.median(saving):.0f} ms of waiting afte
       f"{pairs} paired steps, asserted > 0); the whole step ~{median_ms(off, 'step') - median_ms(on, 'step'):.0f} ms "
       "(not asserted: see below)")
 
-fig, axes = plt.subplots(2, 1, figsize=(9, 3.4), sharex=True)
+fig, axes = plt.subplots(2, 1, figsize=(9, 3.4), sharex=True, layout="tight")
 for ax, overlap in zip(axes, (True, False)):
     spans = result["spans"][overlap]
     plot_timeline(spans, ax=ax, title=f"overlap {'on' if overlap else 'off'}: one step on rank 0, "
                   f"communication hidden behind compute ~{1000 * hidden_seconds(spans):.0f} ms")
-fig.tight_layout()
 plt.show()
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
@@ -1244,7 +1093,6 @@ The whole step's saving, printed last, is another matter on a busy machine: smal
 # %% [markdown] slideshow={"slide_type": "slide"}
 """
 ## Summary
-
 - `nn.DataParallel` scatters the batch, replicates the model from GPU 0, runs the replicas in threads and gathers the outputs on GPU 0, every step; gradients are summed back onto GPU 0. Without GPUs it is just the module (plus a `module.` prefix on the `state_dict` keys).
 - It is slow because its threads take turns for the Python work (the GIL), it copies the whole model every step, it reduces the gradients only after backward, and GPU 0 does more than the others. Autocast around it reaches its threads only as an on/off flag: each thread uses its device's default dtype, so bf16 autocast runs the replicas in fp16 on CUDA. Prefer DDP, even on one machine.
 - A parameter server's link carries `N·S` per step; a ring all-reduce sends `2(N-1)/N·S` per worker, in `2(N-1)` steps (scatter-reduce then all-gather). Both compute the same average; the "effective batch" depends on how the data is split, not on the algorithm.
@@ -1257,17 +1105,14 @@ The whole step's saving, printed last, is another matter on a busy machine: smal
 # %% [markdown] slideshow={"slide_type": "slide"}
 """
 ## Exercises
-
 **1.** Write `send_chunk(worker, step, n)`: in scatter-reduce step `step` (0 to `n-2`), which chunk does `worker` send to worker `(worker + 1) % n`? The check runs a ring with your schedule and tests that every chunk ends up summed over all workers.
 """
 
 # %% slideshow={"slide_type": "-"}
 from course_lib.exercises.all_reduce import check_bucket_boundaries, check_overlap_hook, check_ring_schedule, check_ring_time
 
-
 def send_chunk(worker: int, step: int, n: int) -> int:
     raise NotImplementedError  # your code here
-
 
 check_ring_schedule(send_chunk)
 
@@ -1281,7 +1126,6 @@ check_ring_schedule(send_chunk)
 def ring_time(nbytes: float, n: int, alpha: float, beta: float) -> float:
     raise NotImplementedError  # your code here
 
-
 check_ring_time(ring_time)
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
@@ -1292,10 +1136,8 @@ check_ring_time(ring_time)
 
 # %% slideshow={"slide_type": "-"}
 def add_overlap_hooks(model, handles, world_size):
-    """Give every parameter that needs one a hook that, as soon as its gradient is ready,
-    averages it once and starts its all-reduce without waiting (keep the handle in `handles`)."""
+    """A hook per parameter that needs one: average its gradient once, start its all-reduce, keep the handle."""
     raise NotImplementedError  # your code here
-
 
 print(check_overlap_hook(add_overlap_hooks))
 
@@ -1307,17 +1149,14 @@ print(check_overlap_hook(add_overlap_hooks))
 
 # %% slideshow={"slide_type": "-"}
 def assign_buckets(param_bytes, cap_bytes):
-    """param_bytes: each parameter's gradient bytes, in registration order. Return the buckets
-    (lists of parameter indices) in the order DDP all-reduces them."""
+    """param_bytes in registration order -> the buckets (lists of indices), in the order DDP all-reduces them."""
     raise NotImplementedError  # your code here
-
 
 print(check_bucket_boundaries(assign_buckets))
 
 # %% [markdown] slideshow={"slide_type": "slide"}
 """
 ## References
-
 - PyTorch, `torch.nn.DataParallel` (and the note recommending DDP instead): https://pytorch.org/docs/stable/generated/torch.nn.DataParallel.html
 - PyTorch, *Automatic Mixed Precision examples*, "DataParallel in a single process": https://pytorch.org/docs/stable/notes/amp_examples.html#dataparallel-in-a-single-process
 - PyTorch, *Distributed communication package* (collectives, backends, point-to-point): https://pytorch.org/docs/stable/distributed.html

@@ -35,16 +35,13 @@ sys.path.insert(0, os.path.abspath("_runs"))
 DEVICE = course_device()  # "cpu", unless COURSE_DEVICE=cuda asks for the GPU path (notebook 00)
 RANKS = course_ranks(2)  # 2 processes on the CPU; on the GPU path one per GPU, at most 2
 
-
-def launch(job, nprocs=None, args=()):
-    """Run job(rank, world_size, DEVICE, *args) in new processes (gloo on the CPU, NCCL on GPUs); their results."""
-    nprocs = nprocs or RANKS
-    start = time.perf_counter()
-    results = run_ranks(job, nprocs=nprocs, args=(DEVICE, *args), device=DEVICE, backend=backend_for(DEVICE),
+def launch(job, nprocs=None, args=(), device=None):
+    """Run job(rank, world_size, device, *args) in new processes (gloo on the CPU, NCCL on GPUs); their results."""
+    nprocs, device, start = nprocs or RANKS, device or DEVICE, time.perf_counter()
+    results = run_ranks(job, nprocs=nprocs, args=(device, *args), device=device, backend=backend_for(device),
                         timeout=300, echo="none")
     print(f"{nprocs} processes: every rank finished with exit code 0 (~{time.perf_counter() - start:.0f} s)")
     return results
-
 
 print(f"torch {torch.__version__.split('+')[0]}, gloo available: {dist.is_gloo_available()}")
 
@@ -79,8 +76,6 @@ What the table leaves out is the **activations**. No ZeRO stage shards them: eac
 
 # %% slideshow={"slide_type": "fragment"}
 import ipywidgets as widgets
-from IPython.display import display
-
 
 def describe(params_b, world_size, precision, stage, checkpointing, micro_batch):
     """What one rank holds, in GB: a 7B-like transformer layer stack (32 layers, 4096 wide, sequence 2048)."""
@@ -92,22 +87,18 @@ def describe(params_b, world_size, precision, stage, checkpointing, micro_batch)
     return (f"{params_b:g}B params, N={world_size}, {precision}, {stage}: {parts}; model state {state / 1e9:.1f} GB "
             f"+ activations {r['activations'] / 1e9:.1f} GB = {r['total'] / 1e9:.1f} GB per rank")
 
-
 controls = dict(
     params_b=widgets.FloatText(value=7.0, description="params (B):"),
     world_size=widgets.IntSlider(value=8, min=1, max=256, description="world size:"),
     precision=widgets.Dropdown(options=["mixed_adam", "fp32_adam", "fp32_sgd_momentum"], description="precision:"),
     stage=widgets.Dropdown(options=list(STAGES), value="zero3", description="stage:"),
     checkpointing=widgets.Checkbox(value=False, description="checkpointing"),
-    micro_batch=widgets.IntSlider(value=1, min=0, max=16, description="micro-batch:"),
-)
+    micro_batch=widgets.IntSlider(value=1, min=0, max=16, description="micro-batch:"))
 shown = widgets.Output()
-
 
 def update(change=None):
     shown.outputs = ()
     shown.append_stdout(describe(**{k: w.value for k, w in controls.items()}) + "\n")
-
 
 for w in controls.values():
     w.observe(update, names="value")
@@ -160,16 +151,11 @@ warnings.filterwarnings("ignore", message="Full backward hook is firing.*")
 
 WIDTH, DEPTH, LR = 256, 4, 1e-3
 
-
 def make_model(width=WIDTH, depth=DEPTH, device="cpu"):
-    # the same initial weights in every process; on a GPU also deterministic kernels, since the sections compare
-    # runs bit for bit (notebook 00)
+    # the same weights in every process; on a GPU deterministic kernels too: runs are compared bit for bit (notebook 00)
     seed_everything(0, deterministic=str(device).startswith("cuda"))
-    layers = []
-    for _ in range(depth - 1):
-        layers += [nn.Linear(width, width), nn.Tanh()]
+    layers = [m for _ in range(depth - 1) for m in (nn.Linear(width, width), nn.Tanh())]
     return nn.Sequential(*layers, nn.Linear(width, width)).to(device)
-
 
 def batch(step, rank, world_size, per_rank=8, width=WIDTH, device="cpu"):
     """The global batch of a step (the same draw on every rank); rank r keeps rows r, r + N, ..."""
@@ -178,18 +164,18 @@ def batch(step, rank, world_size, per_rank=8, width=WIDTH, device="cpu"):
     y = torch.randn(per_rank * world_size, width, generator=g)
     return x[rank::world_size].to(device), y[rank::world_size].to(device)
 
-
 def loss_fn(model, x, y):
     return F.mse_loss(model(x).float(), y)  # the loss in fp32, also when the model computes in bf16
 
+def train_step(model, opt, x, y, **zero_grad_options):
+    opt.zero_grad(**zero_grad_options)
+    loss_fn(model, x, y).backward()
+    opt.step()
 
 def shard_model(model, **kwargs):
-    """FSDP2: every Linear is one unit (gathered and freed together), then the root.
-
-    The mesh is given, on the model's device: without one, fully_shard builds a mesh on the
-    accelerator it finds (torch._C._get_accelerator()), so on a GPU machine a CPU job would move
-    its inputs to CUDA.
-    """
+    """FSDP2: every Linear is one unit (gathered and freed together), then the root. The mesh is given, on the model's
+    device: without one, fully_shard builds one on the accelerator it finds (torch._C._get_accelerator()), so on a GPU
+    machine a CPU job would move its inputs to CUDA."""
     device = next(model.parameters()).device.type
     kwargs.setdefault("mesh", init_device_mesh(device, (dist.get_world_size(),)))
     for layer in model:
@@ -222,7 +208,6 @@ import torch.nn as nn
 
 from course_lib.sharded_optim import ELEMENTWISE_OPTIMIZERS  # SGD, Adam, AdamW, ...: see section 2.3
 
-
 class HandZero:
     """ZeRO stage 1 or 2: each group's trainable parameters live in flat buffers (one per dtype); rank r owns chunk r."""
 
@@ -230,8 +215,7 @@ class HandZero:
         if not issubclass(optimizer_class, ELEMENTWISE_OPTIMIZERS):
             raise ValueError(f"{optimizer_class.__name__} is not element-wise: shard it by whole parameters instead")
         groups = list(params)
-        if not isinstance(groups[0], dict):
-            groups = [{"params": groups}]                               # plain parameters: one group
+        groups = groups if isinstance(groups[0], dict) else [{"params": groups}]  # plain parameters: one group
         self.stage, self.rank, self.n = stage, dist.get_rank(), dist.get_world_size()
         self.flats, inner = [], []
         for group in groups:
@@ -316,6 +300,8 @@ The job of this section (`_runs/zero_job.py`) trains the model four ways for 3 A
 # %% slideshow={"slide_type": "-"}
 # %%writefile _runs/zero_job.py
 """Section 2's job: DDP, ZeRO-1/2 by hand and ZeroRedundancyOptimizer; what each rank holds; a fine-tuning run."""
+from functools import partial
+
 import torch
 import torch.nn as nn
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
@@ -325,67 +311,34 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from course_lib.memory import measure_peak
 from course_lib.sharded_optim import ShardedOptimizer
-from model import LR, batch, loss_fn, make_model, shard_model
+from model import LR, batch, make_model, shard_model, train_step
 from zero import HandZero
 
-
-class ByteCount:
-    """A communication hook's state: the bytes of the gradient buckets DDP all-reduced."""
-    bucket_bytes = 0
-
-
 def counting_hook(count, bucket):
-    count.bucket_bytes += bucket.buffer().numel() * bucket.buffer().element_size()
+    """A communication hook; its state, `count`, adds up the bytes of the gradient buckets DDP all-reduced."""
+    count["bucket_bytes"] += bucket.buffer().numel() * bucket.buffer().element_size()
     return allreduce_hook(None, bucket)                         # DDP's default: all-reduce, divide by N
 
-
-class DDPStep:
-    """DDP's step, counting the bytes of the gradient buckets it all-reduces (a communication hook)."""
-
-    def __init__(self, model, opt):
-        self.model, self.opt, self.count = model, opt, ByteCount()
-        # DDP's C++ reducer keeps the hook and its state: neither may refer back to the model (a bound method
-        # self.hook would), or model -> reducer -> hook -> model is a cycle no garbage collector can see
-        model.register_comm_hook(self.count, counting_hook)
-
-    @property
-    def bucket_bytes(self):
-        return self.count.bucket_bytes
-
-    def __call__(self, x, y):
-        self.opt.zero_grad(set_to_none=False)
-        loss_fn(self.model, x, y).backward()
-        self.opt.step()
-
-
-def plain_step(model, opt):
-    def step(x, y):
-        opt.zero_grad()
-        loss_fn(model, x, y).backward()
-        opt.step()
-    return step
-
-
 def build(kind, device="cpu"):
-    """A model, the object holding its optimizer, and a step function."""
-    model = make_model(device=device)
+    """A model, the object holding its optimizer, a step function, and the bytes DDP all-reduced (a dict)."""
+    model, count = make_model(device=device), {"bucket_bytes": 0}
     if kind in ("ddp", "zero1_builtin"):
         # init_sync=False: every rank built the same seeded weights, so skip DDP's initial broadcast;
         # gradient_as_bucket_view=True: .grad are views of DDP's buckets, not a second copy
         model = DDP(model, gradient_as_bucket_view=True, init_sync=False)
-        if kind == "ddp":
-            opt = torch.optim.Adam(model.parameters(), lr=LR)
-        else:
-            opt = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.Adam, lr=LR)
-        return model, opt, DDPStep(model, opt)
+        # DDP's C++ reducer keeps the hook and its state: neither may refer back to the model (a method of an object
+        # holding it would), or model -> reducer -> hook -> model is a cycle no garbage collector can see
+        model.register_comm_hook(count, counting_hook)
+        opt = (torch.optim.Adam(model.parameters(), lr=LR) if kind == "ddp"
+               else ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.Adam, lr=LR))
+        return model, opt, partial(train_step, model, opt, set_to_none=False), count  # .grad: the bucket views
     if kind in ("zero1", "zero2"):
         opt = HandZero(model.parameters(), torch.optim.Adam, stage=int(kind[-1]), lr=LR)
     elif kind == "fsdp2":                                       # section 4
         opt = torch.optim.Adam(shard_model(model).parameters(), lr=LR)
     else:
         raise ValueError(f"unknown kind {kind!r}")
-    return model, opt, plain_step(model, opt)
-
+    return model, opt, partial(train_step, model, opt), count
 
 def held_bytes(model, opt):
     """Bytes of the tensors this rank holds: parameters, gradients, optimizer state (each storage once)."""
@@ -410,27 +363,19 @@ def held_bytes(model, opt):
     state = [v for s in states for k, v in s.items() if k != "step"]  # Adam's step counter: a scalar
     return {"parameters": storages(model.parameters()), "gradients": storages(grads), "optimizer": storages(state)}
 
-
 def measure_stage(rank, n, kind, steps=3, device="cpu"):
     def run():
-        model, opt, step = build(kind, device)
+        model, opt, step, count = build(kind, device)
         for s in range(steps):
             step(*batch(s, rank, n, device=device))
-        return model, opt, step
+        return model, opt, count
 
     memory = measure_peak(run, device=device)                   # everything returned stays allocated
-    model, opt, step = memory.result
+    model, opt, count = memory.result
     params = [p.full_tensor() if isinstance(p, DTensor) else p for p in model.parameters()]
-    return {
-        "held": held_bytes(model, opt),
-        "retained": memory.retained_bytes,
-        "peak": memory.peak_bytes,
-        "params": torch.cat([p.detach().flatten() for p in params]).cpu(),
-        "numel": sum(p.numel() for p in params),
-        "sent": getattr(opt, "sent", None),
-        "ddp_bucket_bytes": getattr(step, "bucket_bytes", None),
-    }
-
+    return {"held": held_bytes(model, opt), "retained": memory.retained_bytes, "peak": memory.peak_bytes,
+            "params": torch.cat([p.detach().flatten() for p in params]).cpu(), "numel": sum(p.numel() for p in params),
+            "sent": getattr(opt, "sent", None), "ddp_bucket_bytes": count["bucket_bytes"]}
 
 def fine_tuning(rank, n, kind, steps=5, device="cpu"):
     """The first layer frozen, AdamW with weight decay on the weights only; the final parameters."""
@@ -452,12 +397,9 @@ def fine_tuning(rank, n, kind, steps=5, device="cpu"):
     else:                                                       # course_lib's, by whole parameters, under DDP
         opt = ShardedOptimizer(groups, torch.optim.AdamW, shard_by="parameter", lr=LR)
     for s in range(steps):
-        opt.zero_grad()
-        loss_fn(net, *batch(s, rank, n, device=device)).backward()
-        opt.step()
+        train_step(net, opt, *batch(s, rank, n, device=device))
     return {"params": torch.cat([p.detach().flatten() for p in model.parameters()]).cpu(),
             "frozen unchanged": torch.equal(model[0].weight, frozen)}
-
 
 def report(rank, n, device):
     tuning = ["ddp", "zero1_builtin", "zero1", "zero2", "library_element", "library_parameter"]
@@ -566,13 +508,11 @@ from zero import HandZero
 
 w0, g = torch.randn(6, 4), torch.randn(6, 4)
 
-
 def step_once(optimizer_class, w, grad):
     w = w.clone().requires_grad_()
     w.grad = grad.clone()
     optimizer_class([w], lr=0.1).step()
     return w.detach()
-
 
 for cls in (torch.optim.AdamW, torch.optim.Adafactor):
     whole = step_once(cls, w0, g)
@@ -608,7 +548,6 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-
 class Gather(torch.autograd.Function):
     """Forward: all-gather a unit's shards into its full flat parameters. Backward: reduce-scatter their gradient."""
 
@@ -628,7 +567,6 @@ class Gather(torch.autograd.Function):
         unit.log.append(("reduce_scatter", grad.numel() * grad.element_size()))
         unit.free()                                               # this unit's backward is done
         return mine.div_(unit.n), None                            # the mean, for the fp32 master shard
-
 
 class Unit:
     def __init__(self, module, dtype, log, gathered):
@@ -677,7 +615,6 @@ class Unit:
         with torch.no_grad():                                     # refill it through a second tensor on it
             self.all_gather(torch.empty(0, dtype=self.dtype, device=self.full.device).set_(storage))
 
-
 def hand_fsdp(model, dtype=torch.bfloat16):
     """Make every Linear of `model` a unit; return the log of its collectives and the gathered-bytes meter."""
     log, gathered = [], {"now": 0, "peak": 0}
@@ -695,6 +632,8 @@ This version handles what this model needs (every parameter trainable, each in a
 # %% slideshow={"slide_type": "-"}
 # %%writefile _runs/fsdp_job.py
 """Section 3's job: FSDP by hand against course_lib's HandFSDP and FSDP2, with bf16 compute on fp32 master shards."""
+from contextlib import nullcontext
+
 import torch
 import torch.distributed as dist
 import torch.nn as nn
@@ -708,19 +647,15 @@ from zero_job import held_bytes
 
 BF16 = torch.bfloat16
 
-
 def train(model, rank, n, device, steps=3, timeline=None):
     opt = torch.optim.AdamW(model.parameters(), lr=LR)
     for s in range(steps):
         opt.zero_grad()
-        if s == steps - 1 and timeline is not None:
-            with record_collectives(timeline):                  # the last step's collectives, in order
-                loss_fn(model, *batch(s, rank, n, device=device)).backward()
-        else:
+        last = s == steps - 1 and timeline is not None          # record the last step's collectives, in order
+        with record_collectives(timeline) if last else nullcontext():
             loss_fn(model, *batch(s, rank, n, device=device)).backward()
         opt.step()
     return opt
-
 
 def report(rank, n, device):
     ours = make_model(device=device)
@@ -732,30 +667,24 @@ def report(rank, n, device):
         full = torch.empty(shard.numel() * n, device=device)
         dist.all_gather_single(full, shard.detach())
         shards.append(full)
-
     lib = None
     if device == "cpu":                                         # course_lib.hand_fsdp works on CPU tensors
         library = make_model()
         lib = HandFSDP(library, units=[m for m in library if isinstance(m, nn.Linear)], param_dtype=BF16,
                        reduce_dtype=torch.float32)
         train(library, rank, n, device)
-
     fsdp2 = shard_model(make_model(device=device), mp_policy=MixedPrecisionPolicy(param_dtype=BF16, reduce_dtype=torch.float32))
     timeline = Timeline(rank)
     opt2 = train(fsdp2, rank, n, device, timeline=timeline)
-    fsdp2_log = []
-    for span in timeline.spans:                                 # labels such as "all_gather_single 131,584 B"
-        name, size, _ = span.label.split()
-        fsdp2_log.append((name.removesuffix("_single"), int(size.replace(",", ""))))
+    labels = [span.label.split() for span in timeline.spans]    # such as "all_gather_single 131,584 B"
+    fsdp2_log = [(name.removesuffix("_single"), int(size.replace(",", ""))) for name, size, _ in labels]
     step = len(log) // 3
-    return {
-        "ours": torch.cat(shards).cpu(),
-        "library": torch.cat([v.flatten() for v in lib.full_parameters().values()]) if lib else None,
-        "fsdp2": torch.cat([p.full_tensor().detach().flatten() for p in fsdp2.parameters()]).cpu(),
-        "log": log[-step:], "library_log": lib.log.entries[-step:] if lib else None, "fsdp2_log": fsdp2_log,
-        "gathered_peak": gathered["peak"], "gathered_after_step": gathered["now"],
-        "held": held, "fsdp2_held": held_bytes(fsdp2, opt2), "numel": sum(p.numel() for p in make_model().parameters()),
-    }
+    return {"ours": torch.cat(shards).cpu(),
+            "library": torch.cat([v.flatten() for v in lib.full_parameters().values()]) if lib else None,
+            "fsdp2": torch.cat([p.full_tensor().detach().flatten() for p in fsdp2.parameters()]).cpu(),
+            "log": log[-step:], "library_log": lib.log.entries[-step:] if lib else None, "fsdp2_log": fsdp2_log,
+            "gathered_peak": gathered["peak"], "gathered_after_step": gathered["now"], "held": held,
+            "fsdp2_held": held_bytes(fsdp2, opt2), "numel": sum(p.numel() for p in make_model().parameters())}
 
 
 # %% slideshow={"slide_type": "fragment"}
@@ -801,7 +730,6 @@ same = sorted(r["fsdp2_log"]) == sorted(r["log"])
 print(f"FSDP2, one step: the same collectives with the same bytes: {same}")
 assert same
 from model import DEPTH  # the number of units: one per Linear
-
 for who, log in (("ours", r["log"]), ("FSDP2", r["fsdp2_log"])):
     order = [kinds[k] for k, _ in log]
     print(f"order, {who + ':':<6} forward {' '.join(order[:DEPTH])} | backward {' '.join(order[DEPTH:])}")
@@ -867,8 +795,7 @@ from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.debug import CommDebugMode
 
-from model import LR, batch, loss_fn, make_model, shard_model
-
+from model import LR, batch, loss_fn, make_model, shard_model, train_step
 
 def against_one_process(rank, n, device, steps=3):
     reference = make_model(device=device)                      # one process, the whole global batch
@@ -876,23 +803,17 @@ def against_one_process(rank, n, device, steps=3):
     model = shard_model(make_model(device=device))
     opt = torch.optim.Adam(model.parameters(), lr=LR)
     for s in range(steps):
-        ref_opt.zero_grad()
-        loss_fn(reference, *batch(s, 0, 1, per_rank=8 * n, device=device)).backward()
+        train_step(reference, ref_opt, *batch(s, 0, 1, per_rank=8 * n, device=device))
         opt.zero_grad()
         loss_fn(model, *batch(s, rank, n, device=device)).backward()  # my rows of the same global batch
         if s == 0:  # the first gradients, before Adam saw them: Adam hides a constant factor, they do not
-            grads = {f"{name}": (p.grad.full_tensor(), q.grad.clone())
-                     for (name, p), q in zip(model.named_parameters(), reference.parameters())}
-        ref_opt.step()
+            first = {name: p.grad.full_tensor().cpu() for name, p in model.named_parameters()}
+            reference_first = {name: q.grad.clone().cpu() for name, q in reference.named_parameters()}
         opt.step()
     w = model[0].weight
-    return {
-        "first_grads": {k: v[0].cpu() for k, v in grads.items()}, "reference_grads": {k: v[1].cpu() for k, v in grads.items()},
-        "max_diff": max((p.full_tensor() - q).abs().max().item() for p, q in zip(model.parameters(), reference.parameters())),
-        "type": type(w).__name__, "placements": str(w.placements),
-        "global_shape": tuple(w.shape), "local_shape": tuple(w.to_local().shape),
-    }
-
+    return {"first_grads": first, "reference_grads": reference_first, "type": type(w).__name__,
+            "max_diff": max((p.full_tensor() - q).abs().max().item() for p, q in zip(model.parameters(), reference.parameters())),
+            "placements": str(w.placements), "global_shape": tuple(w.shape), "local_shape": tuple(w.to_local().shape)}
 
 def one_step_collectives(rank, n, device, reshard):
     model = shard_model(make_model(device=device), reshard_after_forward=reshard)
@@ -907,14 +828,12 @@ def one_step_collectives(rank, n, device, reshard):
     gathered = sum(p.numel() * p.element_size() for u, s in zip(units, sharded) if not s for p in u.parameters())
     return {"counts": counts, "gathered_units": sharded.count(False), "gathered_bytes": gathered}
 
-
 def state_dicts(rank, n, device):
     model = shard_model(make_model(device=device))
     sharded = get_model_state_dict(model)["0.weight"]
     full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     return {"sharded": (type(sharded).__name__, str(sharded.placements), tuple(sharded.to_local().shape)),
             "full": (type(full["0.weight"]).__name__, tuple(full["0.weight"].shape)) if full else "empty"}
-
 
 def scalers(rank, n, device):
     out = {}
@@ -933,17 +852,14 @@ def scalers(rank, n, device):
         out[name] = {"stepped": not torch.equal(model[0].weight.to_local(), before), "scale": scaler.get_scale()}
     return out
 
-
 def report(rank, n, device):
     return {"one_process": against_one_process(rank, n, device),
             "reshard": {r: one_step_collectives(rank, n, device, r) for r in (True, False)},
             "state_dict": state_dicts(rank, n, device), "scalers": scalers(rank, n, device)}
 
 
-# %% slideshow={"slide_type": "fragment"}
-fsdp2_runs = launch("_runs/fsdp2_demo.py:report")
-
 # %% slideshow={"slide_type": "subslide"}
+fsdp2_runs = launch("_runs/fsdp2_demo.py:report")
 f = fsdp2_runs[0]
 one = f["one_process"]
 print(f"weight of the first Linear: a {one['type']} {one['placements']}, global {one['global_shape']}, local {one['local_shape']}")
@@ -1010,11 +926,10 @@ from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 from torch.distributed.tensor.debug import CommDebugMode
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
-from model import LR, batch, loss_fn, make_model, shard_model
+from model import LR, batch, loss_fn, make_model, shard_model, train_step
 
-
-def placements(rank, n):
-    mesh = init_device_mesh("cpu", (n,))
+def placements(rank, n, device):
+    mesh = init_device_mesh(device, (n,))
     full = torch.arange(8.0).reshape(4, 2)                      # the same tensor on every rank
     sharded = distribute_tensor(full, mesh, [Shard(0)])
     replicated = distribute_tensor(full, mesh, [Replicate()])
@@ -1024,9 +939,8 @@ def placements(rank, n):
             "full_tensor": sharded.full_tensor().tolist(), "redistributed": gathered.to_local().tolist(),
             "sum placement": str(total.placements), "sum": total.full_tensor().item()}
 
-
-def two_d(rank, n, steps=3, width=64):
-    mesh = init_device_mesh("cpu", (2, n // 2), mesh_dim_names=("dp", "tp"))
+def two_d(rank, n, device, steps=3, width=64):
+    mesh = init_device_mesh(device, (2, n // 2), mesh_dim_names=("dp", "tp"))
     dp, dp_size = mesh["dp"].get_local_rank(), mesh["dp"].size()
     reference, model = make_model(width, depth=2), make_model(width, depth=2)  # Linear, Tanh, Linear
     ref_opt = torch.optim.Adam(reference.parameters(), lr=LR)
@@ -1035,9 +949,7 @@ def two_d(rank, n, steps=3, width=64):
     opt = torch.optim.Adam(model.parameters(), lr=LR)
     for s in range(steps):
         x, y = batch(s, 0, 1, per_rank=8, width=width)          # the global batch
-        ref_opt.zero_grad()
-        loss_fn(reference, x, y).backward()
-        ref_opt.step()
+        train_step(reference, ref_opt, x, y)
         opt.zero_grad()
         with CommDebugMode() as comm:                           # the collectives of the forward pass
             loss = loss_fn(model, x[dp::dp_size], y[dp::dp_size])  # dp ranks split it; tp ranks share it
@@ -1049,17 +961,12 @@ def two_d(rank, n, steps=3, width=64):
             "global": tuple(w.shape), "local": tuple(w.to_local().shape),
             "max_diff": max((p.full_tensor() - q).abs().max().item() for p, q in zip(model.parameters(), reference.parameters()))}
 
+def report(rank, n, device):
+    return {"placements": placements(rank, n, device), "two_d": two_d(rank, n, device)}
 
-def report(rank, n):
-    return {"placements": placements(rank, n), "two_d": two_d(rank, n)}
-
-
-# %% slideshow={"slide_type": "fragment"}
-start = time.perf_counter()
-dtensor_runs = run_ranks("_runs/dtensor_demo.py:report", nprocs=4, timeout=300, echo="none")  # CPU, gloo
-print(f"4 processes: every rank finished with exit code 0 (~{time.perf_counter() - start:.0f} s)")
 
 # %% slideshow={"slide_type": "subslide"}
+dtensor_runs = launch("_runs/dtensor_demo.py:report", nprocs=4, device="cpu")  # CPU and gloo, also on the GPU path
 full = torch.arange(8.0).reshape(4, 2)
 for rank, r in enumerate(dtensor_runs):
     d = r["placements"]
@@ -1113,16 +1020,14 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model
 from torch.distributed.tensor import DTensor
 from torch.utils.data import DistributedSampler, TensorDataset
 
-from model import LR, WIDTH, loss_fn, make_model, shard_model
+from model import LR, WIDTH, make_model, shard_model, train_step
 
 GLOBAL_BATCH, SAMPLES = 16, 48                                  # 3 steps per epoch
 PARTS = ("model", "optim", "progress", "rng")                  # the whole training state
 
-
 def dataset():
     g = torch.Generator().manual_seed(7)
     return TensorDataset(torch.randn(SAMPLES, WIDTH, generator=g), torch.randn(SAMPLES, WIDTH, generator=g))
-
 
 def train(rank, n, stop, device="cpu", save_dir=None, save_at=None, resume_from=None, full_path=None, keep=PARTS):
     """Train to step `stop`; save everything at step `save_at`, or start from a saved run (the parts in `keep`)."""
@@ -1157,9 +1062,7 @@ def train(rank, n, stop, device="cpu", save_dir=None, save_at=None, resume_from=
             idx = order[i * per_rank:(i + 1) * per_rank]
             eps = 0.1 * torch.randn(GLOBAL_BATCH, WIDTH, generator=noise)  # the same draw on every rank
             x, y = data.tensors[0][idx] + eps[rank::n], data.tensors[1][idx]
-            opt.zero_grad()
-            loss_fn(model, x.to(device), y.to(device)).backward()
-            opt.step()
+            train_step(model, opt, x.to(device), y.to(device))
             progress["step"] += 1
             if progress["step"] == save_at:
                 dcp.save(everything(), checkpoint_id=save_dir)  # every rank writes its shards
@@ -1174,10 +1077,8 @@ def train(rank, n, stop, device="cpu", save_dir=None, save_at=None, resume_from=
     params = [p.full_tensor() if isinstance(p, DTensor) else p for p in model.parameters()]
     return torch.cat([p.detach().flatten() for p in params]).cpu()
 
-
 def uninterrupted(rank, n, device, ckpt_dir, full_path):
     return train(rank, n, stop=8, device=device, save_dir=ckpt_dir, save_at=4, full_path=full_path)
-
 
 def resumed(rank, n, device, ckpt_dir):
     return train(rank, n, stop=8, device=device, resume_from=ckpt_dir)
@@ -1284,10 +1185,8 @@ Pipeline and tensor parallelism (notebook 12) come in when sharding is not enoug
 from course_lib.exercises.sharding import (FIT_SCENARIOS, check_bytes_sent, check_rank_bytes, check_reduce_scatter_step,
                                            check_stage_that_fits)
 
-
 def rank_bytes(num_params, world_size, stage):
     raise NotImplementedError  # your code here
-
 
 print(check_rank_bytes(rank_bytes))
 
@@ -1302,7 +1201,6 @@ print(check_stage_that_fits(answer))
 def bytes_sent(num_params, world_size, stage):
     raise NotImplementedError  # your code here
 
-
 print(check_bytes_sent(bytes_sent))
 
 
@@ -1311,7 +1209,6 @@ def shard_gradient(full_grad, world_size, reduce_dtype, shard_dtype):
     """full_grad: this rank's gradient of a unit's gathered flat parameters (padded, compute dtype).
     Return this rank's shard of the mean gradient over the ranks, in shard_dtype."""
     raise NotImplementedError  # your code here
-
 
 print(check_reduce_scatter_step(shard_gradient))
 
