@@ -315,6 +315,39 @@ class _RingAttention(torch.autograd.Function):
         return dq, dk, dv, None, None, None, None, None
 
 
+def _check_attention_inputs(
+    q: object, k: object, v: object, layout: object, causal: object, group: Any, *, same_heads: bool, who: str
+) -> tuple[Layout, int, int]:
+    """What every context-parallel attention checks (the ring here, the all-gather and Ulysses in
+    :mod:`course_lib.context_parallel_variants`): 4-D floating-point q, k, v of this rank's positions, k and v of
+    q's heads (``same_heads``) or of a number dividing them, a layout of the group's ranks that gives every rank
+    q's positions, a process group. Returns the layout, the group's size and this rank's place in it."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor) or not t.is_floating_point() or t.dim() != 4:
+            raise TypeError(f"{name} must be a floating-point tensor (batch, heads, seq, head_dim)")
+    assert isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor)
+    if same_heads and (q.shape != k.shape or k.shape != v.shape):
+        raise ValueError(
+            f"q, k, v must have one shape here (repeat grouped key/value heads first), got {tuple(q.shape)}, "
+            f"{tuple(k.shape)}, {tuple(v.shape)}"
+        )
+    if k.shape != v.shape or q.shape[0] != k.shape[0] or q.shape[2:] != k.shape[2:] or q.shape[1] % k.shape[1]:
+        raise ValueError(
+            f"k and v must have one shape, q's batch, positions and head_dim, and a number of heads dividing q's; "
+            f"got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
+        )
+    layout = _check_layout(layout)
+    check_bool("causal", causal)
+    if not dist.is_initialized():
+        raise RuntimeError(f"{who} needs a process group: call dist.init_process_group first")
+    n, rank = dist.get_world_size(group), dist.get_rank(group)
+    if len(layout) != n:
+        raise ValueError(f"layout has {len(layout)} ranks, the group {n}")
+    if any(sum(c for _, c in chunks) != q.shape[2] for chunks in layout):
+        raise ValueError(f"every rank's chunks must hold q's {q.shape[2]} positions")
+    return layout, n, rank
+
+
 def ring_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -335,23 +368,8 @@ def ring_attention(
     ``overlap=True`` each step posts the next block's exchange before computing on the current one (two spare
     key/value buffers): the same arithmetic, so the same result, with the transfer hidden behind the compute.
     """
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, torch.Tensor) or not t.is_floating_point() or t.dim() != 4:
-            raise TypeError(f"{name} must be a floating-point tensor (batch, heads, seq, head_dim)")
-    if q.shape != k.shape or k.shape != v.shape:
-        raise ValueError(f"q, k, v must have one shape here, got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
-    layout = _check_layout(layout)
-    check_bool("causal", causal)
     check_bool("overlap", overlap)
-    if not dist.is_initialized():
-        raise RuntimeError("ring_attention needs a process group: call dist.init_process_group first")
-    n, rank = dist.get_world_size(group), dist.get_rank(group)
-    if len(layout) != n:
-        raise ValueError(f"layout has {len(layout)} ranks, the group {n}")
-    if sum(length for _, length in layout[rank]) != q.shape[2]:
-        raise ValueError(f"this rank's chunks hold {sum(c for _, c in layout[rank])} positions, q has {q.shape[2]}")
-    if len({sum(c for _, c in chunks) for chunks in layout}) != 1:
-        raise ValueError("every rank must hold the same number of positions")
+    layout = _check_attention_inputs(q, k, v, layout, causal, group, same_heads=True, who="ring_attention")[0]
     return _RingAttention.apply(
         q, k, v, group, layout, causal, 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale, overlap
     )

@@ -24,10 +24,15 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 
-from .context_parallel import Layout, _check_layout, ring_attention_bytes, shard_sequence, unshard_sequence
+from .context_parallel import (
+    Layout,
+    _check_attention_inputs,
+    ring_attention_bytes,
+    shard_sequence,
+    unshard_sequence,
+)
 from .counted_collectives import all_gather, all_to_all, reduce_scatter
 from .validation import check_bool, check_int
 
@@ -35,32 +40,6 @@ __all__ = ["VARIANTS", "allgather_attention", "cp_attention_bytes", "ulysses_att
 
 VARIANTS: tuple[str, ...] = ("ring", "allgather", "ulysses")
 _MAX = 1 << 24  # the largest size any argument of cp_attention_bytes may take
-
-
-def _group_info(group: Any) -> tuple[int, int]:
-    if not dist.is_initialized():
-        raise RuntimeError("context parallel attention needs a process group: call dist.init_process_group first")
-    return dist.get_world_size(group), dist.get_rank(group)
-
-
-def _check_inputs(q: object, k: object, v: object, layout: object, causal: object, group: Any) -> Layout:
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, torch.Tensor) or not t.is_floating_point() or t.dim() != 4:
-            raise TypeError(f"{name} must be a floating-point tensor (batch, heads, seq, head_dim)")
-    assert isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor)
-    if k.shape != v.shape or q.shape[0] != k.shape[0] or q.shape[2:] != k.shape[2:] or q.shape[1] % k.shape[1]:
-        raise ValueError(
-            f"k and v must have one shape, q's batch, positions and head_dim, and a number of heads dividing q's; "
-            f"got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
-        )
-    layout = _check_layout(layout)
-    check_bool("causal", causal)
-    n, rank = _group_info(group)
-    if len(layout) != n:
-        raise ValueError(f"layout has {len(layout)} ranks, the group {n}")
-    if any(sum(c for _, c in chunks) != q.shape[2] for chunks in layout):
-        raise ValueError(f"every rank's chunks must hold q's {q.shape[2]} positions")
-    return layout
 
 
 def _positions(chunks: tuple[tuple[int, int], ...]) -> torch.Tensor:
@@ -136,8 +115,9 @@ def allgather_attention(
     ``q`` is ``(batch, heads, local_seq, head_dim)`` (this rank's slice in ``layout``); ``k``, ``v`` the same
     with ``kv_heads`` dividing ``heads`` (grouped-query attention: gathered first, repeated after).
     """
-    layout = _check_inputs(q, k, v, layout, causal, group)
-    rank = _group_info(group)[1]
+    layout, _, rank = _check_attention_inputs(
+        q, k, v, layout, causal, group, same_heads=False, who="allgather_attention"
+    )
     full_k, full_v = (_GatherSequence.apply(t, group, layout) for t in (k, v))
     repeat = q.shape[1] // k.shape[1]
     full_k, full_v = full_k.repeat_interleave(repeat, 1), full_v.repeat_interleave(repeat, 1)
@@ -164,8 +144,7 @@ def ulysses_attention(
     Shapes as :func:`allgather_attention`; the group's size must divide the key/value heads (each rank then
     attends with ``heads / n`` query heads and ``kv_heads / n`` key/value heads over the whole sequence).
     """
-    layout = _check_inputs(q, k, v, layout, causal, group)
-    n = len(layout)
+    layout, n, _ = _check_attention_inputs(q, k, v, layout, causal, group, same_heads=False, who="ulysses_attention")
     if k.shape[1] % n:
         raise ValueError(f"Ulysses splits heads: the {n} ranks must divide the {k.shape[1]} key/value heads")
     qh, kh, vh = (_SeqToHeads.apply(t.contiguous(), group, layout) for t in (q, k, v))

@@ -49,7 +49,7 @@ def test_the_bytes_refuse_what_cannot_run() -> None:
 def test_the_attention_functions_check_their_inputs() -> None:
     q = torch.randn(1, 4, 8, 4)
     lay = zigzag_layout(8, 1)
-    for fn in (allgather_attention, ulysses_attention):
+    for fn in (ring_attention, allgather_attention, ulysses_attention):  # one set of checks, in context_parallel
         with pytest.raises(TypeError, match="q must be"):
             fn(q[0], q, q, layout=lay)  # type: ignore[operator]
         with pytest.raises(ValueError, match="heads"):
