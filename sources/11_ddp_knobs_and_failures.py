@@ -19,16 +19,14 @@ This notebook assumes: notebook 10 (a DDP script, `torchrun`, `DistributedSample
 import inspect
 import os
 import sys
-import warnings
 
 import torch
 import torch.distributed as dist
 import torch.distributed.run
-import torch.nn as nn
 
 from course_lib.errors import expect_error
 from course_lib.device import requires_gpu
-from course_lib.launch import LaunchError, free_port, run_ranks, run_script, run_torchrun
+from course_lib.launch import LaunchError, run_ranks, run_script, run_torchrun
 from course_lib.seeding import seed_everything
 
 seed_everything(0)
@@ -61,11 +59,9 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from course_lib.torch_private import set_group_timeout  # torch.distributed's private _set_pg_timeout
 
-
 def net():
     torch.manual_seed(0)
     return nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4, momentum=0.1))
-
 
 def buffers(rank, world_size):
     report = {}
@@ -82,29 +78,23 @@ def buffers(rank, world_size):
         after = model[1].running_mean.clone()
         everyone = [torch.empty_like(before) for _ in range(world_size)]
         dist.all_gather(everyone, before)
-        report[sync] = {
-            "before": before[:2].tolist(),
-            "after": after[:2].tolist(),
-            "from_rank0": torch.allclose(after, 0.9 * everyone[0] + 0.1 * batch_mean, atol=1e-6),
-            "from_own": torch.allclose(after, 0.9 * before + 0.1 * batch_mean, atol=1e-6),
-        }
+        report[sync] = {"before": before[:2].tolist(), "after": after[:2].tolist(),
+                        "from_rank0": torch.allclose(after, 0.9 * everyone[0] + 0.1 * batch_mean, atol=1e-6),
+                        "from_own": torch.allclose(after, 0.9 * before + 0.1 * batch_mean, atol=1e-6)}
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         DDP(net(), broadcast_buffers=True)
     report["warning"] = str(caught[0].message)
-
     report["timeline"] = timeline(rank, x)
     return report
 
-
-def timeline(rank, x):
-    """Which forwards broadcast? One DDP model; each row: (who runs it, what, broadcasts?, outcome)."""
+def timeline(rank, x):  # which forwards broadcast? One DDP model; a row: (who runs it, what, broadcasts?, outcome)
     group = dist.new_group()  # the default timeout (30 min): no step both ranks take can time out
     ddp = DDP(net(), process_group=group)
     rows = []
 
-    def forward(who, grad, mode):
-        ddp.train(mode == "train")
+    def forward(who, grad):  # with gradients: a training forward; without: an evaluation one
+        ddp.train(grad)
         broadcasts = ddp.will_sync_module_buffers()  # what DDP's forward is about to do
         if rank in who:
             start = time.perf_counter()
@@ -117,18 +107,17 @@ def timeline(rank, x):
             except RuntimeError as e:  # gloo words its timeouts in more than one way
                 timed_out = "timed out" in str(e).lower() or "timeout" in str(e).lower()
                 outcome = "RuntimeError: " + ("a gloo timeout" if timed_out else str(e).splitlines()[0])
-            rows.append((who, f"{mode} forward{' + backward' if grad else ', no_grad'}", broadcasts, outcome,
-                         time.perf_counter() - start))
+            what = "train forward + backward" if grad else "eval forward, no_grad"
+            rows.append((who, what, broadcasts, outcome, time.perf_counter() - start))
 
-    forward((0, 1), True, "train")  # both ranks
-    forward((0, 1), False, "eval")  # both ranks: the first no_grad forward after one with gradients
-    forward((0,), False, "eval")  # rank 0 alone: a second no_grad forward in a row
-    forward((0, 1), True, "train")  # both ranks
-    # rank 0 alone again: its forward waits for rank 1, which never comes. That hang is the lesson, and
-    # only here does a short timeout bound it (a private helper that changes a group's timeout; the
-    # public API sets it when the group is made). Rank 1 is already waiting in the barrier below.
+    forward((0, 1), True)  # both ranks
+    forward((0, 1), False)  # both ranks: the first no_grad forward after one with gradients
+    forward((0,), False)  # rank 0 alone: a second no_grad forward in a row
+    forward((0, 1), True)  # both ranks
+    # rank 0 alone again: its forward waits for rank 1, which never comes (rank 1 is already in the barrier below).
+    # That hang is the lesson, and only here does a short timeout bound it (a private helper, section 4.2).
     set_group_timeout(timedelta(seconds=1.5), group)
-    forward((0,), False, "eval")
+    forward((0,), False)
     if rank == 0:
         with torch.no_grad():
             rows.append(((0,), "ddp.module(x), no_grad", False, "returned" if ddp.module(x).shape == (16, 4) else "?", 0.0))
@@ -138,15 +127,12 @@ def timeline(rank, x):
 
 # %% slideshow={"slide_type": "-"}
 from ddp_buffers import buffers
-
-reports = run_ranks(buffers, nprocs=2, timeout=180)
+r0, r1 = reports = run_ranks(buffers, nprocs=2, timeout=180)
 print(f"{'':>22} {'rank 0':>18} {'rank 1':>18}   (running_mean[:2])")
 for sync in (True, False):
     print(f"forward_sync_buffers={sync}")
-    for when in ("before", "after"):
-        cells = "".join(f"{str([round(v, 4) for v in r[sync][when]]):>19}" for r in reports)
-        print(f"{'after step ' + ('1' if when == 'before' else '2'):>22}{cells}")
-r0, r1 = reports
+    for step, when in ((1, "before"), (2, "after")):
+        print(f"{f'after step {step}':>22}" + "".join(f"{str([round(v, 4) for v in r[sync][when]]):>19}" for r in reports))
 assert r1[True]["from_rank0"] and not r1[True]["from_own"]  # rank 1 = rank 0's statistics + its own last batch
 assert r1[False]["from_own"] and not r1[False]["from_rank0"]  # without the sync, its own statistics
 assert r0[True]["from_own"]  # rank 0 is the source: it keeps its own
@@ -156,9 +142,7 @@ print("\nDDP(..., broadcast_buffers=True) warns:", r0["warning"].split(" IMPORTA
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-Rank 0's statistics come from rank 0's data only: with the default, what ends up in the saved model is what **one** rank's shard saw, smoothed over steps. That is usually fine when every rank's data comes from the same distribution (the point of a shuffled `DistributedSampler`). Where the batch statistics must cover the global batch, `SyncBatchNorm` all-reduces them during the forward (GPU modules only: notebook 10 §6 shows DDP refusing it on CPU); where each rank must keep its own buffers, `forward_sync_buffers=False` (note the warning: unlike the old `broadcast_buffers=False`, it still broadcasts once at construction).
-
-Now the forwards. Each row is one forward; "broadcasts" is what DDP decided before it ran, and the outcome is rank 0's:
+Rank 0's statistics come from rank 0's data only: with the default, what ends up in the saved model is what **one** rank's shard saw, smoothed over steps. That is usually fine when every rank's data comes from the same distribution (the point of a shuffled `DistributedSampler`). Where the batch statistics must cover the global batch, `SyncBatchNorm` all-reduces them during the forward (GPU modules only: notebook 10 §6 shows DDP refusing it on CPU); where each rank must keep its own buffers, `forward_sync_buffers=False` (note the warning: unlike the old `broadcast_buffers=False`, it still broadcasts once at construction). Now the forwards. Each row is one forward; "broadcasts" is what DDP decided before it ran, and the outcome is rank 0's:
 """
 
 # %% slideshow={"slide_type": "-"}
@@ -204,7 +188,6 @@ import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.checkpoint import checkpoint
 
-
 class TwoHeads(nn.Module):
     def __init__(self):
         super().__init__()
@@ -213,34 +196,28 @@ class TwoHeads(nn.Module):
     def forward(self, x):
         return self.a(torch.relu(self.body(x)))  # self.b takes no part in the loss
 
-
 def two_steps(ddp, x):
     for _ in range(2):
         ddp.zero_grad()
         ddp(x).sum().backward()
 
-
 def no_flag(rank, world_size):
     torch.manual_seed(0)
     two_steps(DDP(TwoHeads()), torch.randn(4, 8))  # fails at the second forward
 
-
 def fixes(rank, world_size, deep_layers=150, repeats=20):
     report = {}
     x = torch.randn(4, 8)
-    for name, kwargs in (("find_unused_parameters=True", {"find_unused_parameters": True}),
-                         ("static_graph=True", {"static_graph": True})):
+    for flag in ("find_unused_parameters", "static_graph"):
         torch.manual_seed(0)
-        ddp = DDP(TwoHeads(), **kwargs)
+        ddp = DDP(TwoHeads(), **{flag: True})
         two_steps(ddp, x)
-        report[name] = ddp.module.b.weight.grad is None and ddp.module.a.weight.grad is not None
-
+        report[f"{flag}=True"] = ddp.module.b.weight.grad is None and ddp.module.a.weight.grad is not None
     # the cost of find_unused_parameters: a walk over the autograd graph after every forward.
     # A deep model with every parameter used; two DDP copies timed in alternation (same noise for both)
-    models = {}
-    for flag in (False, True):
-        torch.manual_seed(0)
-        models[flag] = DDP(nn.Sequential(*[nn.Linear(8, 8) for _ in range(deep_layers)]), find_unused_parameters=flag)
+    torch.manual_seed(0)
+    models = {flag: DDP(nn.Sequential(*[nn.Linear(8, 8) for _ in range(deep_layers)]), find_unused_parameters=flag)
+              for flag in (False, True)}
     xb = torch.randn(4, 8)
     times = {False: [], True: []}
     for i in range(repeats + 3):
@@ -252,7 +229,6 @@ def fixes(rank, world_size, deep_layers=150, repeats=20):
             out.sum().backward()
     report["forward_ms"] = {flag: 1000 * min(t[3:]) for flag, t in times.items()}  # the minimum: load only adds
     report["nodes"] = deep_layers
-
     # DDP with activation checkpointing: a checkpointed block, and a parameter the step does not use
     class Checkpointed(nn.Module):
         def __init__(self, reentrant):
@@ -265,21 +241,19 @@ def fixes(rank, world_size, deep_layers=150, repeats=20):
     xg = torch.randn(4, 8, requires_grad=True)
     report["checkpoint"] = {}
     for reentrant in (False, True):
-        for name, kwargs in (("find_unused_parameters=True", {"find_unused_parameters": True}),
-                             ("static_graph=True", {"static_graph": True})):
+        for flag in ("find_unused_parameters", "static_graph"):
             torch.manual_seed(0)
             try:
                 for _ in range(3):
-                    two_steps(DDP(Checkpointed(reentrant), **kwargs), xg)
-                report["checkpoint"][(reentrant, name)] = "works"
+                    two_steps(DDP(Checkpointed(reentrant), **{flag: True}), xg)
+                report["checkpoint"][(reentrant, f"{flag}=True")] = "works"
             except RuntimeError as e:
-                report["checkpoint"][(reentrant, name)] = str(e).splitlines()[0][:48] + "..."
+                report["checkpoint"][(reentrant, f"{flag}=True")] = str(e).splitlines()[0][:48] + "..."
     return report
 
 
 # %% slideshow={"slide_type": "-"}
 import re
-
 with expect_error(LaunchError, match="Expected to have finished reduction in the prior iteration", quiet=True) as unused:
     run_ranks("_runs/ddp_unused.py:no_flag", nprocs=2, timeout=180, echo="none", env={"TORCH_DISTRIBUTED_DEBUG": "INFO"})
 message = unused.error.traceback
@@ -323,8 +297,7 @@ for reentrant in (False, True):
     row = [f0["checkpoint"][(reentrant, name)] for name in ("find_unused_parameters=True", "static_graph=True")]
     print(f"{'use_reentrant=' + str(reentrant):<22} {row[0]:<56} {row[1]}")
 assert f0["checkpoint"][(True, "find_unused_parameters=True")].startswith("Expected to mark a variable ready only once")
-assert [f0["checkpoint"][k] for k in [(False, "find_unused_parameters=True"), (False, "static_graph=True"),
-                                       (True, "static_graph=True")]] == ["works"] * 3
+assert list(f0["checkpoint"].values()).count("works") == 3  # the other three
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
@@ -337,21 +310,19 @@ So: **non-reentrant checkpointing (`use_reentrant=False`, the recommended form) 
 
 ### 3.1 `gradient_as_bucket_view`: one copy of the gradients fewer
 
-DDP does not all-reduce `param.grad` tensors one by one. It keeps flat **buckets**, each a contiguous buffer holding the gradients of several parameters; after the backward fills `param.grad`, the reducer **copies** each gradient into its bucket, all-reduces the bucket, and copies the averaged values back. That is a second copy of all the gradients, as large as the gradients themselves, for as long as the model lives: a line the memory inventory of notebook 04 did not have.
-
-With **`gradient_as_bucket_view=True`** each `param.grad` becomes a **view into its bucket**: the same memory, no copy. The job below checks it by pointer: whether each gradient's storage is a bucket's storage (the buckets' addresses come from a communication hook, a function DDP calls with each bucket, used here only to look), and how many bytes the gradients and buckets occupy together after three steps.
+DDP does not all-reduce `param.grad` tensors one by one. It keeps flat **buckets**, each a contiguous buffer holding the gradients of several parameters; after the backward fills `param.grad`, the reducer **copies** each gradient into its bucket, all-reduces the bucket, and copies the averaged values back. That is a second copy of all the gradients, as large as the gradients themselves, for as long as the model lives: a line the memory inventory of notebook 04 did not have. With **`gradient_as_bucket_view=True`** each `param.grad` becomes a **view into its bucket**: the same memory, no copy. The job below checks it by pointer: whether each gradient's storage is a bucket's storage (the buckets' addresses come from a communication hook, a function DDP calls with each bucket, used here only to look), and how many bytes the gradients and buckets occupy together after three steps.
 """
 
 # %% slideshow={"slide_type": "-"}
 # %%writefile _runs/ddp_buckets.py
+from unittest import mock
+
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import (allreduce_hook, bf16_compress_hook,
-                                                                        fp16_compress_hook)
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook, bf16_compress_hook, fp16_compress_hook
 from torch.nn.parallel import DistributedDataParallel as DDP
-
 
 def mlp(width=256, depth=4):  # notebook 10's model: 0.83 MiB of float32 parameters at width 256
     layers, d = [], 64
@@ -360,67 +331,49 @@ def mlp(width=256, depth=4):  # notebook 10's model: 0.83 MiB of float32 paramet
         d = width
     return nn.Sequential(*layers, nn.Linear(d, 10))
 
-
-def looking_hook(seen, bucket):
-    """A communication hook that notes each bucket's size and storage, then does the default all-reduce."""
+def looking_hook(seen, bucket):  # notes each bucket's size and storage, then does the default all-reduce
     buf = bucket.buffer()
     seen.append((buf.numel() * buf.element_size(), buf.untyped_storage().data_ptr()))
     return allreduce_hook(None, bucket)
 
+def three_steps(width=256, cap=None, view=False):  # the mlp under DDP with the looking hook: each step's buckets
+    torch.manual_seed(0)
+    x, y = torch.randn(32, 64), torch.randint(0, 10, (32,))
+    ddp = DDP(mlp(width), gradient_as_bucket_view=view, **({} if cap is None else {"bucket_cap_mb": cap}))
+    seen, steps = [], []
+    ddp.register_comm_hook(seen, looking_hook)
+    for _ in range(3):
+        ddp.zero_grad()
+        F.cross_entropy(ddp(x), y).backward()
+        steps.append(seen[:])
+        seen.clear()
+    return ddp, steps
 
 def memory(rank, world_size):
     report = {}
-    x, y = torch.randn(32, 64), torch.randint(0, 10, (32,))
     for view in (False, True):
-        torch.manual_seed(0)
-        ddp = DDP(mlp(), bucket_cap_mb=0.5, gradient_as_bucket_view=view)
-        seen = []
-        ddp.register_comm_hook(seen, looking_hook)
-        for _ in range(3):
-            seen.clear()
-            ddp.zero_grad()
-            F.cross_entropy(ddp(x), y).backward()
-        grads = [p.grad for p in ddp.parameters()]
+        ddp, steps = three_steps(cap=0.5, view=view)
+        grads, bucket_storages = [p.grad for p in ddp.parameters()], {ptr: nbytes for nbytes, ptr in steps[-1]}
         storages = {g.untyped_storage().data_ptr(): g.untyped_storage().nbytes() for g in grads}
-        storages.update({ptr: nbytes for nbytes, ptr in seen})  # a bucket's storage holds exactly its buffer
-        report[view] = {
-            "grad_bytes": sum(g.numel() * g.element_size() for g in grads),
-            "held_bytes": sum(storages.values()),
-            "in_bucket": sum(g.untyped_storage().data_ptr() in {ptr for _, ptr in seen} for g in grads),
-            "n_grads": len(grads),
-        }
+        storages.update(bucket_storages)  # a bucket's storage holds exactly its buffer
+        report[view] = {"grad_bytes": sum(g.numel() * g.element_size() for g in grads), "held_bytes": sum(storages.values()),
+                        "in_bucket": sum(g.untyped_storage().data_ptr() in bucket_storages for g in grads),
+                        "n_grads": len(grads)}
     return report
-
 
 def buckets(rank, world_size):
     report = {}
-    x, y = torch.randn(32, 64), torch.randint(0, 10, (32,))
     for width, cap in ((256, 0.05), (256, 0.5), (256, None), (512, None)):
-        torch.manual_seed(0)
-        model = mlp(width)
-        ddp = DDP(model) if cap is None else DDP(model, bucket_cap_mb=cap)
-        seen = []
-        ddp.register_comm_hook(seen, looking_hook)
-        steps = []
-        for _ in range(3):
-            seen.clear()
-            F.cross_entropy(ddp(x), y).backward()
-            steps.append([nbytes for nbytes, _ in seen])
-        report[(width, cap)] = {"steps": steps, "param_bytes": [p.numel() * 4 for p in model.parameters()]}
+        ddp, steps = three_steps(width, cap)
+        report[(width, cap)] = {"steps": [[nbytes for nbytes, _ in step] for step in steps],
+                                "param_bytes": [p.numel() * 4 for p in ddp.parameters()]}
     return report
 
-
-def bf16_hook(process_group, bucket):
-    """Compress to bfloat16, all-reduce, decompress: what the built-in bf16_compress_hook does."""
+def bf16_hook(process_group, bucket):  # to bfloat16, all-reduce, back: what the built-in bf16_compress_hook does
     buf = bucket.buffer()
     compressed = buf.to(torch.bfloat16).div_(dist.get_world_size())
-
-    def decompress(fut):
-        buf.copy_(fut.value()[0])
-        return buf
-
-    return dist.all_reduce(compressed, async_op=True).get_future().then(decompress)
-
+    # decompress into the bucket when the all-reduce is done (copy_ returns the bucket: what DDP waits for)
+    return dist.all_reduce(compressed, async_op=True).get_future().then(lambda fut: buf.copy_(fut.value()[0]))
 
 def hooks(rank, world_size):
     report = {}
@@ -430,7 +383,7 @@ def hooks(rank, world_size):
         report["bf16_builtin"] = str(e)
     sent, real = [], dist.all_reduce
 
-    def counting_all_reduce(tensor, *args, **kwargs):  # counts what reaches the backend
+    def counting_all_reduce(tensor, *args, **kwargs):
         sent.append(tensor.numel() * tensor.element_size())
         return real(tensor, *args, **kwargs)
 
@@ -443,16 +396,12 @@ def hooks(rank, world_size):
         ddp = DDP(mlp())
         ddp.register_comm_hook(None, hook)
         sent.clear()
-        dist.all_reduce = counting_all_reduce
-        try:
+        with mock.patch.object(dist, "all_reduce", counting_all_reduce):  # counts what reaches the backend
             F.cross_entropy(ddp(x), y).backward()
-        finally:
-            dist.all_reduce = real
         grads[name] = torch.cat([p.grad.flatten() for p in ddp.parameters()])
         exact = grads["float32 (default)"]
         report[name] = (sum(sent), ((grads[name] - exact).norm() / exact.norm()).item())
     return report
-
 
 def all_parts(rank, world_size):
     return {"memory": memory(rank, world_size), "buckets": buckets(rank, world_size), "hooks": hooks(rank, world_size)}
@@ -474,19 +423,16 @@ Exactly one gradient-sized copy saved (866,344 bytes here; 4 bytes per parameter
 
 ### 3.2 How buckets are formed
 
-The same hook lists each bucket's size at each step. Three rules explain every number (the bucket assignment is `dist._compute_bucket_assignment_by_size`, a private function, read here only to compare; the rebuild is in DDP's C++ reducer; PyTorch has no public API for either):
+The same hook lists each bucket's size at each step. Three rules explain every number (notebook 09 §5 states them for the steady state; the bucket assignment is `dist._compute_bucket_assignment_by_size`, a private function, read here only to compare; the rebuild is in DDP's C++ reducer; PyTorch has no public API for either):
 
 1. **Step 1 uses a single bucket** holding every gradient (unless `find_unused_parameters=True`): DDP does not yet know the order in which backward produces the gradients, and a wrong guess could make a bucket wait.
 2. **After step 1 the buckets are rebuilt** in the order the gradients actually arrived (the last layer first), and kept from then on.
 3. Gradients go into a bucket **whole**, and a bucket is closed as soon as its size **reaches** the cap; so a bucket can exceed the cap by up to one tensor. With the default `bucket_cap_mb=25`, the **first** bucket's cap is `dist._DEFAULT_FIRST_BUCKET_BYTES` (a private constant) = 1 MiB, so that the last layers' gradients, ready first, go out early instead of waiting in a 25 MiB bucket. When you pass `bucket_cap_mb` yourself, there is no special first bucket: every bucket, the first included, is capped at your value.
-
-Notebook 09 §5 states the steady state: whole tensors in reverse order, a bucket closed once it holds at least its cap, 1 MiB for the first bucket and 25 MiB for the others under the default `bucket_cap_mb`, a cap you pass applying to every bucket, and a first step with one bucket before the rebuild. The rules below take each part apart, with the counts that need them.
 """
 
 # %% slideshow={"slide_type": "-"}
 bk = bucket_reports[0]["buckets"]
 from course_lib.torch_private import ddp_first_bucket_bytes  # torch.distributed._DEFAULT_FIRST_BUCKET_BYTES
-
 print("first-bucket cap with the default bucket_cap_mb:", ddp_first_bucket_bytes(), "bytes")
 for (width, cap), rep in bk.items():
     total = sum(rep["param_bytes"])
@@ -503,10 +449,10 @@ assert len(big) == 2 and big[0] >= ddp_first_bucket_bytes() > big[0] - largest  
 Now the counts notebook 10 §9 printed without explaining them (the same model and caps as the first two runs above): a 0.83 MiB model with `bucket_cap_mb=0.05` gave **4** buckets, not 0.83 / 0.05 ≈ 17. Rule 3: the cap is int(0.05 × 2²⁰) = 52,428 bytes, but each of the four weight matrices is bigger than that on its own (65,536 bytes for the first, 262,144 for each 256 × 256), so each closes a bucket by itself, and the small tensors (biases, the 10 × 256 output layer) ride along with the next big one. With 0.5 MiB = 524,288 bytes, the output layer and two 256 × 256 layers with their biases (10,280 + 2 × 263,168 = 536,616 bytes) reach the cap, and the rest (329,728 bytes) is the second bucket: 2 buckets. The function below replays rule 3 on the gradients in the order they arrive (reverse layer order) and gets both counts:
 """
 
-
 # %% slideshow={"slide_type": "-"}
-def replay_buckets(sizes_in_arrival_order, cap_bytes):
-    """Rule 3: whole tensors; close a bucket once it reaches the cap."""
+arrival = list(reversed(bk[(256, 0.05)]["param_bytes"]))  # the gradients in the order backward produces them
+
+def replay_buckets(sizes_in_arrival_order, cap_bytes):  # rule 3: whole tensors; close a bucket once it reaches the cap
     out, current = [], 0
     for nbytes in sizes_in_arrival_order:
         current += nbytes
@@ -515,8 +461,6 @@ def replay_buckets(sizes_in_arrival_order, cap_bytes):
             current = 0
     return out + ([current] if current else [])
 
-
-arrival = list(reversed(bk[(256, 0.05)]["param_bytes"]))
 for cap in (0.05, 0.5):
     replayed = replay_buckets(arrival, int(cap * 2**20))
     print(f"bucket_cap_mb={cap}: replayed {replayed}, DDP {bk[(256, cap)]['steps'][1]}")
@@ -576,7 +520,6 @@ from course_lib.torch_private import set_group_timeout  # torch.distributed's pr
 
 N_BATCHES = (3, 5)  # rank 0 has 3 batches, rank 1 has 5
 
-
 def uneven(rank, world_size):
     report = {}
     torch.manual_seed(100 + rank)
@@ -584,40 +527,34 @@ def uneven(rank, world_size):
     group = dist.new_group()  # the default timeout: the steps both ranks take cannot time out
     torch.manual_seed(0)
     ddp = DDP(nn.Linear(16, 4), process_group=group)
-    done = 0
     try:
-        for x, y in batches:
+        for done, (x, y) in enumerate(batches):  # done: the batches trained before this one
             if done == min(N_BATCHES):  # past the shortest rank's data the hang is the lesson: bound it
                 set_group_timeout(timedelta(seconds=1.5), group)
             F.cross_entropy(ddp(x), y).backward()
-            done += 1
-        report["without"] = f"all {done} batches"
+        report["without"] = f"all {len(batches)} batches"
     except RuntimeError as e:
         timed_out = "timed out" in str(e).lower() or "timeout" in str(e).lower()
         report["without"] = f"{done} batches, then: RuntimeError, {'a gloo timeout' if timed_out else str(e)[:80]}"
     dist.barrier()
-
     for divide in (True, False):
         torch.manual_seed(0)
         ddp = DDP(nn.Linear(16, 4))
         opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
-        done = 0
         with ddp.join(divide_by_initial_world_size=divide):  # a finished rank shadows the others' all-reduces
-            for x, y in batches:
+            for done, (x, y) in enumerate(batches, 1):
                 # this rank's own gradient of its batch, without DDP (ddp.module: no collective, no hook)
                 own = torch.autograd.grad(F.cross_entropy(ddp.module(x), y), ddp.module.weight)[0]
                 opt.zero_grad()
                 F.cross_entropy(ddp(x), y).backward()
-                if done == len(batches) - 1:  # the last batch: on rank 1 the other rank has joined by now
+                if done == len(batches):  # the last batch: on rank 1 the other rank has joined by now
                     report[("scale", divide)] = (ddp.module.weight.grad * own).sum().item() / (own * own).sum().item()
                 opt.step()
-                done += 1
         flat = torch.cat([p.detach().flatten() for p in ddp.parameters()])
         everyone = [torch.empty_like(flat) for _ in range(world_size)]
         dist.all_gather(everyone, flat)
         report[("with", divide)] = (done, all(torch.equal(t, everyone[0]) for t in everyone))
     return report
-
 
 def tools(rank, world_size):
     report = {"default_timeout": str(dist.constants.default_pg_timeout)}
@@ -629,7 +566,6 @@ def tools(rank, world_size):
         except RuntimeError as e:
             report["monitored"] = str(e).strip().splitlines()[0]
         report["monitored_wait"] = time.perf_counter() - start
-
     dist.set_debug_level(dist.DebugLevel.DETAIL)  # groups created from now on check every collective
     checked = dist.new_group()
     dist.set_debug_level(dist.DebugLevel.OFF)
@@ -640,15 +576,13 @@ def tools(rank, world_size):
     dist.barrier()
     return report
 
-
 def both(rank, world_size):
     return {"uneven": uneven(rank, world_size), "tools": tools(rank, world_size)}
 
 
 # %% slideshow={"slide_type": "-"}
 hangs = run_ranks("_runs/ddp_hangs.py:both", nprocs=2, timeout=180, echo="none")
-for rank, rep in enumerate(hangs):
-    print(f"rank {rank}: without join(): {rep['uneven']['without']}")
+print("\n".join(f"rank {rank}: without join(): {rep['uneven']['without']}" for rank, rep in enumerate(hangs)))
 for rank, rep in enumerate(hangs):
     done, same = rep["uneven"][("with", True)]
     print(f"rank {rank}: with join(): trained on all {done} of its batches; parameters equal on both ranks: {same}")
@@ -663,16 +597,11 @@ assert abs(scale[True] - 0.5) < 1e-6 and abs(scale[False] - 1.0) < 1e-6
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-Without `join()`, rank 0 finished its 3 batches and went on; rank 1's fourth backward waited for an all-reduce partner that never came. (The job shortens the group's timeout only once rank 1 is past rank 0's last batch; the three steps both ranks take run with the default timeout, so the outcome cannot depend on how fast either process is.) With `join()`, both finish, and the parameters are still identical: rank 0 took part in rank 1's last two all-reduces with zero gradients (and by default keeps broadcasting buffers, section 1, from the rank that is still training).
-
-What rank 1's lone batches weigh: by default (`divide_by_initial_world_size=True`) the all-reduce still divides by the **initial** world size, 2, so a batch trained alone moves the model half as much as its own gradient would (the `0.50` above): every sample keeps the weight it has in a full step. With `divide_by_initial_world_size=False` it divides by the number of ranks that have not joined yet, and the lone batch counts fully (`1.00`). `join()` has a cost: each step, every rank first learns with one extra all-reduce whether any rank has joined (the `Join` documentation). Where the data can be evened out (`DistributedSampler`'s padding, `drop_last=True`), that is cheaper.
-
-And the tools:
+Without `join()`, rank 0 finished its 3 batches and went on; rank 1's fourth backward waited for an all-reduce partner that never came. (The job shortens the group's timeout only once rank 1 is past rank 0's last batch; the three steps both ranks take run with the default timeout, so the outcome cannot depend on how fast either process is.) With `join()`, both finish, and the parameters are still identical: rank 0 took part in rank 1's last two all-reduces with zero gradients (and by default keeps broadcasting buffers, section 1, from the rank that is still training). What rank 1's lone batches weigh: by default (`divide_by_initial_world_size=True`) the all-reduce still divides by the **initial** world size, 2, so a batch trained alone moves the model half as much as its own gradient would (the `0.50` above): every sample keeps the weight it has in a full step. With `divide_by_initial_world_size=False` it divides by the number of ranks that have not joined yet, and the lone batch counts fully (`1.00`). `join()` has a cost: each step, every rank first learns with one extra all-reduce whether any rank has joined (the `Join` documentation). Where the data can be evened out (`DistributedSampler`'s padding, `drop_last=True`), that is cheaper. And the tools:
 """
 
 # %% slideshow={"slide_type": "-"}
-t0 = hangs[0]["tools"]
-minutes = dist.constants.default_pg_timeout.total_seconds() / 60
+t0, minutes = hangs[0]["tools"], dist.constants.default_pg_timeout.total_seconds() / 60
 print(f"default gloo timeout: {t0['default_timeout']} = {minutes:.0f} minutes")
 print(f"monitored_barrier on rank 0 (after ~{t0['monitored_wait']:.1f} s):", t0["monitored"])
 mismatch = t0["mismatch"]
@@ -686,7 +615,7 @@ assert "Detected mismatch between collectives" in hangs[1]["tools"]["mismatch"] 
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-> **A PyTorch 2.13 bug, and the workaround the job above uses.** Constructing `DistributedDataParallel` on a process group that `DETAIL` checks kills the process with a segmentation fault, inside DDP's constructor (its logger's `set_construction_data_and_log`). With `TORCH_DISTRIBUTED_DEBUG=DETAIL` in the environment, every group is checked, the default group included, so any DDP script crashes at `DDP(...)`; collectives of your own run fine. One process is enough to show it (`faulthandler` prints the Python line the process was on when it died):
+> **A PyTorch 2.13 bug, and the workaround the job above uses.** Constructing `DistributedDataParallel` on a process group that `DETAIL` checks kills the process with a segmentation fault, inside DDP's constructor (its logger's `set_construction_data_and_log`). With `TORCH_DISTRIBUTED_DEBUG=DETAIL` in the environment, every group is checked, the default group included, so any DDP script crashes at `DDP(...)`; collectives of your own run fine. Hence the routes of section 4.2: `INFO` with DDP; `DETAIL` on a group of your own made under `dist.set_debug_level(dist.DebugLevel.DETAIL)`, as the job above does, or through the environment variable in a script without DDP. Check again on newer versions: this box is about one version's bug, not about DDP. One process is enough to show it (`faulthandler` prints the Python line the process was on when it died):
 """
 
 # %% slideshow={"slide_type": "-"}
@@ -720,27 +649,18 @@ print("\n".join("  " + line for line in lines[:2]))
 print("the frame it died in:", frame.split('"')[1].split("site-packages/")[-1], "in", frame.split(" in ")[-1])
 assert crashed.error.result.returncode == -11 and "DDP constructed" not in lines
 
-# %% [markdown] slideshow={"slide_type": "-"}
-"""
-So, in 2.13: `TORCH_DISTRIBUTED_DEBUG=INFO` with DDP (it names unused parameters, section 2.1); `DETAIL` for your own collectives, on a group made under `dist.set_debug_level(dist.DebugLevel.DETAIL)` as above, or through the environment variable in a script without DDP. Check again on newer versions: this box is about one version's bug, not about DDP.
-"""
-
 # %% [markdown] slideshow={"slide_type": "slide"}
 """
 ## 5. Restarts: `torchrun --max-restarts`, and a script that resumes
 
-On many nodes something fails sooner or later: a node is preempted, a process is killed for memory, a network link drops. `torchrun --max-restarts=N` lets the agent react: when **any** worker fails, the agent stops **all** its workers and starts the whole group again (up to N times), with the same command line and `TORCHELASTIC_RESTART_COUNT` set to the attempt number. Nothing carries over in memory, so a restarted script must **resume from its last checkpoint**, or it silently starts training from scratch.
-
-What a checkpoint must hold so that the resumed run ends exactly where an uninterrupted one would:
+On many nodes something fails sooner or later: a node is preempted, a process is killed for memory, a network link drops. `torchrun --max-restarts=N` lets the agent react: when **any** worker fails, the agent stops **all** its workers and starts the whole group again (up to N times), with the same command line and `TORCHELASTIC_RESTART_COUNT` set to the attempt number. Nothing carries over in memory, so a restarted script must **resume from its last checkpoint**, or it silently starts training from scratch. What a checkpoint must hold so that the resumed run ends exactly where an uninterrupted one would:
 - the model's `state_dict` **and the optimizer's** (momentum buffers, Adam's moments), and the step counter;
 - where the data stands: the epoch (for `sampler.set_epoch`) and the position within it;
 - the random number generators of **every** rank (each rank draws its own dropout masks), not just rank 0's.
 
 Shared filesystems are not a given on a cluster, and 10's script assumed one: rank 0 wrote the data and the checkpoint, and every rank read them. This script prepares its data per node (`LOCAL_RANK == 0` writes a node-local copy, the others on the node wait) and lets rank 0 alone read the checkpoint and send it to every rank with `dist.broadcast_object_list`, so no rank but rank 0 needs the file.
 
-To make the failure real, rank 1 kills itself with `os._exit(1)` at step 9 of attempt 0, after the checkpoint of step 8. The script trains twice in one job: an uninterrupted reference into one folder, then the run that crashes into another; on the restart both resume, the reference from its final checkpoint (nothing left to do).
-
-Two parts of the script are not DDP practice but workarounds for defects of PyTorch 2.13: the `import torch.distributed.nn` before `init_process_group` (notebook 10 §10.2) and the store built by hand with a fresh prefix per attempt, marked `WORKAROUND` (the box after the run explains it). Skip them on a first read; with a PyTorch that no longer needs them, the script calls `init_process_group("gloo")` and nothing else.
+To make the failure real, rank 1 kills itself with `os._exit(1)` at step 9 of attempt 0, after the checkpoint of step 8. The script trains twice in one job: an uninterrupted reference into one folder, then the run that crashes into another; on the restart both resume, the reference from its final checkpoint (nothing left to do). Two parts of the script are not DDP practice but workarounds for defects of PyTorch 2.13, to skip on a first read: the `import torch.distributed.nn` before `init_process_group` (notebook 10 §10.2) and the store built by hand with a fresh prefix per attempt, marked `WORKAROUND` (the box after the run explains it).
 """
 
 # %% slideshow={"slide_type": "-"}
@@ -748,7 +668,6 @@ Two parts of the script are not DDP practice but workarounds for defects of PyTo
 """DDP training that torchrun --max-restarts can restart: the whole state is checkpointed and restored."""
 import argparse
 import os
-import sys
 
 import torch
 import torch.distributed as dist
@@ -764,22 +683,16 @@ from course_lib.teardown import end_process_group
 
 BATCH, EPOCHS, SAVE_EVERY = 64, 2, 4
 
+def log(message):  # one write per line, so that the ranks' lines do not interleave
+    print(f"[rank{dist.get_rank()}]: {message}\n", end="", flush=True)
 
-def log(*parts):
-    sys.stdout.write(f"[rank{dist.get_rank()}]: {' '.join(map(str, parts))}\n")
-    sys.stdout.flush()
-
-
-def rng_states(device):
-    """This rank's generators: the CPU one, and on the GPU path its GPU's (dropout on a GPU draws from that one)."""
+def rng_states(device):  # this rank's generators: the CPU's, and on the GPU path its GPU's (dropout there draws from it)
     return {"cpu": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None}
-
 
 def set_rng_states(states, device):
     torch.set_rng_state(states["cpu"])
     if device.type == "cuda":
         torch.cuda.set_rng_state(states["cuda"], device)
-
 
 def train(out, device, crash_at=None):
     rank, world_size = dist.get_rank(), dist.get_world_size()
@@ -792,8 +705,7 @@ def train(out, device, crash_at=None):
     dist.barrier()
     data = {k: v.to(device) for k, v in torch.load(f"{node_dir}/train.pt", weights_only=True).items()}
 
-    # seeds the CPU generator and every GPU's; on a GPU also deterministic kernels, since the resumed run is compared
-    # bit for bit with the uninterrupted one (notebook 00)
+    # CPU and GPU generators; on a GPU also deterministic kernels: the runs are compared bit for bit (notebook 00)
     seed_everything(0, deterministic=device.type == "cuda")
     net = nn.Sequential(nn.Flatten(), nn.Linear(64, 64), nn.ReLU(), nn.Dropout(0.2), nn.Linear(64, 10)).to(device)
     model = DDP(net, device_ids=[device.index] if device.type == "cuda" else None)
@@ -802,8 +714,7 @@ def train(out, device, crash_at=None):
     steps_per_epoch = -(-len(sampler) // BATCH)
     torch.manual_seed(1000 + rank)  # dropout masks differ per rank
 
-    step = 0
-    state = [None]
+    step, state = 0, [None]
     if rank == 0 and os.path.exists(f"{out}/checkpoint.pt"):
         state = [torch.load(f"{out}/checkpoint.pt", map_location="cpu", weights_only=True)]
     dist.broadcast_object_list(state, src=0)  # rank 0 read the file; every rank gets the state
@@ -820,8 +731,7 @@ def train(out, device, crash_at=None):
     while step < EPOCHS * steps_per_epoch:
         epoch, position = divmod(step, steps_per_epoch)
         sampler.set_epoch(epoch)
-        order = list(sampler)
-        idx = order[position * BATCH:(position + 1) * BATCH]
+        idx = list(sampler)[position * BATCH:(position + 1) * BATCH]
         opt.zero_grad()
         F.cross_entropy(model(data["x"][idx]), data["y"][idx]).backward()
         opt.step()
@@ -840,25 +750,21 @@ def train(out, device, crash_at=None):
     if rank == 0:
         log(f"attempt {attempt}: finished {step} steps in {out}")
 
-
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default="_runs/elastic")
     parser.add_argument("--crash-at", type=int, default=None)
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     args = parser.parse_args()
-    # WORKAROUND for torch 2.13, not a DDP habit (see the box in the text): the agent keeps its store across
-    # restarts, and gloo's addresses from the failed attempt are still in it; a fresh prefix per attempt
-    # keeps the new workers from connecting to the dead ones. Plain init_process_group("gloo") once fixed.
+    # WORKAROUND for torch 2.13, not a DDP habit (the box in the text): the agent's store keeps the dead attempt's gloo
+    # addresses; a fresh prefix per attempt keeps new workers off them. Plain init_process_group("gloo") once fixed.
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False)
-    bound = {}
+    device, bound = torch.device("cpu"), {}
     if args.device == "cuda":  # the GPU path: one GPU per process, NCCL
         device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
         torch.cuda.set_device(device)
         bound = {"device_id": device}
-    else:
-        device = torch.device("cpu")
     dist.init_process_group("nccl" if args.device == "cuda" else "gloo", store=dist.PrefixStore(f"attempt{attempt}", store),
                             rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]), **bound)
     finished = False
@@ -871,15 +777,12 @@ if __name__ == "__main__":
 
 # %% slideshow={"slide_type": "-"}
 import shutil
-
 from course_lib.device import course_device, course_ranks
-
 DEVICE, RANKS = course_device(), course_ranks(2)  # cpu and 2, unless COURSE_DEVICE=cuda (notebook 00)
 TOTAL = 2 * -(-(-(-1438 // RANKS)) // 64)  # 2 epochs of ceil(shard / 64) steps: 24 with 2 ranks
 shutil.rmtree("_runs/elastic", ignore_errors=True)
-elastic = run_torchrun("_runs/elastic_train.py", nproc_per_node=RANKS, launcher_args=["--max-restarts=1"],
-                       args=["--out", "_runs/elastic", "--crash-at", "9", "--device", DEVICE], timeout=300, echo="none",
-                       device=DEVICE)
+elastic = run_torchrun("_runs/elastic_train.py", nproc_per_node=RANKS, launcher_args=["--max-restarts=1"], timeout=300,
+                       args=["--out", "_runs/elastic", "--crash-at", "9", "--device", DEVICE], echo="none", device=DEVICE)
 for rank in range(RANKS):  # the lines about attempts (the rest: rank 0's connection error at the crash, the agent's log)
     print("\n".join(f"[rank {rank}] {line}" for line in elastic.output(rank).splitlines() if line.startswith("attempt")))
 assert "attempt 0: dying at step 9" in elastic.output(RANKS - 1)  # the last rank died ...
@@ -896,9 +799,7 @@ assert same and same_opt
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-Read the output: in attempt 0 rank 1 died at step 9; the agent saw the failure, stopped rank 0 (which was waiting in an all-reduce), and started both again as attempt 1; both resumed at step 8, redid step 9, and finished. The weights **and** the optimizer's momentum are those of the uninterrupted run, bit for bit (exercise 3 asks which entries of the checkpoint that takes, and why).
-
-Two things the script needed beyond the checkpoint, on any version:
+Read the output: in attempt 0 rank 1 died at step 9; the agent saw the failure, stopped rank 0 (which was waiting in an all-reduce), and started both again as attempt 1; both resumed at step 8, redid step 9, and finished. The weights **and** the optimizer's momentum are those of the uninterrupted run, bit for bit (exercise 3 asks which entries of the checkpoint that takes, and why). Two things the script needed beyond the checkpoint, on any version:
 - **Atomic saves**: write to a temporary file, then `os.replace` (a rename), so a crash during `torch.save` leaves the previous checkpoint intact.
 - **Everyone restarts.** The healthy rank 0 was restarted too: a collective group cannot take in one new process in the middle of a step. Tearing down in order (notebook 10 §10) stays the rule for the attempt that ends normally.
 
@@ -928,6 +829,8 @@ Notebook 10's script chooses the backend by hand, from its `--device` argument: 
 - **`torch.accelerator`** asks about whatever accelerator this build has (CUDA, ROCm, XPU, MPS...) without naming it: `is_available()`, `current_accelerator()`, `device_count()`.
 - **`init_process_group()` without a backend** registers one backend per device type from `dist.Backend.default_device_backend_map` (`cpu:gloo,cuda:nccl` on a CUDA build): CPU tensors go through gloo, CUDA tensors through NCCL, in one group.
 - **`device_id=torch.device("cuda", local_rank)`** binds the process to its GPU and lets NCCL connect at once ("eager init") instead of at the first collective. It needs an accelerator: on a CPU it is refused, as the cell shows; on a GPU machine it is the recommended form (`torch.distributed` documentation, `init_process_group`).
+
+The probe below runs as a CPU job (`run_script` hides the GPUs from the processes it starts), so it answers "no accelerator" on every machine; the GPU cell after it runs the same probe with the GPUs visible.
 """
 
 # %% slideshow={"slide_type": "-"}
@@ -955,11 +858,6 @@ if not torch.accelerator.is_available():
                                 device_id=torch.device("cpu"))
     assert not dist.is_initialized()
 
-# %% [markdown] slideshow={"slide_type": "-"}
-"""
-The probe runs as a CPU job (`run_script` hides the GPUs from the processes it starts), so it answers "no accelerator" on every machine; the GPU cell after it runs the same probe with the GPUs visible.
-"""
-
 # %% slideshow={"slide_type": "-"}
 print(run_script(["python", "_runs/device_generic.py"], timeout=180, echo="none").output("main"))
 
@@ -978,23 +876,23 @@ Every job in this notebook ran on gloo, where a collective is work done by CPU t
 An NCCL collective or send/receive is a kernel enqueued on a CUDA stream of the process group, ordered after the work already queued on the current stream. The Python call returns as soon as it is enqueued, **even with `async_op=False`**: for NCCL, "blocking" means that the *current CUDA stream* waits for the result, not the host ([torch.distributed: synchronous and asynchronous collective operations](https://pytorch.org/docs/stable/distributed.html#synchronous-and-asynchronous-collective-operations)). So a rank that never arrives does not stop the line that issued the collective: the host runs ahead, queues more work, and the hang surfaces later, at the first call that waits for the GPU (`.item()`, `.cpu()`, `print` of a CUDA tensor, `torch.cuda.synchronize()`), often far from its cause, or as the watchdog's timeout (7.3).
 
 The closest picture on gloo is `async_op=True`: the call returns a `Work` at once and the result is there only after `work.wait()`. In the job below rank 0 starts an all-reduce that rank 1 joins only after rank 0 has looked at it (rank 1 waits for rank 0 on another group first, so the order cannot change), and section 7.2's and 7.4's demonstrations run in the same launch. (Section 7.2's is one step of a pipeline schedule called **1F1B**, "one forward, one backward", which notebook 12 §4 defines and measures: the model is cut into stages on different ranks, and in its steady state each stage alternates the forward of one micro-batch with the backward of an earlier one, so that a stage sends an activation to the next stage while it receives a gradient from it.)
+
+On a GPU the same experiment needs no `async_op` (the GPU cell after the gloo one): rank 1 arrives late (it sleeps `late=2.0` seconds first), and rank 0 times its plain `dist.all_reduce` and then `torch.cuda.synchronize()`. The first returns at once; the wait is in the second. (It needs two GPUs; run with the GPUs visible, it prints both times and NCCL's default timeout.)
 """
 
 # %% slideshow={"slide_type": "-"}
 # %%writefile _runs/nccl_vs_gloo.py
 """Section 7 on gloo: a collective that returns before it is done, a batch of sends and receives, a flight-recorder dump."""
+import contextlib
 import time
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
-# private torch APIs: _set_pg_timeout, and _dump_fr_trace, what the NCCL watchdog calls on a timeout
-from course_lib.torch_private import dump_flight_recorder, set_group_timeout
+from course_lib.torch_private import dump_flight_recorder, set_group_timeout  # private: _dump_fr_trace, _set_pg_timeout
 
-
-def returns_early(rank):
-    """Rank 0 starts an all-reduce with async_op=True; rank 1 joins it only after rank 0 has looked."""
+def returns_early(rank):  # rank 0 starts an all-reduce with async_op=True; rank 1 joins only after rank 0 has looked
     data, signal = dist.new_group(), dist.new_group()  # default timeouts: nothing here can time out
     t = torch.full((4,), float(rank + 1))
     if rank == 0:
@@ -1007,9 +905,7 @@ def returns_early(rank):
     dist.all_reduce(t, group=data)
     return {}
 
-
-def exchange(rank):
-    """A 1F1B steady state: stage 0 sends an activation and receives a gradient, stage 1 the reverse, at once."""
+def exchange(rank):  # a 1F1B steady state: stage 0 sends an activation and receives a gradient, stage 1 the reverse
     group, other = dist.new_group(), 1 - rank
     outgoing = torch.full((4096,), 10.0 + rank)  # rank 0: activation of micro-batch i+1; rank 1: gradient of i
     incoming = torch.empty(4096)
@@ -1019,32 +915,25 @@ def exchange(rank):
         work.wait()
     return {"works": len(works), "received": incoming.unique().tolist()}
 
-
-def forgotten_collective(rank, folder):
-    """Rank 0 all-reduces a metric that rank 1 forgot; each rank then dumps its flight recorder."""
+def forgotten_collective(rank, folder):  # rank 0 all-reduces a metric that rank 1 forgot; each rank dumps its recorder
     group = dist.new_group()  # default timeout for what both ranks run
     a = torch.full((3, 4), float(rank))
     for _ in range(2):
         dist.all_reduce(a, group=group)
     if rank == 0:  # a metric only rank 0 logs: it waits for rank 1 forever; bound this one hang to 1.5 s
         set_group_timeout(timedelta(seconds=1.5), group)
-        try:
+        with contextlib.suppress(RuntimeError):  # the timeout's error
             dist.all_reduce(torch.ones(4, 5), group=group)
-        except RuntimeError:
-            pass
     with open(f"{folder}/trace_{rank}", "wb") as f:
         f.write(dump_flight_recorder())  # on NCCL, TORCH_NCCL_DUMP_ON_TIMEOUT=1 makes the watchdog do this
     dist.barrier()  # the default group: rank 1 waits here for rank 0
     return {"group": str(dist.get_process_group_ranks(group))}
 
-
 def on_gloo(rank, world_size, folder):
     return {"returns_early": returns_early(rank), "exchange": exchange(rank),
             "flight_recorder": forgotten_collective(rank, folder)}
 
-
-def nccl_host_time(rank, world_size, late=2.0):
-    """GPU path (NCCL): how long the host waits in a blocking all_reduce while rank 1 arrives `late` seconds late."""
+def nccl_host_time(rank, world_size, late=2.0):  # NCCL: how long the host waits in all_reduce while rank 1 is late
     t = torch.ones(1 << 20, device="cuda")
     dist.all_reduce(t)
     torch.cuda.synchronize()  # warmed up: the communicator exists
@@ -1060,9 +949,6 @@ def nccl_host_time(rank, world_size, late=2.0):
 
 
 # %% slideshow={"slide_type": "-"}
-import pickle
-import shutil
-
 shutil.rmtree("_runs/fr", ignore_errors=True)
 os.makedirs("_runs/fr")
 gloo_side = run_ranks("_runs/nccl_vs_gloo.py:on_gloo", nprocs=2, args=(os.path.abspath("_runs/fr"),), timeout=180,
@@ -1072,15 +958,9 @@ print("rank 0: all_reduce(async_op=True) returned; done at that moment:", early[
 print("rank 0: after work.wait(): done:", early["done_after_wait"], "| result", early["result"], "(1 + 2 on every element)")
 assert early == {"done_at_return": False, "done_after_wait": True, "result": [3.0] * 4}
 
-# %% [markdown] slideshow={"slide_type": "-"}
-"""
-On a GPU the same experiment needs no `async_op`: rank 1 arrives late (it sleeps `late=2.0` seconds first), and rank 0 times its plain `dist.all_reduce` and then `torch.cuda.synchronize()`. The first returns at once; the wait is in the second. (It needs two GPUs; run with the GPUs visible, it prints both times and NCCL's default timeout.)
-"""
-
 # %% slideshow={"slide_type": "-"}
 if requires_gpu("an NCCL all_reduce returns to the host before it is done", count=2):
-    host = run_ranks("_runs/nccl_vs_gloo.py:nccl_host_time", nprocs=2, backend="nccl", device="cuda", timeout=120,
-                     echo="none")[0]
+    host = run_ranks("_runs/nccl_vs_gloo.py:nccl_host_time", 2, backend="nccl", device="cuda", timeout=120, echo="none")[0]
     print(f"rank 0, rank 1 two seconds late: dist.all_reduce returned after ~{host['returned_s'] * 1e3:.1f} ms; "
           f"torch.cuda.synchronize() returned ~{host['synchronized_s']:.1f} s after the call")
     print("NCCL's default timeout:", host["nccl_timeout"])
@@ -1090,9 +970,7 @@ if requires_gpu("an NCCL all_reduce returns to the host before it is done", coun
 """
 ### 7.2 Sends and receives: `batch_isend_irecv`
 
-Notebook 09 §4 showed the simplest deadlock: two ranks that both call a blocking `send` before their `recv`. NCCL adds its own constraints to point-to-point traffic. A send and its receive are kernels that must run at the same time on the two GPUs, each in its stream's order, so even non-blocking `isend`/`irecv` calls issued in a different order on two ranks can wait for each other; and the first send/receive between a pair of ranks creates a communicator for that pair on the spot (a small collective between the two), which both must reach.
-
-`dist.batch_isend_irecv([dist.P2POp(dist.isend, t, peer), dist.P2POp(dist.irecv, u, peer), ...])` posts a list of sends and receives as **one** operation (on NCCL, one NCCL group call), so the order of sends and receives inside the list does not matter; only several transfers between the same pair in the same direction must be listed in the same order on both sides (its documentation). That is what a pipeline needs in its steady state (notebook 12 §4): stage `s` sends the activation of one micro-batch downstream while it receives the gradient of an earlier one from downstream, and the stage below does the reverse, at the same moment. The documentation adds two NCCL rules: call `torch.cuda.set_device` first, and if the batch is the group's first collective call, every rank of the group must take part. On gloo, below: both ranks list their send first, and both transfers arrive.
+Notebook 09 §4 showed the simplest deadlock: two ranks that both call a blocking `send` before their `recv`. NCCL adds its own constraints to point-to-point traffic. A send and its receive are kernels that must run at the same time on the two GPUs, each in its stream's order, so even non-blocking `isend`/`irecv` calls issued in a different order on two ranks can wait for each other; and the first send/receive between a pair of ranks creates a communicator for that pair on the spot (a small collective between the two), which both must reach. `dist.batch_isend_irecv([dist.P2POp(dist.isend, t, peer), dist.P2POp(dist.irecv, u, peer), ...])` posts a list of sends and receives as **one** operation (on NCCL, one NCCL group call), so the order of sends and receives inside the list does not matter; only several transfers between the same pair in the same direction must be listed in the same order on both sides (its documentation). That is what a pipeline needs in its steady state (notebook 12 §4): stage `s` sends the activation of one micro-batch downstream while it receives the gradient of an earlier one from downstream, and the stage below does the reverse, at the same moment. The documentation adds two NCCL rules: call `torch.cuda.set_device` first, and if the batch is the group's first collective call, every rank of the group must take part. On gloo, below: both ranks list their send first, and both transfers arrive.
 """
 
 # %% slideshow={"slide_type": "-"}
@@ -1106,9 +984,7 @@ assert [g["exchange"]["received"] for g in gloo_side] == [[11.0], [10.0]]
 """
 ### 7.3 Timeouts, the watchdog, and what happens to the process
 
-NCCL's default timeout is 10 minutes, against gloo's 30 (`init_process_group`'s `timeout` in the [torch.distributed documentation](https://pytorch.org/docs/stable/distributed.html#torch.distributed.init_process_group); the GPU cell above prints it). Since the host does not wait for a collective, something else must notice one that never finishes: every NCCL process group runs a **watchdog** thread that checks its outstanding collectives and declares one failed when it runs past the timeout. What follows is set by `TORCH_NCCL_ASYNC_ERROR_HANDLING` ([ProcessGroupNCCL environment variables](https://pytorch.org/docs/stable/torch_nccl_environment_variables.html)): `3`, the default, tears the process down without aborting the NCCL communicator; `1` aborts the communicator, then tears the process down; `2` only aborts the communicator; `0` does nothing, and the job hangs. So a timed-out NCCL collective normally ends the **process**, from the watchdog thread, with a log line naming the collective (its sequence number, type and timeout), instead of raising an exception in your Python code; `TORCH_NCCL_BLOCKING_WAIT=1` makes `wait()` block the host and raise instead, at a cost in overlap. `torchrun` then sees a worker die, stops the others, and restarts them if `--max-restarts` allows (section 5). A second thread, the heartbeat monitor (`TORCH_NCCL_ENABLE_MONITORING`, `TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC`), kills a process whose watchdog is itself stuck.
-
-The general rule is the one notebook 10 applies to gloo: **tear down in order**. Finish every collective, then `destroy_process_group()` before the process exits; PyTorch warns at exit about an NCCL process group that was never destroyed, because a process that leaves with collectives in flight can block the others.
+NCCL's default timeout is 10 minutes, against gloo's 30 (`init_process_group`'s `timeout` in the [torch.distributed documentation](https://pytorch.org/docs/stable/distributed.html#torch.distributed.init_process_group); the GPU cell above prints it). Since the host does not wait for a collective, something else must notice one that never finishes: every NCCL process group runs a **watchdog** thread that checks its outstanding collectives and declares one failed when it runs past the timeout. What follows is set by `TORCH_NCCL_ASYNC_ERROR_HANDLING` ([ProcessGroupNCCL environment variables](https://pytorch.org/docs/stable/torch_nccl_environment_variables.html)): `3`, the default, tears the process down without aborting the NCCL communicator; `1` aborts the communicator, then tears the process down; `2` only aborts the communicator; `0` does nothing, and the job hangs. So a timed-out NCCL collective normally ends the **process**, from the watchdog thread, with a log line naming the collective (its sequence number, type and timeout), instead of raising an exception in your Python code; `TORCH_NCCL_BLOCKING_WAIT=1` makes `wait()` block the host and raise instead, at a cost in overlap. `torchrun` then sees a worker die, stops the others, and restarts them if `--max-restarts` allows (section 5). A second thread, the heartbeat monitor (`TORCH_NCCL_ENABLE_MONITORING`, `TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC`), kills a process whose watchdog is itself stuck. The general rule is the one notebook 10 applies to gloo: **tear down in order**. Finish every collective, then `destroy_process_group()` before the process exits; PyTorch warns at exit about an NCCL process group that was never destroyed, because a process that leaves with collectives in flight can block the others.
 
 ### 7.4 The flight recorder: what each rank was doing
 
@@ -1118,18 +994,14 @@ In PyTorch 2.13 the recorder also records gloo's collectives, so the launch abov
 """
 
 # %% slideshow={"slide_type": "-"}
-dumps = []
-for rank in (0, 1):
-    with open(f"_runs/fr/trace_{rank}", "rb") as f:
-        dumps.append(pickle.load(f))
+import pickle
+from pathlib import Path
+dumps = [pickle.loads(Path(f"_runs/fr/trace_{rank}").read_bytes()) for rank in (0, 1)]
 pg = max(dumps[0]["pg_status"], key=int)  # the group made last: the flight-recorder demonstration's
 
-
-def called_from(entry):
-    """The first stack frame in our own script: where the collective was issued."""
+def called_from(entry):  # the first stack frame in our own script: where the collective was issued
     frame = next(f for f in entry["frames"] if f["filename"].endswith("nccl_vs_gloo.py"))
     return f"{frame['name']}, line {frame['line']}"
-
 
 print(f"dump keys: {sorted(dumps[0])}; process group {pg}, ranks {gloo_side[0]['flight_recorder']['group']}")
 for rank, dump in enumerate(dumps):
@@ -1183,10 +1055,8 @@ print("torchfrtrace on the gloo dumps:", frtrace.error.traceback.strip().splitli
 # %% slideshow={"slide_type": "-"}
 from course_lib.exercises.ddp_knobs import check_bucket_sizes, check_knob_choices, check_resume
 
-
 def bucket_sizes(param_bytes_in_arrival_order, cap_bytes, first_cap_bytes):
     raise NotImplementedError  # your code here
-
 
 print(check_bucket_sizes(bucket_sizes))
 
@@ -1205,7 +1075,6 @@ print(check_knob_choices(knobs))
 # %% slideshow={"slide_type": "-"}
 def resume_position(step, steps_per_epoch):
     raise NotImplementedError  # your code here
-
 
 needed = ...  # a set of names among "model", "optimizer", "step", "rng of rank 0", "rng of every rank", "loss"
 print(check_resume(resume_position, needed))
