@@ -14,9 +14,17 @@ scripts still run. ``None`` means torchtitan has no such option, and the note sa
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 
-__all__ = ["TORCHTITAN_COMMIT", "TORCHTITAN_EXTRAS", "TORCHTITAN_FLAGS", "torchtitan_rows", "torchtitan_table"]
+__all__ = [
+    "TORCHTITAN_COMMIT",
+    "TORCHTITAN_EXTRAS",
+    "TORCHTITAN_FLAGS",
+    "script_flags",
+    "torchtitan_rows",
+    "torchtitan_table",
+]
 
 TORCHTITAN_COMMIT = "238fa9953e4aec2a62582121564273d7cbb1e9f1"
 _JOB = "torchtitan/config/job_config.py"
@@ -129,6 +137,23 @@ def _check_script(script: object) -> dict[str, _Row]:
     if script not in TORCHTITAN_FLAGS:
         raise ValueError(f"script must be one of {sorted(TORCHTITAN_FLAGS)}, got {script!r}")
     return TORCHTITAN_FLAGS[script]
+
+
+_ADD_ARGUMENT = re.compile(r'add_argument\("(--[a-z0-9-]+)"')
+
+
+def script_flags(text: str) -> list[str]:
+    """The options an argparse script defines, in order: the first name of each ``add_argument("--...")``.
+
+    >>> script_flags('p.add_argument("--steps", type=int); p.add_argument("--bf16", action="store_true")')
+    ['--steps', '--bf16']
+    """
+    if not isinstance(text, str):
+        raise TypeError(f"text must be the script's source as a str, got {type(text).__name__}")
+    flags = _ADD_ARGUMENT.findall(text)
+    if not flags:
+        raise ValueError('the text defines no option: expected add_argument("--name", ...) lines')
+    return flags
 
 
 def torchtitan_rows(script: str, flags: Iterable[str]) -> list[tuple[str, str, str]]:

@@ -981,13 +981,11 @@ Every flag of `fsdp_train.py`, read from the script itself, with the torchtitan 
 """
 
 # %% slideshow={"slide_type": "-"}
-import re
-
 from IPython.display import Markdown, display
 
-from course_lib.torchtitan_map import TORCHTITAN_EXTRAS, TORCHTITAN_FLAGS, torchtitan_table
+from course_lib.torchtitan_map import TORCHTITAN_EXTRAS, TORCHTITAN_FLAGS, script_flags, torchtitan_table
 
-flags = re.findall(r'add_argument\("(--[a-z0-9-]+)"', open("_runs/fsdp_train.py").read())
+flags = script_flags(open("_runs/fsdp_train.py").read())  # the options its argparse defines
 display(Markdown(torchtitan_table("fsdp_train.py", flags)))
 capstone = [f for f in TORCHTITAN_FLAGS["capstone_train.py"] if f not in flags]  # the flags the two share: above
 display(Markdown(torchtitan_table("capstone_train.py", capstone)))

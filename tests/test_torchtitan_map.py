@@ -7,7 +7,13 @@ import re
 import pytest
 
 from course_lib.manifest import ROOT
-from course_lib.torchtitan_map import TORCHTITAN_EXTRAS, TORCHTITAN_FLAGS, torchtitan_rows, torchtitan_table
+from course_lib.torchtitan_map import (
+    TORCHTITAN_EXTRAS,
+    TORCHTITAN_FLAGS,
+    script_flags,
+    torchtitan_rows,
+    torchtitan_table,
+)
 
 SCRIPTS = {"fsdp_train.py": "17_fsdp2_in_practice", "capstone_train.py": "20_capstone"}
 
@@ -17,7 +23,7 @@ def _flags_of(stem: str, script: str) -> list[str]:
     text = (ROOT / "sources" / f"{stem}.py").read_text(encoding="utf-8")
     start = text.index(f"# %%writefile _runs/{script}")
     cell = text[start : text.index("\n# %%", start + 1)]
-    return re.findall(r'add_argument\("(--[a-z0-9-]+)"', cell)
+    return script_flags(cell)
 
 
 @pytest.mark.parametrize("script", sorted(SCRIPTS))
@@ -58,3 +64,12 @@ def test_bad_arguments_are_refused() -> None:
         torchtitan_rows("fsdp_train.py", [3])
     with pytest.raises(ValueError, match="at least one"):
         torchtitan_rows("fsdp_train.py", [])
+
+
+def test_script_flags_reads_the_options_and_refuses_text_without_any() -> None:
+    text = 'p.add_argument("--steps", type=int)\np.add_argument("--no-prefetch", action="store_true")\np.parse_args()'
+    assert script_flags(text) == ["--steps", "--no-prefetch"]
+    with pytest.raises(ValueError, match="no option"):
+        script_flags("print('hello')")
+    with pytest.raises(TypeError, match="str"):
+        script_flags(b'add_argument("--steps")')  # type: ignore[arg-type]
