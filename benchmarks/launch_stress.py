@@ -160,6 +160,7 @@ CATALOG = [
     Job("15 sp.py:section2", "run_ranks", "_runs/n15/sp.py:section2"),
     Job("16 ring.py:section1", "run_ranks", "_runs/n16/ring.py:section1", nproc=4),
     Job("16 ep.py:section2", "run_ranks", "_runs/n16/ep.py:section2"),
+    Job("16 mesh.py:section3", "run_ranks", "_runs/n16/mesh.py:section3", nproc=8),
     Job("10 loader_job.py:pipeline (DataLoader workers)", "run_ranks", "_runs/loader_job.py:pipeline"),
     Job(
         "18 traced_step.py:train (DDP, profiled)",
@@ -305,7 +306,8 @@ def main(argv: list[str] | None = None) -> int:
                 parser.error(f"--only {args.only!r} matches no job")
             # the jobs import their siblings (the notebooks put _runs on the kernel's path): every process gets it
             path = os.environ.get("PYTHONPATH")
-            runs = os.pathsep.join(str(folder / d) for d in ("_runs", "_runs/n15", "_runs/n16"))  # 15's and 16's jobs live there
+            # 15's and 16's jobs live in their own folders
+            runs = os.pathsep.join(str(folder / d) for d in ("_runs", "_runs/n15", "_runs/n16"))
             os.environ["PYTHONPATH"] = runs + (os.pathsep + path if path else "")
         else:
             script = folder / "_runs" / "ddp_train.py"
