@@ -34,7 +34,6 @@ from course_lib.launch import (LaunchError, child_stderr, free_port, port_in_use
 from course_lib.seeding import seed_everything
 
 
-
 def shown(cmd, port=None):
     """A launch command as one would type it (program name only, the free port as <PORT>)."""
     text = " ".join(["torchrun" if os.path.basename(cmd[0]) == "torchrun" else "python", *cmd[1:]])
@@ -70,10 +69,9 @@ import sys
 
 import torch
 import torch.distributed as dist
-# WORKAROUND for torch 2.13 (section 10.2), not a DDP rule: import this before init_process_group. DDP
-# imports it lazily (through torch._dynamo), and ten of its functions take `group=group.WORLD` as a default
-# argument, evaluated at import: imported after init_process_group, they hold the default process group for
-# good, destroy_process_group() cannot free it, and its gloo threads live on into interpreter shutdown.
+# WORKAROUND for torch 2.13 (section 10.2), not a DDP rule: import before init_process_group. DDP imports it late
+# (via torch._dynamo): its 10 `group=group.WORLD` defaults, evaluated at import, would then hold the default group
+# for good, destroy_process_group() could not free it, and its gloo threads would live into interpreter shutdown.
 import torch.distributed.nn  # noqa: F401
 import torch.nn as nn
 import torch.nn.functional as F
@@ -84,26 +82,22 @@ from course_lib.data import digits_datasets
 from course_lib.seeding import seed_everything
 from course_lib.teardown import end_process_group
 
-
 def log(*parts):
     # one write per line: processes that share a pipe (mp.spawn's children) cannot cut into each other's lines
     sys.stdout.write(f"[rank{dist.get_rank()}]: {' '.join(map(str, parts))}\n")
     sys.stdout.flush()
 
-
 def make_model():
     return nn.Sequential(nn.Flatten(), nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 10))
 
-
 def train(rank, world_size, epochs=2, batch_size=32, lr=0.1, out="_runs/ddp", device=torch.device("cpu")):
-    # The same seed on every rank: the same initial weights (DDP also broadcasts rank 0's). It does not
-    # decide the sampler's order: that comes from the sampler's own seed= and set_epoch (section 7 shows
-    # it). Randomness that should differ per rank (augmentation) would add the rank to the seed. On a GPU, bit-equal
-    # reruns (sections 3 and 4 compare launches bit for bit) also need deterministic kernels: notebook 00 says why.
+    # The same seed on every rank: the same initial weights (DDP also broadcasts rank 0's); not the sampler's order
+    # (its own seed= and set_epoch, section 7). Per-rank randomness (augmentation) would add the rank to the seed.
+    # On a GPU, bit-equal reruns (sections 3 and 4 compare launches) also need deterministic kernels (notebook 00).
     seed_everything(0, deterministic=device.type == "cuda")
 
-    # Rank-0-only I/O: one process fetches/prepares, the others wait at the barrier, then everyone reads.
-    # A shared filesystem is assumed (one machine, or NFS): without one, see notebook 11's per-node preparation.
+    # Rank-0-only I/O: one process prepares, the others wait at the barrier, then all read. Assumes a shared
+    # filesystem (one machine, or NFS): without one, see notebook 11's per-node preparation.
     if rank == 0:
         os.makedirs(out, exist_ok=True)
         train_set, _ = digits_datasets()
@@ -151,15 +145,13 @@ def train(rank, world_size, epochs=2, batch_size=32, lr=0.1, out="_runs/ddp", de
     same = all(torch.equal(t, everyone[0]) for t in everyone)
     log(f"checkpoint loaded = my parameters: {loaded_ok}; parameters identical on all {world_size} ranks: {same}")
 
-
 if __name__ == "__main__":  # started by torchrun or python -m torch.distributed.launch
     parser = argparse.ArgumentParser()
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--out", default="_runs/ddp")
     # Only the legacy launcher passes this (as --local-rank since torch 2.0); torchrun does not. Accept both spellings.
     parser.add_argument("--local-rank", "--local_rank", type=int, default=None)
-    # The device is a choice, never "cuda if torch.cuda.is_available()": a CPU job stays a CPU job on a GPU machine.
-    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")  # a choice, not "cuda if available" (§6)
     args = parser.parse_args()
     local_rank = int(os.environ["LOCAL_RANK"])  # what both launchers set: use this, not the argument
     if args.device == "cuda":  # one GPU per process, chosen by LOCAL_RANK; NCCL between them
@@ -172,10 +164,9 @@ if __name__ == "__main__":  # started by torchrun or python -m torch.distributed
     backend = dist.get_backend()
     r, n = dist.get_rank(), dist.get_world_size()
     log(f"backend={backend} RANK={r} LOCAL_RANK={local_rank} WORLD_SIZE={n} GROUP_RANK={os.environ.get('GROUP_RANK')}")
-    # Teardown (section 10.2): train() returns, so the DDP model, its reducer, the optimizer and the results of
-    # the last collectives die with its frame (keep none of them in a global); then end_process_group() waits
-    # for every rank (barrier), destroys the group and checks that it is really gone (its gloo threads joined
-    # now, while Python is fully alive), and says on stderr what still holds it if not.
+    # Teardown (section 10.2): the DDP model, reducer, optimizer and last collectives' results die with train()'s frame
+    # (keep none in a global); end_process_group() then barriers, destroys the group, checks it is gone (gloo threads
+    # joined while Python is fully alive) and says on stderr what still holds it if not.
     finished = False
     try:
         train(r, n, epochs=args.epochs, out=args.out, device=device)
@@ -222,9 +213,8 @@ def worker(rank):
     print("hello from", rank)
 
 
-with child_stderr() as err:
-    with expect_error(mp.ProcessExitedException, match="terminated with exit code 1"):
-        mp.spawn(worker, nprocs=1)
+with child_stderr() as err, expect_error(mp.ProcessExitedException, match="terminated with exit code 1"):
+    mp.spawn(worker, nprocs=1)
 print("the child said:", err[0].strip().splitlines()[-1])
 assert "Can't get attribute 'worker' on <module '__main__'" in err[0]
 
@@ -243,10 +233,8 @@ print("warning:", str(caught[0].message).splitlines()[0])
 
 out = torch.zeros(2).share_memory_()  # forked children write into shared memory
 
-
 def fill(rank, out):
     out[rank] = 10.0 * (rank + 1)
-
 
 mp.start_processes(fill, args=(out,), nprocs=2, start_method="fork")
 print("filled by 2 forked children:", out.tolist())
@@ -256,10 +244,8 @@ assert out.tolist() == [10.0, 20.0]
 if requires_gpu("fork after CUDA initialisation fails in the child"):
     torch.zeros(1, device="cuda")  # initialises CUDA in this process
 
-
     def use_cuda(rank):
         torch.zeros(1, device="cuda")
-
 
     with expect_error(mp.ProcessRaisedException, match="Cannot re-initialize CUDA in forked subprocess"):
         mp.start_processes(use_cuda, nprocs=1, start_method="fork")
@@ -286,7 +272,6 @@ from course_lib.launch import free_port
 from course_lib.teardown import end_process_group
 from ddp_train import train  # importable: this file's folder is on sys.path
 
-
 def worker(rank, world_size, port, out, device_type):
     url = f"tcp://127.0.0.1:{port}"
     if device_type == "cuda":  # the GPU path: GPU `rank` for process `rank`, NCCL
@@ -303,7 +288,6 @@ def worker(rank, world_size, port, out, device_type):
     finally:
         end_process_group(barrier=finished)  # barrier, destroy, and check that the group is really gone (section 10.2)
 
-
 if __name__ == "__main__":  # python spawn_train.py OUT [DEVICE [WORLD_SIZE]]
     out, device_type = sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else "cpu"
     world_size = int(sys.argv[3]) if len(sys.argv) > 3 else 2  # a choice, not torch.cuda.device_count()
@@ -312,8 +296,7 @@ if __name__ == "__main__":  # python spawn_train.py OUT [DEVICE [WORLD_SIZE]]
 # %% slideshow={"slide_type": "-"}
 spawned = run_script(["python", "_runs/spawn_train.py", "_runs/ddp_spawn", DEVICE, str(RANKS)], timeout=600, device=DEVICE)
 # map_location="cpu": on the GPU path the checkpoints hold CUDA tensors; here they are compared on the CPU
-a = torch.load("_runs/ddp/checkpoint.pt", map_location="cpu", weights_only=True)
-b = torch.load("_runs/ddp_spawn/checkpoint.pt", map_location="cpu", weights_only=True)
+a, b = (torch.load(f"_runs/{run}/checkpoint.pt", map_location="cpu", weights_only=True) for run in ("ddp", "ddp_spawn"))
 assert all(torch.equal(a[k], b[k]) for k in a)
 print(f"mp.spawn + tcp:// gives the same weights as torchrun + env://, bit for bit; wall time ~{spawned.wall_time:.1f} s")
 
@@ -440,8 +423,7 @@ os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
 dist.init_process_group("gloo", init_method="env://", rank=0, world_size=1)
 assert dist.is_initialized() and os.getpid() == pid
 print(f"after init_process_group: same process, group alive, backend={dist.get_backend()}, world size {dist.get_world_size()}")
-for key in ("MASTER_ADDR", "MASTER_PORT"):
-    os.environ.pop(key)  # keep this kernel's environment clean for the launches below
+del os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"]  # keep this kernel's environment clean for the launches below
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
@@ -462,16 +444,14 @@ assert not dist.is_initialized()
 
 # %% slideshow={"slide_type": "-"}
 if requires_gpu("SyncBatchNorm inside DDP (one-process NCCL group)"):
-    # env:// needs both: the cell above removed MASTER_ADDR and MASTER_PORT from this kernel
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))  # env:// needs both, removed above
     dist.init_process_group("nccl", rank=0, world_size=1)
     try:
         ddp_bn = nn.parallel.DistributedDataParallel(sync_model.cuda(), device_ids=[0])
         print("SyncBatchNorm DDP output:", tuple(ddp_bn(torch.randn(4, 8, device="cuda")).shape))
     finally:
         dist.destroy_process_group()
-        for key in ("MASTER_ADDR", "MASTER_PORT"):
-            os.environ.pop(key)
+        del os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"]
 
 # %% [markdown] slideshow={"slide_type": "slide"}
 """
@@ -544,7 +524,6 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler, get_worker
 
 warnings.filterwarnings("ignore", message="This DataLoader will create")  # I/O-bound workers need no core each
 
-
 class Reads(Dataset):
     """Sample i takes `delay` seconds to read; two augmentations: from a generator the dataset owns, and from torch's."""
 
@@ -558,11 +537,9 @@ class Reads(Dataset):
         time.sleep(self.delay)
         return torch.full((64,), float(i)), (int(self.rng.integers(10**6)), int(torch.randint(10**6, ()))), os.getpid()
 
-
 class Keyed(Reads):
     def __getitem__(self, key):  # the augmentation of (epoch, i), from a generator seeded by them
         return key[1], int(torch.randint(10**6, (), generator=torch.Generator().manual_seed(1_000_003 * key[0] + key[1])))
-
 
 class Resumable(DistributedSampler):
     """A DistributedSampler whose place in the epoch, (epoch, start), is saved and restored."""
@@ -575,10 +552,8 @@ class Resumable(DistributedSampler):
     def __len__(self):
         return self.num_samples - self.start
 
-
 def reseed(worker_id):  # worker_init_fn: reseed what the dataset owns from this worker's own seed
     get_worker_info().dataset.rng = np.random.default_rng(get_worker_info().seed)
-
 
 def pipeline(rank, world_size):
     torch.manual_seed(0)  # as every rank of a DDP job does
@@ -619,8 +594,7 @@ def pipeline(rank, world_size):
 
 
 # %% slideshow={"slide_type": "subslide"}
-ranks = run_ranks("_runs/loader_job.py:pipeline", 2, timeout=120, echo="none")
-r0, r1 = ranks
+r0, r1 = ranks = run_ranks("_runs/loader_job.py:pipeline", 2, timeout=120, echo="none")
 fresh, kept = r0["pids, persistent=False"], r0["pids, persistent=True"]
 owned, from_torch = ([w[k] for w in r0["naive"] + r1["naive"]] for k in (0, 1))  # workers 0, 1 of rank 0, then rank 1
 checks = {"a dataset-owned generator: all 4 workers draw the same": len(set(owned)) == 1,
@@ -666,10 +640,9 @@ ref = make_model()
 opt = torch.optim.SGD(ref.parameters(), lr=0.1)
 samplers = [DistributedSampler(train_set, num_replicas=2, rank=r, shuffle=True, seed=0) for r in (0, 1)]
 for epoch in range(2):
-    orders = []
     for smp in samplers:
         smp.set_epoch(epoch)
-        orders.append(list(smp))
+    orders = [list(smp) for smp in samplers]
     for start in range(0, len(orders[0]), 32):
         idx = orders[0][start:start + 32] + orders[1][start:start + 32]  # rank 0's batch + rank 1's batch
         opt.zero_grad()
@@ -697,6 +670,7 @@ The worker below checks each point in a real 2-process job and times the step on
 
 # %% slideshow={"slide_type": "-"}
 # %%writefile _runs/ddp_internals.py
+import contextlib
 import time
 
 import torch
@@ -706,12 +680,10 @@ import torch.nn.functional as F
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-
 def counting_hook(state, bucket):
     """A DDP communication hook: note the bucket's size, then do the default all-reduce (average)."""
     state.append(bucket.buffer().numel() * bucket.buffer().element_size())   # bytes
     return allreduce_hook(None, bucket)
-
 
 def mlp(width=256, depth=4):
     layers, d = [], 64
@@ -720,10 +692,8 @@ def mlp(width=256, depth=4):
         d = width
     return nn.Sequential(*layers, nn.Linear(d, 10))
 
-
 def flat_grad(model):
     return torch.cat([p.grad.flatten() for p in model.parameters()])
-
 
 def internals(rank, world_size, steps=10):
     report = {}
@@ -757,10 +727,7 @@ def internals(rank, world_size, steps=10):
     every = flat_grad(model).clone()
     ddp.zero_grad()
     for i, (mx, my) in enumerate(micro):
-        if i < len(micro) - 1:
-            with ddp.no_sync():
-                F.cross_entropy(ddp(mx), my).backward()
-        else:
+        with ddp.no_sync() if i < len(micro) - 1 else contextlib.nullcontext():  # the last backward syncs
             F.cross_entropy(ddp(mx), my).backward()
     report["no_sync_same_grad"] = torch.allclose(flat_grad(model), every, atol=1e-6)
     report["params_mb"] = sum(p.numel() * 4 for p in model.parameters()) / 2**20
@@ -796,10 +763,7 @@ def internals(rank, world_size, steps=10):
             t0 = time.perf_counter()
             m.zero_grad()
             for i, (cx, cy) in enumerate(chunks):
-                if mode.startswith("no_sync") and i < 3:
-                    with m.no_sync():
-                        F.cross_entropy(m(cx), cy).backward()
-                else:
+                with m.no_sync() if mode.startswith("no_sync") and i < 3 else contextlib.nullcontext():
                     F.cross_entropy(m(cx), cy).backward()
             times.append(time.perf_counter() - t0)
         report[mode] = 1000 * sorted(times[3:])[len(times[3:]) // 2]
@@ -807,7 +771,8 @@ def internals(rank, world_size, steps=10):
 
 
 # %% slideshow={"slide_type": "-"}
-from ddp_internals import internals
+from course_lib.hand_ddp import bucket_assignment
+from ddp_internals import internals, mlp
 
 reports = run_ranks(internals, nprocs=2, timeout=600)
 r0 = reports[0]
@@ -817,9 +782,6 @@ print("equal after DDP(model) broadcast rank 0's:            ", r0["equal_after"
 print("gradient after backward = mean of local gradients:    ", r0["grad_is_mean"])
 print("no_sync accumulation = syncing every micro-batch:     ", r0["no_sync_same_grad"])
 print(f"\nmodel: {r0['params_mb']:.2f} MiB of float32 parameters; step = forward+backward+SGD on 256 samples, median of 10, rank 0")
-from course_lib.hand_ddp import bucket_assignment
-from ddp_internals import mlp
-
 arrival = [p.numel() * p.element_size() for p in reversed(list(mlp().parameters()))]   # the order gradients arrive
 print(f"{'bucket_cap_mb':>14} {'cap in bytes':>13}   {'buckets after the rebuild (bytes each)':<38} step ms")
 for cap, (sizes, ms) in r0["buckets"].items():
@@ -854,12 +816,10 @@ import time
 import torch
 import torch.distributed as dist
 
-
 def get_reduced_loss(loss, dest_rank):
     loss_tensor = loss.clone()
     dist.reduce(loss_tensor, dst=dest_rank)  # a collective: every rank must call it
     return loss_tensor
-
 
 def cluster_post_logging(rank, world_size):
     loss = torch.tensor(float(rank + 1))
@@ -948,7 +908,6 @@ port = free_port()
 probe = run_script([["python", "_runs/exit_probe.py", str(rank), str(port)] for rank in (0, 1)], timeout=600)
 assert "freed the group: True" in probe.output(0) and "freed the group: False" in probe.output(1)
 import inspect
-
 import torch.distributed.nn.functional as dist_nn_functional
 
 defaults = inspect.getsource(dist_nn_functional).count("group=group.WORLD")
@@ -989,7 +948,6 @@ from course_lib.torch_private import clear_dtensor_caches
 
 KEPT = []  # a global: what it holds lives as long as the module
 
-
 def job(case):
     model = torch.nn.Linear(4, 2)
     if case == "a DDP model kept in a global":
@@ -997,7 +955,6 @@ def job(case):
     elif case == "fully_shard":
         fully_shard(model, mesh=init_device_mesh("cpu", (dist.get_world_size(),)))
     model(torch.randn(3, 4)).sum().backward()
-
 
 def probe(rank, world_size, case):
     """run_ranks starts the group (import torch.distributed.nn came first, in the worker); we end it here."""
@@ -1013,7 +970,6 @@ def probe(rank, world_size, case):
     KEPT.clear()  # let it go before the process exits: a group alive at shutdown is the race above
     gc.collect()
     return {"destroy alone": by_hand, "with the caches dropped": cached, "in the end": world() is None}
-
 
 def reported(rank, world_size):
     """end_process_group's own report on a job that keeps its DDP model in a global: the text it writes on stderr."""
@@ -1102,10 +1058,8 @@ What the source posts say about launching and writing a DDP script, against PyTo
 # %% slideshow={"slide_type": "-"}
 from course_lib.exercises.ddp import check_global_rank, check_shard_indices, check_sync_schedule
 
-
 def global_rank(node_rank, local_rank, nproc_per_node):
     raise NotImplementedError  # your code here
-
 
 print(check_global_rank(global_rank))
 
@@ -1114,14 +1068,12 @@ print(check_global_rank(global_rank))
 def shard(n, world_size, rank):
     raise NotImplementedError  # your code here
 
-
 print(check_shard_indices(shard))
 
 
 # %% slideshow={"slide_type": "-"}
 def syncs(n_micro, k):
     raise NotImplementedError  # your code here
-
 
 print(check_sync_schedule(syncs))
 
