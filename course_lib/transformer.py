@@ -1,8 +1,8 @@
 """The course's transformer: a small Llama-style decoder.
 
 Notebook 14 builds it and measures it; notebooks 15 and 16 (tensor, sequence, context and expert
-parallelism), 17 and 18 (FSDP2 per block, ``torch.compile``), 19 (the planner) and 20 (the capstone) reuse it. So
-the layout follows the conventions that PyTorch's parallelism APIs address by name:
+parallelism), 17 (FSDP2 per block), 19 (the planner) and 20 (the capstone) reuse it. So the layout follows the
+conventions that PyTorch's parallelism APIs address by name:
 
 * its configuration is a :class:`TransformerConfig` (:mod:`course_lib.transformer_config`, with the
   :data:`PRESETS`), re-exported here;

@@ -115,9 +115,11 @@ make_mlp().load_state_dict(dp.module.state_dict())  # the fix: save or load the 
 print("loading dp.module.state_dict() works")
 
 # %% slideshow={"slide_type": "-"}
-print(run_script(["python", "_runs/dp_without_gpus.py"], timeout=600, echo="none").output("main"))
 model = make_mlp()  # the same seeded MLP, in this kernel, for the rest of the section
 loss_fn = nn.CrossEntropyLoss()
+
+# %% slideshow={"slide_type": "-"}
+print(run_script(["python", "_runs/dp_without_gpus.py"], timeout=600, echo="none").output("main"))
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """

@@ -11,7 +11,7 @@ By the end you will be able to:
 - count the training FLOPs per token ($6N$ plus attention), check them with `FlopCounterMode`, and turn a measured tokens/s into MFU, here and for a published training run;
 - write attention by hand down to a FlashAttention-2 `autograd.Function` (tiled online softmax forward, recomputing backward), equal to SDPA forward and backward, with O(s) saved bytes instead of O(s²).
 
-This notebook assumes: notebooks 02 and 03 (saved tensors, `SavedTensorMeter`, writing and `gradcheck`-ing an `autograd.Function`), 04 and 05 (where training memory goes, checkpointing, selective checkpointing, `FlopCounterMode`, `measure_peak`) and 06 (bf16). Notebook 13's ZeRO calculator uses the memory formula of section 3; notebooks 15–18 reuse the model.
+This notebook assumes: notebooks 02 and 03 (saved tensors, `SavedTensorMeter`, writing and `gradcheck`-ing an `autograd.Function`), 04 and 05 (where training memory goes, checkpointing, selective checkpointing, `FlopCounterMode`, `measure_peak`) and 06 (bf16). Notebook 13's ZeRO calculator uses the memory formula of section 3; notebooks 15–17, 19 and 20 reuse the model.
 """
 
 # %% slideshow={"slide_type": "-"}
@@ -697,7 +697,7 @@ assert 0.3 < implied < 0.6
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-About 45 % MFU. For comparison, Meta reports 38–43 % for Llama 3 405B on 16,000 H100s ([Llama Team, 2024](https://arxiv.org/abs/2407.21783), table 4). The last two lines are why long-context training is an attention problem: at 4,096 tokens attention is 14 % of the FLOPs, at 32,768 it is over half. Notebook 20's planner runs exactly this arithmetic for every layout it considers.
+About 45 % MFU. For comparison, Meta reports 38–43 % for Llama 3 405B on 16,000 H100s ([Llama Team, 2024](https://arxiv.org/abs/2407.21783), table 4). The last two lines are why long-context training is an attention problem: at 4,096 tokens attention is 14 % of the FLOPs, at 32,768 it is over half. Notebook 19's planner runs exactly this arithmetic for every layout it considers.
 """
 
 # %% [markdown] slideshow={"slide_type": "slide"}
@@ -1018,7 +1018,7 @@ r"""
 - One block keeps, per token, $(6h + 2h_{kv})p + 4fp$ bytes plus float32 statistics, and naive attention adds $a\,s\,p$: Korthikanti et al.'s $sbh(34 + 5as/h)$ without dropout, with RMSNorm and SwiGLU. `SavedTensorMeter` agrees to the byte for naive and SDPA attention, float32 and bf16, grouped-query attention, and the whole model with its loss. For Llama 2 7B the $s^2$ term overtakes the rest at 2,400 tokens.
 - Selective recomputation of attention proper removes the $s^2$ term for one more $qk^\top$ and softmax per layer; full checkpointing keeps one width-$h$ tensor per token and block for one more forward of every block (minus its last product: the non-reentrant `checkpoint` stops recomputing once it has what backward needs). `FlopCounterMode` prices both exactly.
 - Training costs $6N + 12Lhs$ FLOPs per token; `FlopCounterMode` confirms it with naive attention, and shows that on the CPU it does not count SDPA at all. MFU = tokens/s × FLOPs per token / peak; Llama 2 7B's published numbers imply about 45 % on A100s.
-- FlashAttention is the online softmax tiled over queries and keys, keeping $O$ and the log-sum-exp instead of $P$ and recomputing $P$ tile by tile in backward: O(s) bytes instead of O(s²), 2.5× instead of 2× the forward's FLOPs in backward. It is checkpointing inside one operation, written as a custom `autograd.Function`. The merge of partial results is in `course_lib.attention` for ring attention (notebook 15).
+- FlashAttention is the online softmax tiled over queries and keys, keeping $O$ and the log-sum-exp instead of $P$ and recomputing $P$ tile by tile in backward: O(s) bytes instead of O(s²), 2.5× instead of 2× the forward's FLOPs in backward. It is checkpointing inside one operation, written as a custom `autograd.Function`. The merge of partial results is in `course_lib.attention` for ring attention (notebook 16).
 """
 
 # %% [markdown] slideshow={"slide_type": "slide"}

@@ -2,7 +2,7 @@
 """
 # 15 · Tensor and sequence parallelism: a transformer block split across ranks
 
-Data parallelism and sharding (notebooks 09–13) split the *batch*. Tensor parallelism splits the *model's work on one batch*: the weight matrices of every layer, so that each rank computes part of each layer. Sequence parallelism completes it: the tokens between those layers (the norms, and dropout where a model has it) are split too, so no activation stays whole on every rank. Megatron-LM introduced both; every large run since uses them inside a node. Notebook 16 takes the other two dimensions of a transformer (the sequence through attention, and the experts) and combines all three on a mesh.
+Data parallelism and sharding (notebooks 09–13) split the *batch*. Tensor parallelism splits the *model's work on one batch*: the weight matrices of every layer, so that each rank computes part of each layer. Sequence parallelism completes it: the tokens between those layers (the norms, and dropout where a model has it) are split too, so no activation stays whole on every rank. Megatron-LM introduced both; every large run since uses them inside a node. Notebook 16 takes the other two dimensions of a transformer (the sequence through attention, and the experts), then combines data, context and tensor parallelism on a 3-D mesh.
 
 Every parallel version here runs on CPU processes over gloo, uses notebook 14's transformer, and is checked against one process running the same model on the same data, forward and backward. Every one counts the bytes each rank sends per step and compares them with a formula.
 
@@ -11,7 +11,7 @@ By the end you will be able to:
 - count the bytes tensor parallelism sends per step, and say why `parallelize_module` runs more all-reduces than the hand version for the same gradients;
 - turn tensor parallelism into sequence parallelism (reduce-scatter plus all-gather instead of all-reduce, the same bytes) and count the activation bytes per rank it saves.
 
-This notebook assumes: notebook 09 (the collectives and their bytes), 12 §6 (tensor parallelism of one layer), 13 §4 (`DeviceMesh`, DTensor) and 14 (the transformer and its activation memory formula). No GPU: every run is CPU processes on gloo, launched with `course_lib.launch.run_ranks`, one launch per section.
+This notebook assumes: notebook 09 (the collectives and their bytes), 12 §6 (tensor parallelism of one layer), 13 §5 (`DeviceMesh`, DTensor) and 14 (the transformer and its activation memory formula). No GPU: every run is CPU processes on gloo, launched with `course_lib.launch.run_ranks`, one launch per section.
 """
 
 # %% slideshow={"slide_type": "-"}
@@ -187,9 +187,9 @@ def loss_fn(model, ids, targets, rank, enter=f, leave=g):
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-The same plan with PyTorch's API: `parallelize_module` takes a module and a plan (`{submodule name: style}`) and replaces each named weight by a `DTensor` sharded on a 1-D `DeviceMesh` (notebook 13 §4). `ColwiseParallel` and `RowwiseParallel` are the two splits with `f` and `g` built in; on an `nn.Embedding` `RowwiseParallel` splits the table by vocabulary rows. `use_local_output=False` keeps the head's logits a `DTensor` sharded on the vocabulary, and inside `loss_parallel()` `F.cross_entropy` on them computes the vocabulary-parallel loss. `CommDebugMode` counts the collectives DTensor runs.
+The same plan with PyTorch's API: `parallelize_module` takes a module and a plan (`{submodule name: style}`) and replaces each named weight by a `DTensor` sharded on a 1-D `DeviceMesh` (notebook 13 §5). `ColwiseParallel` and `RowwiseParallel` are the two splits with `f` and `g` built in; on an `nn.Embedding` `RowwiseParallel` splits the table by vocabulary rows. `use_local_output=False` keeps the head's logits a `DTensor` sharded on the vocabulary, and inside `loss_parallel()` `F.cross_entropy` on them computes the vocabulary-parallel loss. `CommDebugMode` counts the collectives DTensor runs.
 
-The job runs the hand version, the API version and the library's twin (`course_lib.tensor_parallel`, the copy notebooks 17 and 18 reuse, which counts its collectives with `CommCounter`) on 2 processes.
+The job runs the hand version, the API version and the library's twin (`course_lib.tensor_parallel`, the copy that notebook 16's 3-D mesh and notebook 19's planner reuse, which counts its collectives with `CommCounter`) on 2 processes.
 """
 
 # %% slideshow={"slide_type": "-"}
@@ -490,7 +490,7 @@ print(f"notebook so far ~{time.perf_counter() - notebook_start:.0f} s")
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-Tensor and sequence parallelism share one group of ranks and communicate inside every layer, on the critical path: they need the fastest links there are, the GPUs of one node. Notebook 16 splits what they leave whole: the sequence inside attention, which long contexts need, and the experts of a mixture-of-experts layer; then it puts them on one mesh with data parallelism.
+Tensor and sequence parallelism share one group of ranks and communicate inside every layer, on the critical path: they need the fastest links there are, the GPUs of one node. Notebook 16 splits what they leave whole: the sequence inside attention, which long contexts need, and the experts of a mixture-of-experts layer; then it puts context and tensor parallelism on one mesh with data parallelism.
 """
 
 # %% [markdown] slideshow={"slide_type": "slide"}

@@ -8,11 +8,12 @@ Every parallel version here runs on CPU processes over gloo, uses notebook 14's 
 
 By the end you will be able to:
 - write ring attention (key/value blocks passed around a ring, partial results merged with the log-sum-exp rule), check it forward and backward against full causal attention, balance its causal work with the zig-zag split and hide its transfers behind its compute;
-- compare it with the all-gather of keys and values (PyTorch's default, Llama 3's choice) and Ulysses' all-to-all over heads, bytes included, and switch PyTorch's `context_parallel` between them;
+- compare it with the all-gather of keys and values (PyTorch's default, Llama 3's choice) and Ulysses' all-to-all over heads, bytes included, and see how PyTorch's `context_parallel` switches between them;
 - route tokens to experts (top-k, capacity, dropped tokens), dispatch and combine them across ranks with `all_to_all_single`, and use the auxiliary loss against load imbalance;
-- combine three dimensions on a `DeviceMesh` of 8 processes and say which collective runs on which group, with how many bytes.
+- combine three dimensions on a `DeviceMesh` of 8 processes, say which collective runs on which group, with how many bytes, and catch a gradient-scale bug that the losses under Adam do not show;
+- pick the dimension for a problem (section 4's table).
 
-This notebook assumes: notebook 09 (the collectives and their bytes), 13 §4 (`DeviceMesh`, DTensor), 14 (the transformer, attention's log-sum-exp merge) and 15 (tensor parallelism, for the mesh). No GPU: every run is CPU processes on gloo, launched with `course_lib.launch.run_ranks`, one launch per section.
+This notebook assumes: notebook 09 (the collectives and their bytes), 13 §5 (`DeviceMesh`, DTensor), 14 (the transformer, attention's log-sum-exp merge) and 15 (tensor parallelism, for the mesh). No GPU: every run is CPU processes on gloo, launched with `course_lib.launch.run_ranks`, one launch per section.
 """
 
 # %% slideshow={"slide_type": "-"}
@@ -158,7 +159,7 @@ def ring_forward(q, k, v, layout, overlap=False, sim=None):
                 k_off += k_len
             q_off += q_len
         if sim:
-            delay(q, sim[0], 0, sim[2], f"block {step}")  # the block's attention, lasting compute_ms (notebook 18)
+            delay(q, sim[0], 0, sim[2], f"block {step}")  # the block's attention, lasting compute_ms (notebook 09 §6.1)
         work.append(done)
         if step < n - 1:
             k, v = wait() if overlap else (k_next, v_next)
@@ -344,7 +345,7 @@ In the contiguous split the last rank does 4 times the work of the first (the ra
 
 `ring_forward` above waits for each exchange before it computes (`overlap=False`): a step lasts the block's compute *plus* its transfer. With `overlap=True` it posts the next block's sends and receives first, computes on the block it holds, and only then waits. The block it receives needs a buffer of its own while the current one is being sent and read: two spare key/value buffers, used in turn. The arithmetic is the same, so the result is the same bit for bit (and so for the library's `ring_attention(..., overlap=True)`, forward and backward; backward can prefetch only the keys and values, the accumulators are ready after the compute).
 
-To see the time it hides, `ring_forward` ran again on notebook 18's simulated device: each block's compute lasts `compute_ms` (`course_lib.simulated_compute.delay`, a sleep that holds no core), and each exchange completes `LINK_MS` after it was posted, as over a link of that speed. Overlap hides `min(compute, transfer)` per step; when the compute is the shorter, `transfer - compute` stays exposed:
+To see the time it hides, `ring_forward` ran again on notebook 09 §6.1's simulated device: each block's compute lasts `compute_ms` (`course_lib.simulated_compute.delay`, a sleep that holds no core), and each exchange completes `LINK_MS` after it was posted, as over a link of that speed. Overlap hides `min(compute, transfer)` per step; when the compute is the shorter, `transfer - compute` stays exposed:
 """
 
 # %% slideshow={"slide_type": "fragment"}
@@ -698,7 +699,7 @@ assert all(matches)
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-Why the first step's gradients and not only the losses: each weight is replicated over the 2 `cp` and 2 `dp` ranks, so its gradient is summed over 4 copies and must be divided by 4. The job ran a second time with a planted bug, dividing by 2 (the `dp` size only), so every gradient is twice one process's. Adam divides each step by the running root mean square of the gradients, so a constant factor cancels, except against its `eps` (`1e-8`): the losses still agree with one process within the tolerance, and the parameters move apart only where a gradient is not much larger than `eps`. The gradients are twice one process's, and the first step's comparison says so.
+Why the first step's gradients and not only the losses: each weight is replicated over the 2 `cp` and 2 `dp` ranks, so its gradient is summed over 4 copies and must be divided by 4. The job ran a second time with a planted bug, dividing by 2 (the `dp` size only), so every gradient is twice one process's. Adam divides each step by the running root mean square of the gradients, so a constant factor cancels, except against its `eps` (`1e-8`): the losses still agree with one process within the tolerance, and the parameters move apart only where a gradient is not much larger than `eps`. The gradients are twice one process's, and the first step's comparison says so (its "world size" is the 2 `cp` ranks whose sum was never divided).
 """
 
 # %% slideshow={"slide_type": "fragment"}
@@ -714,7 +715,7 @@ assert not any(caught) and all(abs(c.norm_ratio - 2) < 1e-3 for c in caught)
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-What each rank sent in the last step, by group, against the formulas of notebook 15 §1, section 1 and notebook 09's ring all-reduce: on `tp`, notebook 15 §1's count for this rank's `2 x 32` tokens; on `cp`, the ring attention of each of the 2 layers (on the 2 local heads) and the all-reduce of the gradients of the parameters this rank holds; on `dp`, that all-reduce again.
+What each rank sent in the last step, by group, against the formulas of notebook 15 §1, the ring's of §1 above and notebook 09's ring all-reduce: on `tp`, notebook 15 §1's count for this rank's `2 x 32` tokens; on `cp`, the ring attention of each of the 2 layers (on the 2 local heads) and the all-reduce of the gradients of the parameters this rank holds; on `dp`, that all-reduce again.
 """
 
 # %% slideshow={"slide_type": "fragment"}
@@ -741,7 +742,10 @@ print(f"notebook so far ~{time.perf_counter() - notebook_start:.0f} s")
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
 The table is the map of a real run at small scale: the per-layer, latency-critical collectives (tensor parallelism's all-reduces, the ring's point-to-point blocks) stay in the innermost groups, and the gradient all-reduce, once per step and overlappable with backward, runs on the outer group. On a cluster the mesh is laid out so that `tp` is inside a node (NVLink) and `dp` spans nodes; `cp` in between. Expert parallelism takes a dimension the same way (often sharing the ranks of `dp` or `cp`: the experts are split over ranks that otherwise hold copies), and pipeline parallelism (notebook 12) another.
+"""
 
+# %% [markdown] slideshow={"slide_type": "slide"}
+"""
 ## 4. Which dimension for which problem
 
 <!-- BEGIN generated: facts-transformer-parallelism -->
@@ -761,8 +765,8 @@ The table is the map of a real run at small scale: the per-layer, latency-critic
 ## Summary
 
 - **Context parallelism** keeps each rank's queries and brings it every key and value: around a ring (merged by log-sum-exp; `2 (n-1)` blocks forward, `4n - 2` backward), all-gathered (the same forward bytes, the gradients reduce-scattered; Llama 3's choice, cheap under grouped-query attention) or re-split over heads by Ulysses' two all-to-alls (the fewest bytes, `n` limited by the key/value heads). All three equal full causal attention forward and backward, their counted bytes their formulas. Posting the next exchange before the block's compute hides the transfer when the compute lasts at least as long, and exposes `transfer - compute` per step otherwise. The zig-zag split evens the causal work per rank. PyTorch's `context_parallel` all-gathers by default (`set_rotate_method("alltoall")` gives the ring's exchange) and needs CUDA's SDPA kernels.
-- **Expert parallelism** dispatches token rows to their experts' ranks and combines them back with two `all_to_all_single` calls, equal to the one-process MoE; the auxiliary loss kept the load close to even where training without it collapsed onto some experts.
-- The dimensions compose on a `DeviceMesh`: dp × cp × tp on 8 processes trained like one process, and each group carried its own collectives.
+- **Expert parallelism** routes each token to its top-k experts, drops what exceeds an expert's capacity, dispatches the kept rows to their experts' ranks and combines them back with two `all_to_all_single` calls, equal to the one-process MoE; the auxiliary loss kept the load close to even where training without it collapsed onto some experts.
+- The dimensions compose on a `DeviceMesh`: dp × cp × tp on 8 processes trained like one process, and each group carried its own collectives. Its first step's gradients equalled one process's; a planted bug that divided the replicated gradients by 2 instead of 4 passed the loss check under Adam and failed the gradient check, by a factor of 2.
 """
 
 # %% [markdown] slideshow={"slide_type": "slide"}

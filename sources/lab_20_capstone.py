@@ -10,7 +10,7 @@ By the end you will have written, and seen pass against one process:
 - gradient clipping once per step with the norm of the whole gradient, across ranks;
 - the records a comparison with one process needs: the first step's gradients, whole, before clipping.
 
-This lab assumes notebooks 08 (accumulation), 10 (DDP), 16 (FSDP2) and 20 §2. Expected time: about an hour.
+This lab assumes notebooks 08 (accumulation), 10 (DDP), 17 (FSDP2) and 20 §2. Expected time: about an hour.
 """
 
 # %% [markdown] slideshow={"slide_type": "slide"}
