@@ -631,6 +631,7 @@ def train(mesh, divisor):
     positions = shard_sequence(torch.arange(SEQ).view(1, -1), layout, coord["cp"]).view(-1)
     opt = torch.optim.Adam(model.parameters(), lr=LR)
     ref = Transformer(CONFIG, seed=0)
+    ref_params = dict(ref.named_parameters())             # the same tensors, updated in place
     ref_opt = torch.optim.Adam(ref.parameters(), lr=LR)
     per_dp = SEQUENCES // 2
     losses, ref_losses = [], []
@@ -651,7 +652,6 @@ def train(mesh, divisor):
                 tp.all_reduce(p.grad, groups["dp"])
                 p.grad /= divisor
         if step == 0:                                              # the first step's gradients, this rank's slices
-            ref_params = dict(ref.named_parameters())
             grads = {k: p.grad.clone() for k, p in model.named_parameters()}
             ref_grads = {k: tp.shard_of(k, ref_params[k].grad, coord["tp"], 2) for k in grads}
         opt.step()
@@ -659,7 +659,6 @@ def train(mesh, divisor):
         whole = loss.detach().clone()
         dist.all_reduce(whole)                                     # (not counted: only to print the global loss)
         losses.append(whole.item() / 8)                            # the 2 tp ranks of a (dp, cp) pair hold the same
-    ref_params = dict(ref.named_parameters())
     return {
         "coord": coord, "losses": losses, "ref losses": ref_losses, "grads": grads, "ref grads": ref_grads,
         "params": max(max_diff(p, tp.shard_of(k, ref_params[k], coord["tp"], 2)) for k, p in model.named_parameters()),
