@@ -20,7 +20,7 @@ NB     ?= $(shell $(BIN)/python -m course_tools.manifest)
 NBVAL_WORKERS ?= 3
 XDIST := $(if $(filter-out 0 1,$(NBVAL_WORKERS)),-n $(NBVAL_WORKERS) --dist loadfile)
 PYTEST_NBVAL := --nbval --nbval-current-env --nbval-sanitize-with tests/sanitize.cfg $(XDIST)
-# nbval's order: the notebooks last in the course first. They are the long ones (launches: 20, 17, 10, 11 take
+# nbval's order: the notebooks last in the course first. They are the long ones (launches: 22, 19, 11, 12 take
 # 80-125 s each), and a long notebook started last leaves one worker idle while the other finishes it; make test
 # runs the unit tests after them, whose many small files even out the end. (Longest first: the usual rule for
 # scheduling on few workers; the notebooks are named NN_*, so it is their reverse sort. pytest 9 collects a folder in its own order, so only the order of notebooks is ours.)
@@ -257,7 +257,7 @@ grade: $(DEV_STAMP)
 	  --lab-timeout $(LAB_TIMEOUT) --cell-timeout $(CELL_TIMEOUT) --disk-mb $(DISK_MB)
 grade-demo: editions
 	rm -rf _grading-demo
-	$(BIN)/python -m course_tools.grading_samples _grading-demo/submissions --secret $(CURDIR)/solutions/lab_10_ddp.py
+	$(BIN)/python -m course_tools.grading_samples _grading-demo/submissions --secret $(CURDIR)/solutions/lab_11_ddp.py
 	$(MAKE) --no-print-directory grade SUBMISSIONS=_grading-demo/submissions GRADES=_grading-demo/grades \
 	  LAB_TIMEOUT=90 CELL_TIMEOUT=20 DISK_MB=64
 

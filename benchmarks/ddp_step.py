@@ -19,7 +19,7 @@ each rank brings its own compute. Timings move by tens of percent when other wor
 cores: read the table as orders of magnitude, rerun before trusting a 20% difference.
 
 Its model (an MLP, here 512 wide instead of the notebook's 256) and its bucket-counting communication
-hook are those of notebook 10's _runs/ddp_internals.py: the benchmark reads that script from the
+hook are those of notebook 11's _runs/ddp_internals.py: the benchmark reads that script from the
 notebook's text source (``course_lib.manifest.written_file``), writes it to a temporary folder and
 imports it in each rank, so there is one copy.
 
@@ -49,7 +49,7 @@ def worker(rank: int, world_size: int, threads: int, bucket_mb: float | None, gl
     import torch.distributed as dist
     import torch.nn.functional as F
 
-    # notebook 10's script, written by main() into the ranks' working directory
+    # notebook 11's script, written by main() into the ranks' working directory
     from ddp_internals import counting_hook, mlp  # type: ignore[import-not-found]
 
     torch.set_num_threads(threads)
@@ -93,8 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     target = f"{os.path.abspath(__file__)}:worker"
     rows = []
     with tempfile.TemporaryDirectory(prefix="ddp_step_") as tmp:
-        # the script notebook 10 writes to _runs/ddp_internals.py (its mlp and counting_hook), from its text source
-        Path(tmp, "ddp_internals.py").write_text(written_file("10_ddp_in_practice", "_runs/ddp_internals.py"))
+        # the script notebook 11 writes to _runs/ddp_internals.py (its mlp and counting_hook), from its text source
+        Path(tmp, "ddp_internals.py").write_text(written_file("11_ddp_in_practice", "_runs/ddp_internals.py"))
         launch = {"echo": "none", "timeout": 300, "cwd": tmp}  # the ranks start in tmp: `import ddp_internals`
         for threads in (1, 2):
             r = run_ranks(target, 1, (threads, None, args.global_batch, args.steps), init_method="none", **launch)[0]

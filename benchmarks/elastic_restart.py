@@ -2,11 +2,11 @@
 
     python benchmarks/elastic_restart.py [--launches 8] [--rdzv static,c10d] [--prefix off,on]
 
-What it measures: notebook 11 §5's workaround. In the first attempt the last rank dies (``os._exit(1)``) after
+What it measures: notebook 12 §5's workaround. In the first attempt the last rank dies (``os._exit(1)``) after
 one all-reduce; the agent restarts both workers, and the second attempt initialises gloo again and all-reduces.
 A launch fails when that second attempt cannot form its group. With ``--prefix off`` the workers call
 ``init_process_group("gloo")`` as usual (``env://``: the store the agent hands them); with ``--prefix on`` they
-wrap it in ``PrefixStore(f"attempt{TORCHELASTIC_RESTART_COUNT}", ...)`` as notebook 11's ``elastic_train.py``
+wrap it in ``PrefixStore(f"attempt{TORCHELASTIC_RESTART_COUNT}", ...)`` as notebook 12's ``elastic_train.py``
 does. Both rendezvous kinds are tried: ``static`` (``--master_addr/--master_port``, what the notebook uses) and
 ``c10d`` (``--rdzv-backend=c10d``). The failure is a race between the new workers and the addresses the dead
 attempt left in the store, so its rate depends on timing and load: a clean series is weaker evidence than a
@@ -33,7 +33,7 @@ import torch
 import torch.distributed as dist
 
 attempt = os.environ["TORCHELASTIC_RESTART_COUNT"]
-if sys.argv[1] == "on":  # notebook 11's workaround: a fresh key prefix per attempt
+if sys.argv[1] == "on":  # notebook 12's workaround: a fresh key prefix per attempt
     store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False)
     dist.init_process_group("gloo", store=dist.PrefixStore(f"attempt{attempt}", store),
                             rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]))

@@ -8,18 +8,18 @@ The bug this guards against: a gloo job that did all its work, printed its resul
 aborted in interpreter shutdown ("terminate called without an active exception", SIGABRT, exit
 code 1 through the launcher). It is a race (a gloo worker thread still dropping a finished
 collective while Python shuts down, because something kept the process group alive past
-``destroy_process_group()``; see docs/crash_at_exit.md and notebook 10, section 10.2), so one
+``destroy_process_group()``; see docs/crash_at_exit.md and notebook 11, section 10.2), so one
 launch proves nothing.
 
-Default mode: notebook 10's ``_runs/ddp_train.py`` (read from the notebook's text source), ``--launches``
+Default mode: notebook 11's ``_runs/ddp_train.py`` (read from the notebook's text source), ``--launches``
 times in total, round-robin under ``torchrun``, the legacy ``python -m torch.distributed.launch`` and
 ``course_lib.launch.run_ranks`` (2 processes each). ``--script FILE`` launches another file instead.
 
 ``--all-scripts``: every script a notebook launches that runs a process group (:data:`CATALOG`: the
-``torchrun`` scripts of 10, 11, 17 and 20, ``mp.spawn``'s script of 10, and the ``run_ranks`` jobs of 09
-(HandDDP and the hook cells), 13 (ZeRO, FSDP by hand, FSDP2), 15 (TP, SP) and 16 (ring attention, experts)), each
+``torchrun`` scripts of 11, 12, 19 and 22, ``mp.spawn``'s script of 11, and the ``run_ranks`` jobs of 10
+(HandDDP and the hook cells), 14 (ZeRO, FSDP by hand), 15 (FSDP2), 17 (TP, SP) and 18 (ring attention, experts)), each
 with the launcher its notebook uses, round-robin until ``--launches``. Every ``%%writefile`` file of
-notebooks 09-20 is written to a temporary folder first, as the notebooks write them. ``--replace
+notebooks 09-22 is written to a temporary folder first, as the notebooks write them. ``--replace
 _runs/fsdp_train.py=OLD.py`` launches OLD.py in that file's place (to measure an old version).
 ``--ci-conditions`` runs the whole benchmark as CI's extra pass runs the notebooks: the portable CPU (one
 thread), 2 simulated GPUs visible (tests/gpu_visible) and ``scripts/cpu_hog.py`` keeping every core busy.
@@ -62,8 +62,8 @@ PORTABLE_ENV = {
 GPU_ENV = {"PYTHONPATH": str(ROOT / "tests" / "gpu_visible"), "COURSE_SIMULATED_GPUS": "2"}
 LAUNCHERS = ("torchrun", "launch", "run_ranks")
 
-# The script notebook 10 writes to _runs/ddp_train.py, read from its text source: one copy.
-TRAIN_SCRIPT = written_file("10_ddp_in_practice", "_runs/ddp_train.py")
+# The script notebook 11 writes to _runs/ddp_train.py, read from its text source: one copy.
+TRAIN_SCRIPT = written_file("11_ddp_in_practice", "_runs/ddp_train.py")
 
 
 @dataclass
@@ -80,56 +80,56 @@ class Job:
 
 # What the notebooks launch, with the smallest arguments that run the whole script (OUT: a scratch folder).
 CATALOG = [
-    Job("10 ddp_train.py", "torchrun", "_runs/ddp_train.py", args=["--epochs", "1", "--out", "OUT"]),
-    Job("10 ddp_train.py", "launch", "_runs/ddp_train.py", args=["--epochs", "1", "--out", "OUT"]),
-    Job("10 ddp_train.py:train", "run_ranks", "_runs/ddp_train.py:train", args=[1, 32, 0.1, "OUT"]),
-    Job("10 spawn_train.py (mp.spawn)", "run_script", "python _runs/spawn_train.py OUT cpu 2"),
+    Job("11 ddp_train.py", "torchrun", "_runs/ddp_train.py", args=["--epochs", "1", "--out", "OUT"]),
+    Job("11 ddp_train.py", "launch", "_runs/ddp_train.py", args=["--epochs", "1", "--out", "OUT"]),
+    Job("11 ddp_train.py:train", "run_ranks", "_runs/ddp_train.py:train", args=[1, 32, 0.1, "OUT"]),
+    Job("11 spawn_train.py (mp.spawn)", "run_script", "python _runs/spawn_train.py OUT cpu 2"),
     Job(
-        "11 elastic_train.py (a restart)",
+        "12 elastic_train.py (a restart)",
         "torchrun",
         "_runs/elastic_train.py",
         args=["--out", "OUT", "--crash-at", "9"],
         launcher_args=["--max-restarts=1"],
     ),
-    Job("11 device_generic.py", "run_script", "python _runs/device_generic.py"),
-    Job("17 fsdp_train.py", "torchrun", "_runs/fsdp_train.py", args=["--out", "OUT", "--save-at", "2"]),
+    Job("12 device_generic.py", "run_script", "python _runs/device_generic.py"),
+    Job("19 fsdp_train.py", "torchrun", "_runs/fsdp_train.py", args=["--out", "OUT", "--save-at", "2"]),
     Job(
-        "17 fsdp_train.py --defer-grad-sync",
+        "19 fsdp_train.py --defer-grad-sync",
         "torchrun",
         "_runs/fsdp_train.py",
         args=["--out", "OUT", "--defer-grad-sync"],
     ),
     Job(
-        "17 fsdp_train.py --bf16 --checkpointing",
+        "19 fsdp_train.py --bf16 --checkpointing",
         "torchrun",
         "_runs/fsdp_train.py",
         args=["--out", "OUT", "--bf16", "--checkpointing"],
     ),
     Job(
-        "17 fsdp_train.py HSDP --cpu-offload",
+        "19 fsdp_train.py HSDP --cpu-offload",
         "torchrun",
         "_runs/fsdp_train.py",
         nproc=4,
         args=["--out", "OUT", "--replicate", "2", "--cpu-offload"],
     ),
     Job(
-        "17 fsdp_train.py --async-save",
+        "19 fsdp_train.py --async-save",
         "torchrun",
         "_runs/fsdp_train.py",
         args=["--out", "OUT", "--save-at", "2", "--async-save"],
     ),
     # torch.profiler starts a C++ thread of its own (Kineto's) that lives until exit: --count-exposed counts it here,
     # though no process group is left (the script's teardown checks that)
-    Job("17 fsdp_train.py --profile", "torchrun", "_runs/fsdp_train.py", args=["--out", "OUT", "--profile", "OUT"]),
-    Job("17 fsdp_memory.py (a fake 8-rank world)", "run_script", "python _runs/fsdp_memory.py 8 1024 OUT"),
+    Job("19 fsdp_train.py --profile", "torchrun", "_runs/fsdp_train.py", args=["--out", "OUT", "--profile", "OUT"]),
+    Job("19 fsdp_memory.py (a fake 8-rank world)", "run_script", "python _runs/fsdp_memory.py 8 1024 OUT"),
     Job(
-        "20 capstone_train.py",
+        "22 capstone_train.py",
         "torchrun",
         "_runs/capstone_train.py",
         args=["--out", "OUT", "--runs", "ddp:--dp ddp --accum 2 --steps 2;fsdp:--dp fsdp2 --tp 2 --bf16 --steps 2"],
     ),
     Job(
-        "20 capstone_train.py --pp (1F1B, interleaved, GPipe)",
+        "22 capstone_train.py --pp (1F1B, interleaved, GPipe)",
         "torchrun",
         "_runs/capstone_train.py",
         args=[
@@ -141,7 +141,7 @@ CATALOG = [
         ],
     ),
     Job(
-        "20 capstone_train.py --cp and DP x PP",
+        "22 capstone_train.py --cp and DP x PP",
         "torchrun",
         "_runs/capstone_train.py",
         nproc=4,
@@ -152,24 +152,24 @@ CATALOG = [
             "cp:--cp 2 --checkpointing full --steps 2;pp:--layers 4 --pp 2 --accum 4 --steps 2",
         ],
     ),
-    Job("09 hand_ddp.py:compare (HandDDP, hooks)", "run_ranks", "_runs/hand_ddp.py:compare", args=[0.002]),
-    Job("13 zero_job.py:report", "run_ranks", "_runs/zero_job.py:report", args=["cpu"]),
-    Job("13 fsdp_job.py:report", "run_ranks", "_runs/fsdp_job.py:report", args=["cpu"]),
-    Job("13 fsdp2_demo.py:report", "run_ranks", "_runs/fsdp2_demo.py:report", args=["cpu"]),
-    Job("15 tp_api.py:section1", "run_ranks", "_runs/n15/tp_api.py:section1"),
-    Job("15 sp.py:section2", "run_ranks", "_runs/n15/sp.py:section2"),
-    Job("16 ring.py:section1", "run_ranks", "_runs/n16/ring.py:section1", nproc=4),
-    Job("16 ep.py:section2", "run_ranks", "_runs/n16/ep.py:section2"),
-    Job("16 mesh.py:section3", "run_ranks", "_runs/n16/mesh.py:section3", nproc=8),
-    Job("10 loader_job.py:pipeline (DataLoader workers)", "run_ranks", "_runs/loader_job.py:pipeline"),
+    Job("10 hand_ddp.py:compare (HandDDP, hooks)", "run_ranks", "_runs/hand_ddp.py:compare", args=[0.002]),
+    Job("14 zero_job.py:report", "run_ranks", "_runs/zero_job.py:report", args=["cpu"]),
+    Job("14 fsdp_job.py:report", "run_ranks", "_runs/fsdp_job.py:report", args=["cpu"]),
+    Job("15 fsdp2_demo.py:report", "run_ranks", "_runs/n15/fsdp2_demo.py:report", args=["cpu"]),
+    Job("17 tp_api.py:section1", "run_ranks", "_runs/n17/tp_api.py:section1"),
+    Job("17 sp.py:section2", "run_ranks", "_runs/n17/sp.py:section2"),
+    Job("18 ring.py:section1", "run_ranks", "_runs/n18/ring.py:section1", nproc=4),
+    Job("18 ep.py:section2", "run_ranks", "_runs/n18/ep.py:section2"),
+    Job("18 mesh.py:section3", "run_ranks", "_runs/n18/mesh.py:section3", nproc=8),
+    Job("11 loader_job.py:pipeline (DataLoader workers)", "run_ranks", "_runs/loader_job.py:pipeline"),
     Job(
-        "18 traced_step.py:train (DDP, profiled)",
+        "20 traced_step.py:train (DDP, profiled)",
         "run_ranks",
         "_runs/traced_step.py:train",
         args=["ddp", "baseline", "OUT"],
     ),
     Job(
-        "18 traced_step.py:train (FSDP2, profiled)",
+        "20 traced_step.py:train (FSDP2, profiled)",
         "run_ranks",
         "_runs/traced_step.py:train",
         args=["fsdp", "baseline", "OUT"],
@@ -177,7 +177,7 @@ CATALOG = [
 ]
 
 
-def write_notebook_files(folder: Path, first: int = 9, last: int = 20) -> list[str]:
+def write_notebook_files(folder: Path, first: int = 9, last: int = 22) -> list[str]:
     """Every file notebooks ``first``..``last`` write with %%writefile, at its path under ``folder``."""
     written = []
     for source in sorted((ROOT / "sources").glob("*.py")):
@@ -267,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
         "--portable", action="store_true", help="children use the portable (default-capability) kernels"
     )
     parser.add_argument(
-        "--script", type=Path, default=None, help="launch this training script instead of notebook 10's"
+        "--script", type=Path, default=None, help="launch this training script instead of notebook 11's"
     )
     parser.add_argument("--launchers", default=",".join(LAUNCHERS), help="subset of torchrun,launch,run_ranks")
     parser.add_argument("--all-scripts", action="store_true", help="every script the notebooks launch (CATALOG)")
@@ -306,8 +306,8 @@ def main(argv: list[str] | None = None) -> int:
                 parser.error(f"--only {args.only!r} matches no job")
             # the jobs import their siblings (the notebooks put _runs on the kernel's path): every process gets it
             path = os.environ.get("PYTHONPATH")
-            # 15's and 16's jobs live in their own folders
-            runs = os.pathsep.join(str(folder / d) for d in ("_runs", "_runs/n15", "_runs/n16"))
+            # 17's and 18's jobs live in their own folders
+            runs = os.pathsep.join(str(folder / d) for d in ("_runs", "_runs/n17", "_runs/n18"))
             os.environ["PYTHONPATH"] = runs + (os.pathsep + path if path else "")
         else:
             script = folder / "_runs" / "ddp_train.py"
@@ -347,7 +347,7 @@ def main(argv: list[str] | None = None) -> int:
     wall = time.perf_counter() - start
     keys = ("launches", "nonzero", "terminate", "crashes", "exposed")
     total = {key: int(sum(row[key] for row in rows.values())) for key in keys}
-    what = "every notebook script" if args.all_scripts else args.script or "notebook 10 _runs/ddp_train.py"
+    what = "every notebook script" if args.all_scripts else args.script or "notebook 11 _runs/ddp_train.py"
     portable = args.portable or os.environ.get("ATEN_CPU_CAPABILITY") == "default"
     print(
         f"{what}; portable kernels: {'yes' if portable else 'no'}; "

@@ -1,7 +1,7 @@
 """Per-rank memory of DDP, ZeRO-1/2 (by hand and ``ZeroRedundancyOptimizer``) and FSDP2, against the model.
 
-Runs the training code of notebook 13 (its ``_runs/model.py``, ``_runs/zero.py`` and
-``_runs/zero_job.py`` cells, read from ``sources/13_sharded_data_parallel.py``, so the benchmark
+Runs the training code of notebook 14 (its ``_runs/model.py``, ``_runs/zero.py`` and
+``_runs/zero_job.py`` cells, read from ``sources/14_sharded_data_parallel.py``, so the benchmark
 measures exactly what the notebook teaches) on N = 1, 2 and 4 gloo processes: a 4-layer MLP of 263,168 parameters, fp32 Adam, 3 steps.
 For each way of training and each rank it records
 
@@ -9,7 +9,7 @@ For each way of training and each rank it records
   tensors, each storage once: exact), against ``course_lib.sharding.model_state_bytes``;
 * the allocator's view from ``course_lib.memory.measure_peak`` around the 3 steps: the peak, and
   what was still allocated at the end ("retained"). On gloo the retained total can exceed what
-  is held: frees made on gloo's worker threads are not recorded by the profiler (notebook 13, §2.1).
+  is held: frees made on gloo's worker threads are not recorded by the profiler (notebook 14, §2.1).
 
     python benchmarks/sharding_memory.py           # N = 1, 2, 4
     python benchmarks/sharding_memory.py --quick   # N = 1, 2
@@ -32,9 +32,9 @@ from course_lib.sharding import model_state_bytes
 
 KINDS = {"ddp": "ddp", "zero1": "zero1", "zero1_builtin": "zero1", "zero2": "zero2", "fsdp2": "zero3"}
 
-# The scripts notebook 13 writes to _runs/, read from its text source: one copy.
+# The scripts notebook 14 writes to _runs/, read from its text source: one copy.
 SCRIPTS = {
-    name: written_file("13_sharded_data_parallel", f"_runs/{name}") for name in ("model.py", "zero.py", "zero_job.py")
+    name: written_file("14_sharded_data_parallel", f"_runs/{name}") for name in ("model.py", "zero.py", "zero_job.py")
 }
 
 WORKER = """

@@ -30,10 +30,10 @@ this package itself exports nothing. One module per job:
 * :mod:`course_lib.pipeline` — GPipe schedules, the bubble fraction, Gantt charts
 * :mod:`course_lib.comm_log` — ``CommLog``: the collectives a hand-written wrapper issued, kind and bytes
 * :mod:`course_lib.ddp_buckets` — DDP's bucket rule and caps
-* :mod:`course_lib.hand_ddp` — ``HandDDP``: DDP by hand (buckets, overlap), the canonical copy of notebook 09's
+* :mod:`course_lib.hand_ddp` — ``HandDDP``: DDP by hand (buckets, overlap), the canonical copy of notebook 10's
 * :mod:`course_lib.timelines` — spans of compute and communication per rank, and what compute hid
 * :mod:`course_lib.simulated_compute` — layers that take a known time on a CPU, timelines of compute and communication
-* :mod:`course_lib.hand_fsdp` — ``HandFSDP``: FSDP by hand (gather, free, reduce-scatter), notebook 13's canonical copy
+* :mod:`course_lib.hand_fsdp` — ``HandFSDP``: FSDP by hand (gather, free, reduce-scatter), notebook 14's canonical copy
 * :mod:`course_lib.sharded_optim` — ``ShardedOptimizer``: ZeRO-1 around any ``torch.optim`` optimizer
 * :mod:`course_lib.sharding` — ZeRO's memory model: state bytes per rank for DDP and ZeRO-1/2/3
 * :mod:`course_lib.counted_collectives` — collectives that count the bytes they send

@@ -11,7 +11,7 @@ and two partial results over disjoint key blocks merge exactly into the result o
 
 This is the online softmax of Milakov & Gimelshein (2018) written on whole blocks; FlashAttention
 (Dao et al., 2022; Dao, 2023) runs it tile by tile inside one kernel, and ring attention (notebook
-16) runs it across devices, one key block arriving from the neighbour at each step. Notebook 14
+18) runs it across devices, one key block arriving from the neighbour at each step. Notebook 16
 writes the tiled version by hand and checks it against these functions.
 
 * :func:`attention_block` — ``(out, lse)`` of queries against one block of keys, causal or not. In

@@ -153,7 +153,7 @@ def text_batch(
 
     The windows' starts come from ``generator``, so a seeded generator gives the same batches on
     every machine. Both tensors are new and contiguous (a target that were a view of a longer tensor
-    would keep all of it alive, and the memory counts of notebook 14 would include it).
+    would keep all of it alive, and the memory counts of notebook 16 would include it).
 
     >>> x, y = text_batch(torch.arange(10, dtype=torch.uint8), 2, 4, generator=torch.Generator().manual_seed(0))
     >>> bool((y[:, :-1] == x[:, 1:]).all()), x.dtype

@@ -9,7 +9,7 @@ of micro-batches (``c`` = micro-batches), passes such a check. The gradients the
 :func:`compare_gradients` compares a run's gradients (the first step's, before any optimizer has touched them;
 or the global gradient norm before clipping, one number per step) with the one-process reference, relative to the
 reference's size, and names the likely bug when the two differ by a clean factor. The notebooks' equivalence checks
-(13 §4, 16 §3, 17 §2, 20 §2) and the labs share it.
+(15 §1, 18 §3, 19 §2, 22 §2) and the labs share it.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The course's comparison facts and corrections, stated once: each fact about a training technique lives here.
 
-Notebook 10's "DataParallel vs DDP", notebook 12's map of parallelism and notebook 20's decision guide all restate
+Notebook 11's "DataParallel vs DDP", notebook 13's map of parallelism and notebook 22's decision guide all restate
 facts taught earlier. Written out by hand three times, they drifted apart (08 said "ring all-reduce" where 07 shows
 the backend chooses; 10 said data parallelism needs the whole model state on one device, which sharding answers).
 Here a fact is written once, under the technique it belongs to, with the notebook section that shows it.
@@ -46,13 +46,13 @@ FACTS: dict[str, dict[str, str]] = {
         "processes": "1 per device (GPU or CPU worker)",
         "machines": "one or many (`torchrun --nnodes`)",
         "per step": "rank 0's buffers broadcast before every forward that follows a grad-enabled one "
-        "(`forward_sync_buffers`, notebook 11 §1); parameters stay in sync",
+        "(`forward_sync_buffers`, notebook 12 §1); parameters stay in sync",
         "gradient sync": "the backend's `all_reduce` (ring or tree: the backend chooses, notebook 09 §2), in buckets, "
-        "overlapped with backward (written by hand in notebook 09 §6)",
+        "overlapped with backward (written by hand in notebook 10 §1)",
         "optimizer": "runs on every rank, on identical gradients",
         "data": "a `DistributedSampler` shard per rank",
         "batchnorm": "batch statistics per rank; running statistics rank 0's, broadcast before forwards "
-        "(notebook 11 §1); or `SyncBatchNorm` (GPU) for global batch statistics",
+        "(notebook 12 §1); or `SyncBatchNorm` (GPU) for global batch statistics",
         "mixed precision": "`torch.autocast` and `torch.amp.GradScaler`, as in one process "
         "(Apex `amp` of the single-machine post is retired)",
         "launch": "`torchrun` / `mp.spawn`",
@@ -66,21 +66,21 @@ FACTS: dict[str, dict[str, str]] = {
         "bottleneck": "the model fits, training takes too long, you have several devices",
         "remedy": "DDP (`torchrun`)",
         "cost": "one all-reduce of the gradients per step, mostly overlapped",
-        "shown": "per-rank batch halved; notebooks 10, 11; section 2 above",
+        "shown": "per-rank batch halved; notebooks 11, 12; section 2 above",
     },
     "sharded": {
         "name": "sharded data parallel (ZeRO, FSDP)",
         "split": "the batch, and the model state: each of N ranks keeps 1/N of the optimizer state (ZeRO-1), "
         "gradients (ZeRO-2) and parameters (ZeRO-3, FSDP)",
         "communicated": "reduce-scatter of gradients + all-gather of parameters: DDP's bytes for ZeRO-1/2, "
-        "1.5x for ZeRO-3 (parameters gathered again for backward; notebook 13)",
+        "1.5x for ZeRO-3 (parameters gathered again for backward; notebook 14)",
         "idle": "little: FSDP prefetches the next all-gather during compute",
         "needs": "one layer's full parameters (ZeRO-3) and the activations fit on one device",
         "use when": "the model state does not fit one device: the first remedy for that",
         "bottleneck": "the parameters + gradients + optimizer state do not fit one device",
         "remedy": "sharded data parallel: ZeRO-1/2 (optimizer state, gradients), then FSDP (`fully_shard`, ZeRO-3)",
         "cost": "more communication (ZeRO-3: 1.5x DDP's bytes); a sharded checkpoint format",
-        "shown": "notebook 13",
+        "shown": "notebooks 14 and 15",
     },
     "pipeline": {
         "name": "pipeline parallel",
@@ -93,7 +93,7 @@ FACTS: dict[str, dict[str, str]] = {
         "between nodes are slow",
         "remedy": "pipeline (between layers, across nodes) and tensor parallel (inside layers, within a node)",
         "cost": "the bubble; communication inside every layer",
-        "shown": "notebook 12",
+        "shown": "notebook 13",
     },
     "tensor": {
         "name": "tensor parallel",
@@ -102,7 +102,7 @@ FACTS: dict[str, dict[str, str]] = {
         "idle": "none, but communication on the critical path of every layer",
         "needs": "very fast links: one node, NVLink",
         "use when": "single layers too big, or activations per layer; within a node",
-        "shown": "notebook 12 §6 (one layer), notebook 15 §1 (a whole block)",
+        "shown": "notebook 13 §6 (one layer), notebook 17 §1 (a whole block)",
     },
     "sequence": {
         "name": "sequence parallel",
@@ -112,7 +112,7 @@ FACTS: dict[str, dict[str, str]] = {
         "idle": "as tensor parallelism",
         "needs": "tensor parallelism (the same group, the same fast links)",
         "use when": "always with tensor parallelism: the norms' activations are otherwise replicated",
-        "shown": "notebook 15 §2",
+        "shown": "notebook 17 §2",
     },
     "context": {
         "name": "context parallel (ring attention)",
@@ -124,7 +124,7 @@ FACTS: dict[str, dict[str, str]] = {
         "block's compute when posted first and the compute lasts at least as long",
         "needs": "a sequence long enough that one block's attention outweighs passing its keys and values",
         "use when": "long context: the activations of one sequence do not fit one device",
-        "shown": "notebook 16 §1",
+        "shown": "notebook 18 §1",
     },
     "expert": {
         "name": "expert parallel",
@@ -134,7 +134,7 @@ FACTS: dict[str, dict[str, str]] = {
         "idle": "load imbalance: the busiest expert's rank sets the pace; capacity drops the excess",
         "needs": "a balanced router (auxiliary loss or bias) and fast all-to-all",
         "use when": "mixture-of-experts models: more experts than fit one device",
-        "shown": "notebook 16 §2",
+        "shown": "notebook 18 §2",
     },
     "checkpointing": {
         "bottleneck": "activations do not fit (deep or wide model, long sequences)",
@@ -208,12 +208,12 @@ CORRECTIONS: tuple[Correction, ...] = (
         r"|training forwards?[^.]{0,40}broadcast|forward\**\s*\(in training\)[^.]{0,40}broadcasts?[^.]{0,30}buffers",
         "DDP broadcasts rank 0's buffers at the start of every forward that follows a forward run with gradients "
         "enabled, in training and in eval mode alike",
-        "notebook 11 §1",
+        "notebook 12 §1",
     ),
     Correction(
         r"divides? by the number of ranks still training",
         "`join()` divides by the initial world size by default (`divide_by_initial_world_size=True`)",
-        "notebook 11 §4",
+        "notebook 12 §4",
     ),
     Correction(
         r"multiples? of 8[^.]{0,80}tensor cores|tensor cores[^.]{0,80}multiples? of 8",

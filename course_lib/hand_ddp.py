@@ -1,4 +1,4 @@
-"""DDP by hand: the canonical copy of what notebook 09 writes in its section "DDP by hand".
+"""DDP by hand: the canonical copy of what notebook 10 writes by hand.
 
 :class:`HandDDP` wraps a module the way ``torch.nn.parallel.DistributedDataParallel`` does, in
 plain Python over ``torch.distributed``:
@@ -184,7 +184,7 @@ class HandDDP(nn.Module):
         self.last_bucket_bytes: list[int] = []
         # The hooks reach this object through a weak reference: a bound method would make a cycle (parameter ->
         # hook -> wrapper -> module -> parameter) that only the garbage collector frees, so a model dropped at the
-        # end of a job would keep the process group, and gloo's threads, alive until then (notebook 10, 10.2).
+        # end of a job would keep the process group, and gloo's threads, alive until then (notebook 11, 10.2).
         hook = functools.partial(_call_weak, weakref.WeakMethod(self._grad_ready))
         self._hooks = [p.register_post_accumulate_grad_hook(hook) for p in self._trainable]
 

@@ -1,4 +1,4 @@
-"""FSDP by hand: the canonical copy of what notebook 13 writes in its section "FSDP by hand".
+"""FSDP by hand: the canonical copy of what notebook 14 writes in its section "FSDP by hand".
 
 :class:`HandFSDP` does what FSDP2's ``fully_shard`` does, in plain Python over
 ``torch.distributed`` (ZeRO stage 3). The model is cut into **units**: the modules you name, then

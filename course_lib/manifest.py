@@ -176,12 +176,12 @@ def written_file(stem: str, filename: str) -> str:
 
     A benchmark runs a notebook's own script this way, instead of keeping a copy that could drift.
 
-    >>> "init_process_group" in written_file("10_ddp_in_practice", "_runs/ddp_train.py")
+    >>> "init_process_group" in written_file("11_ddp_in_practice", "_runs/ddp_train.py")
     True
     """
     import jupytext
 
-    check_instance("stem", stem, str, "a notebook's name, such as '10_ddp_in_practice'")
+    check_instance("stem", stem, str, "a notebook's name, such as '11_ddp_in_practice'")
     check_instance("filename", filename, str, "a path a %%writefile cell writes, such as '_runs/ddp_train.py'")
     if stem not in {n.stem for n in course()}:
         raise ValueError(f"stem {stem!r} is not a notebook of the course (course.toml)")

@@ -5,7 +5,7 @@ Nothing here is a new formula. :func:`predict` adds up
 
 * **model state** per rank: :func:`course_lib.sharding.model_state_bytes` of the parameters this rank's
   tensor-parallel and pipeline shard holds (:func:`shard_params`), ZeRO-sharded over the data-parallel ranks;
-* **activations** per rank: :func:`course_lib.tensor_parallel.tp_saved_bytes` (notebook 14's
+* **activations** per rank: :func:`course_lib.tensor_parallel.tp_saved_bytes` (notebook 16's
   :func:`~course_lib.transformer.block_saved_terms`, the heads' and MLP's terms divided by the tensor
   degree) for this stage's blocks, on ``seq_len / context`` tokens per sequence, times the micro-batches a
   1F1B pipeline keeps in flight, plus what lies outside the blocks

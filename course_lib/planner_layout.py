@@ -123,7 +123,7 @@ def _check_matmul(matmul: object) -> MatmulEfficiency | None:
 def h100_cluster(nodes: int = 1, *, matmul: MatmulEfficiency | None = None) -> Cluster:
     """``nodes`` nodes of 8 H100 SXM GPUs: 80 GB and 989 TFLOP/s of dense bf16 each (NVIDIA's H100 datasheet),
     NVLink 4 inside a node (450 GB/s per direction, 5 us per message) and one 400 Gb/s InfiniBand NIC per GPU
-    between nodes (50 GB/s, 10 us): the cluster notebooks 17 and 19 plan for. Without ``matmul`` its time model
+    between nodes (50 GB/s, 10 us): the cluster notebooks 19 and 21 plan for. Without ``matmul`` its time model
     is idealized (every product at the peak).
 
     >>> h100_cluster(2).devices
@@ -150,7 +150,7 @@ def a100_cluster(nodes: int = 1, *, matmul: MatmulEfficiency | None = None) -> C
 def cpu_cluster() -> Cluster:
     """This machine's CPU processes as a cluster for the course's tiny transformer, with nominal numbers that are
     assumed, not measured: 8 processes to a "node", 1 GiB and 5 GFLOP/s each, gloo over loopback at 100 us per
-    message and 2 GB/s, every product at that rate (idealized). Notebooks 20 and 19 set their runs against it.
+    message and 2 GB/s, every product at that rate (idealized). Notebooks 22 and 21 set their runs against it.
 
     >>> cpu_cluster().peak_flops, cpu_cluster().matmul is None
     (5000000000.0, True)

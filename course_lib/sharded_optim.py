@@ -1,7 +1,7 @@
 """A sharded optimizer (ZeRO stage 1) that handles real models: any ``torch.optim`` class, parameter
 groups, frozen parameters, and no gradient averaging of its own under DDP.
 
-Notebook 13's ``HandZero`` showed the idea on one model: every rank keeps optimizer state for its
+Notebook 14's ``HandZero`` showed the idea on one model: every rank keeps optimizer state for its
 share of the parameters only, steps its share, then shares the updated parameters. It put every
 parameter into its flat buffer and its Adam, frozen ones included; a frozen parameter then got a
 zero gradient instead of none, and AdamW's weight decay shrank it (2.0 → 1.8088 in 10 steps) although

@@ -19,7 +19,7 @@ ZeRO-3/FSDP   + parameters                ``(P + G + K) Ψ / N``
 A shard is ``ceil(Ψ / N)`` elements (the flat buffer is padded so every rank owns the same length),
 which is what :func:`model_state_bytes` counts. Activations are not sharded by any stage: each rank
 keeps those of its own micro-batch. For the course's transformer (:mod:`course_lib.transformer`,
-notebook 14) :func:`transformer_activation_bytes` counts them with the formula notebook 14 checks to
+notebook 16) :func:`transformer_activation_bytes` counts them with the formula notebook 16 checks to
 the byte against ``SavedTensorMeter``; :func:`rank_memory` uses it when given the model's
 configuration. For any other stack of layers, :func:`activation_bytes` takes the bytes of one layer.
 """
@@ -182,7 +182,7 @@ def transformer_activation_bytes(
     dtype: torch.dtype = torch.bfloat16,
     checkpointing: bool = False,
 ) -> int:
-    """Activation bytes one rank needs for a micro-batch of the course's transformer (notebook 14's formula).
+    """Activation bytes one rank needs for a micro-batch of the course's transformer (notebook 16's formula).
 
     Without checkpointing: everything the model keeps for backward,
     :func:`course_lib.transformer.model_saved_bytes` (its blocks, embedding, head and loss), with the

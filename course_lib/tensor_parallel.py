@@ -1,7 +1,7 @@
 """Tensor and sequence parallelism by hand: counted collectives, Megatron's conjugate operators, sharded blocks.
 
-Notebook 15 writes each piece by hand in its worker scripts and checks it against this canonical copy;
-notebook 16's 3-D mesh and notebook 19's planner reuse this copy. Everything runs on any process group (gloo on
+Notebook 17 writes each piece by hand in its worker scripts and checks it against this canonical copy;
+notebook 18's 3-D mesh and notebook 21's planner reuse this copy. Everything runs on any process group (gloo on
 CPU processes in the course) and on the course's :class:`~course_lib.transformer.Transformer`.
 
 * **Counted collectives** (:mod:`course_lib.counted_collectives`): each reports the bytes this rank sends to every

@@ -1,7 +1,7 @@
 """What tensor and sequence parallelism cost per rank: the bytes sent per step and the bytes kept for backward.
 
 :func:`tp_bytes_per_step` (the bytes one rank sends per training step, by part) and :func:`tp_saved_bytes` (what one
-block keeps for backward per rank, with and without sequence parallelism). Notebook 15 checks them against
+block keeps for backward per rank, with and without sequence parallelism). Notebook 17 checks them against
 :class:`~course_lib.counted_collectives.CommCounter` and :class:`~course_lib.saved_tensors.SavedTensorMeter`;
 :mod:`course_lib.planner` uses them.
 """
@@ -87,7 +87,7 @@ def tp_saved_bytes(
 ) -> dict[str, int]:
     """What one block keeps for backward on each of ``n`` tensor-parallel ranks, term by term (bytes).
 
-    Notebook 14's :func:`~course_lib.transformer.block_saved_terms`, with the heads' and the MLP's
+    Notebook 16's :func:`~course_lib.transformer.block_saved_terms`, with the heads' and the MLP's
     terms divided by ``n``. Without sequence parallelism the norms' inputs and statistics and the
     projections' inputs stay whole on every rank (replicated); with it the norms' terms are divided
     by ``n`` too. The projections' inputs stay whole either way here: they are the all-gathered

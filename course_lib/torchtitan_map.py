@@ -1,6 +1,6 @@
 """The course's training scripts mapped onto torchtitan, PyTorch's reference stack for large-scale training.
 
-Each flag of notebook 17's ``fsdp_train.py`` and notebook 20's ``capstone_train.py`` gets the torchtitan option that
+Each flag of notebook 19's ``fsdp_train.py`` and notebook 22's ``capstone_train.py`` gets the torchtitan option that
 does the same job, as torchtitan spells it on its command line (``--section.option``), with the line of
 ``torchtitan/config/job_config.py`` that defines it. The lines are those of :data:`TORCHTITAN_COMMIT`, the last
 commit with that file (pytorch/torchtitan, 2026-02-23; its options equal tag v0.2.2's); newer torchtitan builds the

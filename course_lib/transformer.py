@@ -1,7 +1,7 @@
 """The course's transformer: a small Llama-style decoder.
 
-Notebook 14 builds it and measures it; notebooks 15 and 16 (tensor, sequence, context and expert
-parallelism), 17 (FSDP2 per block), 19 (the planner) and 20 (the capstone) reuse it. So the layout follows the
+Notebook 16 builds it and measures it; notebooks 17 and 18 (tensor, sequence, context and expert
+parallelism), 19 (FSDP2 per block), 21 (the planner) and 22 (the capstone) reuse it. So the layout follows the
 conventions that PyTorch's parallelism APIs address by name:
 
 * its configuration is a :class:`TransformerConfig` (:mod:`course_lib.transformer_config`, with the

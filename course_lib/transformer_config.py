@@ -118,7 +118,7 @@ class TransformerConfig:
 
 
 PRESETS: dict[str, TransformerConfig] = {
-    # Trained in notebook 14 on 2 CPU cores (bytes of Python's documentation): a few hundred steps in seconds.
+    # Trained in notebook 16 on 2 CPU cores (bytes of Python's documentation): a few hundred steps in seconds.
     "tiny": TransformerConfig(vocab_size=256, d_model=64, n_layers=2, n_heads=4, d_ff=172, max_seq_len=128),
     # For measurements and tests: every formula checked on it in well under a second.
     "nano": TransformerConfig(vocab_size=64, d_model=32, n_layers=2, n_heads=2, d_ff=64, max_seq_len=64),

@@ -4,7 +4,7 @@ Functions of a :class:`~course_lib.transformer_config.TransformerConfig` alone: 
 :func:`param_counts`), :func:`matmul_params` (the ``N`` of ``6N``), :func:`block_saved_bytes` (what one block keeps
 for backward: naive or SDPA attention, no, full or selective checkpointing, any dtype; term by term in
 :func:`block_saved_terms`), :func:`model_saved_bytes` (the whole model with its embedding, head and loss),
-:func:`training_flops_per_token` (``6N`` plus the attention term) and :func:`mfu`. Notebook 14 checks each against
+:func:`training_flops_per_token` (``6N`` plus the attention term) and :func:`mfu`. Notebook 16 checks each against
 ``sum(p.numel())``, ``SavedTensorMeter`` (to the byte) and ``FlopCounterMode`` (to the FLOP);
 :mod:`course_lib.sharding` and :mod:`course_lib.planner` use them.
 """

@@ -142,7 +142,7 @@ def student_pyproject() -> str:
 
 STUDENT_README = """# PyTorch training internals: student edition
 
-The lecture notebooks (`notebooks/00_*` to `21_*`), with their exercises, and the labs (`notebooks/lab_*`), where you
+The lecture notebooks (`notebooks/00_*` to `23_*`), with their exercises, and the labs (`notebooks/lab_*`), where you
 write a distributed mechanism yourself and run it as real processes. Each lab's check tells you what passes and what
 does not; your instructor grades the lab notebooks you hand in with the same checks.
 

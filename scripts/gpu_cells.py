@@ -55,14 +55,14 @@ CANNOT_RUN_ON_CPU = {
     ),
     "SDPA's flash kernel against the hand-written FlashAttention, forward and backward": (
         "it times 4096-token bf16 attention on a GPU; the hand-written tile loop at that size takes minutes on a CPU,"
-        " where notebook 14 checks the same Function at small sizes"
+        " where notebook 16 checks the same Function at small sizes"
     ),
     "an NCCL all_reduce returns to the host before it is done": (
         "the claim is NCCL's stream semantics; gloo's all_reduce blocks the calling thread until it is done"
     ),
     "a float8 matrix product against bf16 (GPUs with compute capability 8.9 or later)": (
         "it times 8192^3 float8 and bf16 products on tensor cores with CUDA events; on a CPU they take minutes, and"
-        " notebook 17 §8.2 runs the same torch._scaled_mm on the CPU at a small size"
+        " notebook 19 §8.2 runs the same torch._scaled_mm on the CPU at a small size"
     ),
     "an FSDP2 trace of fsdp_train.py read by Holistic Trace Analysis (needs 2 GPUs and HTA)": (
         "HTA reads GPU kernels only (it finds no compute or NCCL kernels in a CPU trace), and the cell launches"
@@ -70,7 +70,7 @@ CANNOT_RUN_ON_CPU = {
     ),
     "context_parallel's ring attention with CUDA SDPA, against full attention": (
         "context_parallel dispatches on the CUDA SDPA kernels (flash, efficient, cuDNN); on the CPU kernel it raises"
-        " NotImplementedError, which notebook 16 §1 shows in an unguarded cell"
+        " NotImplementedError, which notebook 18 §1 shows in an unguarded cell"
     ),
 }
 # Cells that run on the CPU up to one call that needs a GPU: everything before it (environment,

@@ -1,13 +1,13 @@
 """Run the whole course on a machine with CUDA GPUs, on its GPU path, and write down what it measured.
 
-    python scripts/gpu_check.py --out gpu_results.md [--layouts 1,2] [--notebooks 10,13]
+    python scripts/gpu_check.py --out gpu_results.md [--layouts 1,2] [--notebooks 11,13]
 
 For each **layout** (how many GPUs are visible: ``1`` is ``CUDA_VISIBLE_DEVICES=0``, ``2`` the first
 two, or the first of those your own ``CUDA_VISIBLE_DEVICES`` lists, if you set it; layouts the machine cannot
 give are reported as skipped):
 
 1. Every notebook runs top to bottom in a fresh kernel (working directory: a temporary copy of
-   ``notebooks/``) with ``COURSE_DEVICE=cuda``, so the training scripts that follow that switch (notebook 10
+   ``notebooks/``) with ``COURSE_DEVICE=cuda``, so the training scripts that follow that switch (notebook 11
    sections 2-4, 11 section 5, 13 sections 2-4 and 6) run on the GPUs with NCCL (one process per GPU), and the
    ``requires_gpu`` cells of every notebook run live. **Any
    cell that raises fails the check, guarded or not.** What each GPU cell printed is recorded, and

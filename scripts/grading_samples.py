@@ -29,8 +29,8 @@ from course_lib.manifest import ROOT
 from course_tools.classroom import EDITIONS, POINTS
 from course_tools.labs import mutate, reference, without_markers
 
-LABS = ("lab_10_ddp", "lab_16_experts")
-_MUTANTS = {"lab_10_ddp": "sums instead of averaging", "lab_16_experts": "input and output split sizes swapped"}
+LABS = ("lab_11_ddp", "lab_18_experts")
+_MUTANTS = {"lab_11_ddp": "sums instead of averaging", "lab_18_experts": "input and output split sizes swapped"}
 _HANG = (  # rank 0 waits at construction for a message rank 1 never sends; rank 1 then waits for rank 0
     "        with torch.no_grad():\n            for t in [*module.parameters(), *module.buffers()]:",
     "        if dist.get_rank() == 0:\n            dist.recv(torch.empty(1), src=1)\n"
@@ -55,12 +55,12 @@ print(f"snoop: {{len(found)}} of {{len(secrets)}} secret paths found: {{found}}"
 
 # student -> lab -> (score, a phrase its feedback must contain)
 EXPECTED: dict[str, dict[str, tuple[float, str]]] = {
-    "correct": {"lab_10_ddp": (POINTS, "every check passed"), "lab_16_experts": (POINTS, "every check passed")},
-    "buggy": {"lab_10_ddp": (0, "summed over the ranks"), "lab_16_experts": (0, "split_sizes add up to")},
-    "blank": {"lab_10_ddp": (0, "Not done yet"), "lab_16_experts": (0, "Not done yet")},
-    "hangs": {"lab_10_ddp": (0, "the job hung"), "lab_16_experts": (0, "a cell ran past its time limit")},
-    "vandal": {"lab_10_ddp": (0, "kernel died"), "lab_16_experts": (0, "left running after the notebook ended")},
-    "disk": {"lab_10_ddp": (0, "wrote more than"), "lab_16_experts": (0, "no submission")},
+    "correct": {"lab_11_ddp": (POINTS, "every check passed"), "lab_18_experts": (POINTS, "every check passed")},
+    "buggy": {"lab_11_ddp": (0, "summed over the ranks"), "lab_18_experts": (0, "split_sizes add up to")},
+    "blank": {"lab_11_ddp": (0, "Not done yet"), "lab_18_experts": (0, "Not done yet")},
+    "hangs": {"lab_11_ddp": (0, "the job hung"), "lab_18_experts": (0, "a cell ran past its time limit")},
+    "vandal": {"lab_11_ddp": (0, "kernel died"), "lab_18_experts": (0, "left running after the notebook ended")},
+    "disk": {"lab_11_ddp": (0, "wrote more than"), "lab_18_experts": (0, "no submission")},
 }
 
 

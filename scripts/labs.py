@@ -69,7 +69,7 @@ def mutate(text: str, old: str, new: str) -> str:
 
 
 def reference(stem: str) -> str:
-    """The reference solution of lab ``stem`` (``lab_10_ddp``), markers included."""
+    """The reference solution of lab ``stem`` (``lab_11_ddp``), markers included."""
     path = SOLUTIONS / f"{stem}.py"
     if not path.is_file():
         raise FileNotFoundError(f"no reference solution {path.relative_to(ROOT)}")

@@ -4,7 +4,7 @@
 
 Run with the interpreter of an environment made from ``requirements.lock`` alone (what ``make lab`` installs).
 It imports every third-party module that a notebook's text source or ``course_lib`` imports (read from their
-code: the modules a notebook writes with ``%%writefile`` and ``apex``, which notebook 21 shows missing, left
+code: the modules a notebook writes with ``%%writefile`` and ``apex``, which notebook 23 shows missing, left
 out), every ``course_lib`` module, and what JupyterLab needs for the course (RISE, jupytext, the kernel,
 widgets), and reads the course's data (the digits ship inside scikit-learn's wheel, which nothing imports);
 then it checks that none of the developer tools (pytest, nbval, ruff, mypy, playwright, pre-commit) is
@@ -26,10 +26,10 @@ __all__ = ["course_imports", "main"]
 ROOT = Path(__file__).resolve().parents[1]
 JUPYTER = ("jupyterlab", "jupyterlab_rise", "jupytext", "ipykernel", "ipywidgets", "notebook_shim")
 DEV_TOOLS = ("pytest", "nbval", "ruff", "mypy", "playwright", "pre_commit")
-NOT_INSTALLED = {"apex"}  # notebook 21 demonstrates that Apex is not part of PyTorch and not installed
+NOT_INSTALLED = {"apex"}  # notebook 23 demonstrates that Apex is not part of PyTorch and not installed
 # GPU tools a GPU cell imports when they are installed (pyproject's gpu-tools extra): never on a CPU machine
-GPU_TOOLS = {"hta"}  # Holistic Trace Analysis, notebook 17 §6
-WRITTEN = re.compile(r"^# %%writefile _runs/(?:[\w-]+/)*(\w+)\.py", re.M)  # _runs/x.py and _runs/n15/x.py
+GPU_TOOLS = {"hta"}  # Holistic Trace Analysis, notebook 19 §6
+WRITTEN = re.compile(r"^# %%writefile _runs/(?:[\w-]+/)*(\w+)\.py", re.M)  # _runs/x.py and _runs/n17/x.py
 
 
 def course_imports() -> set[str]:

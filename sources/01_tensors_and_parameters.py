@@ -426,7 +426,7 @@ assert frozen_drift(True) == 0.0 and frozen_drift(False) > 0.01
 
 # %% [markdown] slideshow={"slide_type": "fragment"}
 """
-The safe habit: build the optimizer from the trainable parameters only, `AdamW(p for p in model.parameters() if p.requires_grad)`, and freeze before building it. Distributed wrappers read `requires_grad` once, when they are built: notebook 09 §6 builds DDP by hand and never sends a frozen parameter's gradient, and notebook 13 §2.3 shows ZeRO leaving it out of the shards.
+The safe habit: build the optimizer from the trainable parameters only, `AdamW(p for p in model.parameters() if p.requires_grad)`, and freeze before building it. Distributed wrappers read `requires_grad` once, when they are built: notebook 10 §1 builds DDP by hand and never sends a frozen parameter's gradient, and notebook 14 §2.3 shows ZeRO leaving it out of the shards.
 """
 
 # %% [markdown] slideshow={"slide_type": "slide"}

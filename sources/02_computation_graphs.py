@@ -399,7 +399,7 @@ assert meter.bytes == (5 * 4 + 5 * 3 + 5 * 2 + 5 * 2) * 4
 """
 ## 6. Hooks: your code inside backward
 
-Backward runs in autograd's engine, not in your code, yet distributed training needs to act *during* it: start an all-reduce as soon as a gradient is ready (notebook 09), reduce-scatter a unit's gradients (13), check or rescale gradients (06). Hooks are how. Three kinds do that work:
+Backward runs in autograd's engine, not in your code, yet distributed training needs to act *during* it: start an all-reduce as soon as a gradient is ready (notebook 10), reduce-scatter a unit's gradients (14), check or rescale gradients (06). Hooks are how. Three kinds do that work:
 
 - **`t.register_hook(fn)`** on any tensor: `fn(grad)` runs when the gradient with respect to `t` is computed; returning a tensor replaces it. On a non-leaf it shows an intermediate's gradient without `retain_grad()`.
 - **`module.register_full_backward_hook(fn)`**: `fn(module, grad_input, grad_output)` runs once the gradients with respect to the module's inputs are computed.

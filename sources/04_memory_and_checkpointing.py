@@ -174,11 +174,11 @@ Four parts are the model's; a real step has more, most of them on a GPU:
 
 - **The CUDA context**: each process that touches a GPU first loads CUDA's kernels and state, typically a few hundred MiB that `torch.cuda.memory_allocated` never shows (PyTorch's [CUDA semantics notes](https://pytorch.org/docs/stable/notes/cuda.html#memory-management): `nvidia-smi` shows more than PyTorch reports). GPU only.
 - **The allocator's cache**: freed GPU memory stays *reserved* by PyTorch's caching allocator for reuse, so `nvidia-smi` and `memory_reserved` read more than `memory_allocated`; fragmentation can make a step fail with memory free. notebook 05 §4 shows it in a GPU cell.
-- **DDP's buckets**: `DistributedDataParallel` keeps the gradients in flat communication buckets, a second gradient-sized copy unless `gradient_as_bucket_view=True` ([DDP documentation](https://pytorch.org/docs/stable/generated/torch.nn.parallel.DistributedDataParallel.html)); notebook 11 §3.1 measures that copy and the flag that removes it. Multi-process, not shown here.
+- **DDP's buckets**: `DistributedDataParallel` keeps the gradients in flat communication buckets, a second gradient-sized copy unless `gradient_as_bucket_view=True` ([DDP documentation](https://pytorch.org/docs/stable/generated/torch.nn.parallel.DistributedDataParallel.html)); notebook 12 §3.1 measures that copy and the flag that removes it. Multi-process, not shown here.
 - **Autocast's weight-cast cache** (notebook 07): inside one `torch.autocast` region each weight is cast to the low precision once and the copy is kept until the region ends. Shown below on CPU.
 - **The optimizer step's temporaries**: Adam can update one parameter tensor at a time (the per-tensor loop, `foreach=False`: temporaries for one tensor at a time, here two of the largest tensor's size), whole lists of tensors at once (`foreach=True`: fewer, larger kernel launches, and temporaries the size of *all* parameters), or in one fused kernel per step (`fused=True`, on GPUs and CPUs in recent releases), which avoids most temporaries. Left to itself (`foreach=None`, the default), Adam picks `foreach` only when all its parameters are on a GPU-like device (CUDA, XPU, MTIA); on the CPU it runs the per-tensor loop. Shown below on CPU.
 
-A transformer's activations have a shape of their own (attention's $s \times s$ scores, a wide MLP, the loss over a large vocabulary): notebook 14 §3 points this notebook's meters at one decoder block.
+A transformer's activations have a shape of their own (attention's $s \times s$ scores, a wide MLP, the loss over a large vocabulary): notebook 16 §3 points this notebook's meters at one decoder block.
 """
 
 # %% slideshow={"slide_type": "-"}

@@ -462,7 +462,7 @@ Overlapping the copies with compute takes a second CUDA stream for them, and eve
 """
 ## 3. Checkpointing under `torch.compile`
 
-`torch.compile(fn)` turns `fn` into graphs and runs them. This section needs five terms, in the order they act (notebook 18 uses the same ones for training):
+`torch.compile(fn)` turns `fn` into graphs and runs them. This section needs five terms, in the order they act (notebook 20 uses the same ones for training):
 
 | term | what it is |
 |---|---|
@@ -773,7 +773,7 @@ Checkpointing trades memory for compute; spend it where it buys the most:
 - **Only when memory is the limit.** It never shortens a step: it adds recomputation (notebook 04 §4 measured what it costs). If the batch fits, do not checkpoint; if it almost fits, checkpointing a little may let you double the batch.
 - **Measure the peak, not what is kept.** The peak is a maximum over time; a checkpointed block's activations return during its recomputation. In notebook 04 §5's CNN, checkpointing the dominant block cut what the forward holds by more than half and left the peak where it was (to within a few percent), and the Tensor post's block 2 changed nothing. Checkpointing works when the memory is spread over many similar blocks. On a GPU, a memory snapshot shows where the peak is.
 - **Large activations, cheap recomputation first.** Element-wise layers (activations, normalisation, Dropout) and high-resolution early layers hold big tensors and cost little to recompute; a big matmul or convolution costs the most to redo. Selective checkpointing (section 2.1) says exactly that, op by op; under `torch.compile` the partitioner already recomputes cheap operations, and the activation-memory budget asks for more (section 3.2).
-- **Blocks of a repeated structure, about $\sqrt N$ of them.** For a stack of identical layers (a Transformer, a ResNet stage), checkpoint each layer or group of layers; the memory minimum is near $\sqrt N$ segments and the cost is about one extra forward. Notebook 14 §3 measures what one transformer block keeps for backward, and what full and selective checkpointing change there.
+- **Blocks of a repeated structure, about $\sqrt N$ of them.** For a stack of identical layers (a Transformer, a ResNet stage), checkpoint each layer or group of layers; the memory minimum is near $\sqrt N$ segments and the cost is about one extra forward. Notebook 16 §3 measures what one transformer block keeps for backward, and what full and selective checkpointing change there.
 - **Mind the last segment and the head.** `checkpoint_sequential` leaves the last segment plain; the loss and head are usually cheap to keep.
 - **Always `use_reentrant=False`**, keep `preserve_rng_state=True` when there is randomness inside, and keep BatchNorm statistics out of the recomputation: `checkpoint_bn_safe` (a recompute guard through `context_fn`, right eager and compiled), or keep BatchNorm outside checkpointed blocks, or use a normalisation without running statistics (LayerNorm, GroupNorm). Do not change the momentum: that fix holds in eager mode only.
 - **Offload when the copies can hide behind compute**: `save_on_cpu` trades transfers for recomputation, but in 2.13 it copies on the compute stream (section 2.2); overlap takes a second stream (torchtune's `OffloadActivations`); the compiler's offload policies are still behind a private testing flag in 2.13.

@@ -780,7 +780,7 @@ assert torch.tensor(1e-8, dtype=torch.float16).item() == 0.0
 """
 ### What the fix costs: bytes per parameter
 
-The count of mixed-precision Adam that the ZeRO paper uses, and notebook 13 §1 with it, is **16 bytes per parameter**: 2 for the fp16 weights, 2 for their fp16 gradients, and 12 in fp32 for the master weights and Adam's `m` and `v`. `master_step` also makes an fp32 copy of every gradient, 4 bytes more. The count leaves that copy out because it need not outlive the update: `master_step` frees it at the end of the step, and a real implementation can convert and apply the gradients one tensor (or one bucket) at a time, so that only a small part of it ever exists at once. Some frameworks do keep a persistent fp32 gradient buffer, to accumulate micro-batches in fp32 (Megatron-LM's `--accumulate-allreduce-grads-in-fp32`), and pay those 4 bytes per parameter. The cell counts what one step of Adam with master weights holds, from the tensors themselves, and the same for plain fp32 Adam:
+The count of mixed-precision Adam that the ZeRO paper uses, and notebook 14 §1 with it, is **16 bytes per parameter**: 2 for the fp16 weights, 2 for their fp16 gradients, and 12 in fp32 for the master weights and Adam's `m` and `v`. `master_step` also makes an fp32 copy of every gradient, 4 bytes more. The count leaves that copy out because it need not outlive the update: `master_step` frees it at the end of the step, and a real implementation can convert and apply the gradients one tensor (or one bucket) at a time, so that only a small part of it ever exists at once. Some frameworks do keep a persistent fp32 gradient buffer, to accumulate micro-batches in fp32 (Megatron-LM's `--accumulate-allreduce-grads-in-fp32`), and pay those 4 bytes per parameter. The cell counts what one step of Adam with master weights holds, from the tensors themselves, and the same for plain fp32 Adam:
 """
 
 # %% slideshow={"slide_type": "fragment"}
@@ -805,7 +805,7 @@ held = {
 }
 for name, b in held.items():
     print(f"{name:<24} {b / n_params:3.0f} B/param")
-print(f"{'held between steps':<24} {sum(held.values()) / n_params:3.0f} B/param  (notebook 13 §1's count)")
+print(f"{'held between steps':<24} {sum(held.values()) / n_params:3.0f} B/param  (notebook 14 §1's count)")
 print(f"{'fp32 gradient copies':<24} {fp32_grads_during_update[0] / n_params:3.0f} B/param during the update only;"
       f" freed after it: {all(p.grad is None for p in master.parameters())}")
 
@@ -898,7 +898,7 @@ check_scaler_step(scaler_step)
 - D. Kalamkar et al., [A Study of BFLOAT16 for Deep Learning Training](https://arxiv.org/abs/1905.12322), 2019.
 - PyTorch documentation: [Automatic Mixed Precision package – torch.amp](https://pytorch.org/docs/stable/amp.html) — autocast op lists for CUDA and CPU, `GradScaler`.
 - PyTorch documentation: [CUDA Automatic Mixed Precision examples](https://pytorch.org/docs/stable/notes/amp_examples.html) — `unscale_` with gradient clipping, accumulation, multiple models; [`torch.optim.lr_scheduler`](https://pytorch.org/docs/stable/optim.html#how-to-adjust-learning-rate) — the scheduler steps after the optimizer.
-- S. Rajbhandari et al., [ZeRO: Memory Optimizations Toward Training Trillion Parameter Models](https://arxiv.org/abs/1910.02054), SC 2020 — the 16 bytes per parameter of mixed-precision Adam (notebook 13 §1).
+- S. Rajbhandari et al., [ZeRO: Memory Optimizations Toward Training Trillion Parameter Models](https://arxiv.org/abs/1910.02054), SC 2020 — the 16 bytes per parameter of mixed-precision Adam (notebook 14 §1).
 - NVIDIA Megatron-LM, [`megatron/training/arguments.py`](https://github.com/NVIDIA/Megatron-LM/blob/main/megatron/training/arguments.py) — `--accumulate-allreduce-grads-in-fp32`, a persistent fp32 gradient buffer.
 - D. Goldberg, [What Every Computer Scientist Should Know About Floating-Point Arithmetic](https://docs.oracle.com/cd/E19957-01/806-3568/ncg_goldberg.html), 1991.
 """

@@ -245,7 +245,7 @@ The Tensor post introduces NVIDIA Apex's `amp.initialize(model, optimizer, opt_l
 |---|---|---|
 | O0 | pure fp32 | a normal fp32 loop |
 | O1 | per-op casting from allow/deny lists, plus dynamic loss scaling | `torch.autocast` (section 1) + `torch.amp.GradScaler` (notebook 06 §4); with bf16, no scaler (section 3). The recommended path |
-| O2 | the model cast to fp16 except BatchNorm, fp32 master weights, dynamic loss scaling; no per-op lists, so a softmax runs in fp16 too | no one-liner: notebook 06 §5's master weights by hand; in sharded training, FSDP's `MixedPrecisionPolicy` computes in bf16 on fp32 shards (notebook 13 §3) |
+| O2 | the model cast to fp16 except BatchNorm, fp32 master weights, dynamic loss scaling; no per-op lists, so a softmax runs in fp16 too | no one-liner: notebook 06 §5's master weights by hand; in sharded training, FSDP's `MixedPrecisionPolicy` computes in bf16 on fp32 shards (notebook 14 §3) |
 | O3 | pure fp16, "a speed baseline" | `model.half()`: with Adam the loss is NaN after the first update (notebook 06 §5) |
 """
 
@@ -295,7 +295,7 @@ print("the corrected order runs: optimizer, then amp.initialize, then Distribute
 
 # %% [markdown] slideshow={"slide_type": "fragment"}
 """
-Today's equivalent has no initialization call, so there is no order to get wrong: `torch.autocast` wraps the forward (O1's per-op casting), `torch.amp.GradScaler` the backward and the step (O1's loss scaling), and the model and optimizer are built as in an fp32 script, DDP included (notebook 10). One fp16 step on the CPU:
+Today's equivalent has no initialization call, so there is no order to get wrong: `torch.autocast` wraps the forward (O1's per-op casting), `torch.amp.GradScaler` the backward and the step (O1's loss scaling), and the model and optimizer are built as in an fp32 script, DDP included (notebook 11). One fp16 step on the CPU:
 """
 
 # %% slideshow={"slide_type": "fragment"}

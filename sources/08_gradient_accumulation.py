@@ -302,7 +302,7 @@ for norm in (nn.BatchNorm1d, nn.LayerNorm):
 What to do about it:
 - Accept it. With micro-batches of 16–32 or more, BatchNorm's statistics are noisy estimates of the big batch's, and training usually behaves well; just do not expect the big-batch numbers.
 - Use a normalization that does not mix samples (`LayerNorm`, `GroupNorm`): accumulation is exact again, as shown above.
-- Across GPUs the same problem has a fix, `SyncBatchNorm`, which computes the statistics over all ranks' samples (notebook 10). Across *time* (accumulation) there is no such fix: the other micro-batches have not been computed yet.
+- Across GPUs the same problem has a fix, `SyncBatchNorm`, which computes the statistics over all ranks' samples (notebook 11). Across *time* (accumulation) there is no such fix: the other micro-batches have not been computed yet.
 """
 
 # %% [markdown] slideshow={"slide_type": "slide"}
@@ -368,9 +368,9 @@ Both per-micro-batch means are wrong, by a sizeable fraction of the gradient, in
 
 ### Across ranks: all-reduce the token count
 
-Three words from notebook 09, ahead of time. Data-parallel training runs one process per device; each process is a **rank** (numbered 0, 1, ...), and their number is the **world size**. `all_reduce(t, SUM)` is a *collective*: every rank calls it with its own tensor `t`, and afterwards every rank holds the sum of all of them (notebook 09 §3 runs it on real processes). DDP (notebooks 09 and 10) averages the gradients of the ranks: the step uses `(g_0 + g_1) / 2` for 2 ranks. If each rank's loss is the mean over *its* tokens, that is the global token mean only when every rank has the same number of tokens. The fix is the same rule one level up: all-reduce the token count, so every rank divides its *sum* of token losses by the global count, and multiplies by the world size (DDP's average divides by it).
+Three words from notebook 09, ahead of time. Data-parallel training runs one process per device; each process is a **rank** (numbered 0, 1, ...), and their number is the **world size**. `all_reduce(t, SUM)` is a *collective*: every rank calls it with its own tensor `t`, and afterwards every rank holds the sum of all of them (notebook 09 §3 runs it on real processes). DDP (notebooks 10 and 11) averages the gradients of the ranks: the step uses `(g_0 + g_1) / 2` for 2 ranks. If each rank's loss is the mean over *its* tokens, that is the global token mean only when every rank has the same number of tokens. The fix is the same rule one level up: all-reduce the token count, so every rank divides its *sum* of token losses by the global count, and multiplies by the world size (DDP's average divides by it).
 
-Processes arrive in notebook 09, so here we compute the two ranks' arithmetic exactly, in one process: each rank is its own copy of the model with its half of the sequences (and 2 micro-batches of accumulation), `all_reduce(count, SUM)` is the sum of the two counts, and DDP's gradient is the average of the two ranks' `.grad` (notebook 10 shows, on real gloo processes, that a DDP step is exactly the step on that average).
+Processes arrive in notebook 09, so here we compute the two ranks' arithmetic exactly, in one process: each rank is its own copy of the model with its half of the sequences (and 2 micro-batches of accumulation), `all_reduce(count, SUM)` is the sum of the two counts, and DDP's gradient is the average of the two ranks' `.grad` (notebook 11 shows, on real gloo processes, that a DDP step is exactly the step on that average).
 """
 
 
@@ -529,7 +529,7 @@ print(f"256 -> {smallest} samples per micro-batch: the peak falls more than 10x 
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
-The peak falls with the micro-batch, but less than proportionally: the gradient buffers (and, in a real step, the optimizer state) do not shrink, and the parameters, which this measurement leaves out, are there all along. Accumulation cannot go below that floor; notebook 04's checkpointing attacks the activations differently, and sharded data parallelism (ZeRO, FSDP: notebook 13) attacks the floor by splitting the gradients and optimizer state across ranks.
+The peak falls with the micro-batch, but less than proportionally: the gradient buffers (and, in a real step, the optimizer state) do not shrink, and the parameters, which this measurement leaves out, are there all along. Accumulation cannot go below that floor; notebook 04's checkpointing attacks the activations differently, and sharded data parallelism (ZeRO, FSDP: notebook 14) attacks the floor by splitting the gradients and optimizer state across ranks.
 
 The price is time, and on a CPU it shows up late. A convolution on one thread does about the same work per sample whatever the batch, so the step time barely moves between micro-batches of 256 and 32. What grows with the number of micro-batches is the fixed cost of each forward and backward call (Python, PyTorch's dispatcher, starting every kernel): 128 micro-batches of 2 pay it 128 times. Two precautions make the comparison hold on a busy machine: the clock is the CPU time of this thread (`time.thread_time()`, which does not count the time the thread waits for a core while other programs run; with one thread, all of PyTorch's work happens in it), and the sizes take turns, 7 rounds, each keeping its fastest round, so that a busy spell hits them all alike. The times (after `~`) depend on the machine; the relations printed after them are asserted:
 """
@@ -705,7 +705,7 @@ for name, dtype, scale in [("float16, no scaler", torch.float16, None), ("float1
 - Losses that couple a batch's samples are not sums of independent elements: BatchNorm makes accumulation inexact (micro-batch statistics; LayerNorm/GroupNorm do not), and in-batch-negative contrastive losses see fewer negatives per micro-batch; GradCache restores the full-batch gradient.
 - Accumulation divides the activation memory by `k` and costs time: on one CPU thread little from 256 samples per micro-batch down to 32, then more and more as the fixed cost of each forward and backward call adds up (§6). Parameters, gradients and optimizer state stay.
 - With a loss scaler: scale every micro-batch, then one `unscale_`/`step`/`update` per optimizer step; one `inf` anywhere skips the whole step. The scaler is needed with float16, on a GPU and on a CPU alike (autocast on the CPU defaults to bfloat16, which needs none).
-- Across several processes, DDP's `no_sync()` avoids communicating during the first `k-1` micro-batches (notebook 10).
+- Across several processes, DDP's `no_sync()` avoids communicating during the first `k-1` micro-batches (notebook 11).
 """
 
 # %% [markdown] slideshow={"slide_type": "slide"}

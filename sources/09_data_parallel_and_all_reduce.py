@@ -1,17 +1,16 @@
 # %% [markdown] slideshow={"slide_type": "slide"}
 """
 # 09 · Data parallelism and all-reduce
-Data parallelism runs the same model on several devices, each on its own slice of the data, and averages the gradients so that every copy takes the same step. The averaging is a *collective* operation, and how it moves bytes decides how well training scales. This notebook looks briefly at PyTorch's old one-process answer, `nn.DataParallel`, then builds the communication that `DistributedDataParallel` relies on: parameter server versus ring all-reduce, the collectives of `torch.distributed` run for real in several processes, a ring all-reduce written by hand, a model of its time, and finally DDP itself, written by hand.
+Data parallelism runs the same model on several devices, each on its own slice of the data, and averages the gradients so that every copy takes the same step. The averaging is a *collective* operation, and how it moves bytes decides how well training scales. This notebook looks briefly at PyTorch's old one-process answer, `nn.DataParallel`, then builds the communication that `DistributedDataParallel` relies on: parameter server versus ring all-reduce, the collectives of `torch.distributed` run for real in several processes, a ring all-reduce written by hand, and a model of its time. Notebook 10 then writes DDP itself on top of it.
 
 By the end you will be able to:
 - say what `nn.DataParallel` does in each forward pass (scatter, replicate, parallel apply, gather), why it is slow, what it does on a machine without GPUs, and what becomes of autocast in its threads;
 - step through a ring all-reduce and count the bytes each worker sends, against a parameter server;
 - use `broadcast`, `reduce`, `all_reduce`, `gather`, `all_gather`, `reduce_scatter`, `all_to_all` and `barrier` in real processes on the gloo backend, and count the bytes each rank sends;
 - write a ring all-reduce from point-to-point `isend`/`recv` and check it against `dist.all_reduce`, and see the deadlock that blocking sends cause;
-- turn bytes into time: fit the latency-bandwidth (α-β) model to measured gloo messages, predict ring, tree and parameter-server all-reduces and a DDP step's bucketed communication, and compare with measurements;
-- write DDP yourself: an all-reduce per parameter after backward, then one started by a gradient hook during backward, then buckets; check it bit for bit against `DistributedDataParallel` on a model with a frozen and a tied parameter, count its messages against DDP's, and measure what overlapping communication with backward saves.
+- turn bytes into time: fit the latency-bandwidth (α-β) model to measured gloo messages, predict ring, tree and parameter-server all-reduces and a DDP step's bucketed communication, and compare with measurements.
 
-This notebook assumes: notebook 08 (gradients add up over samples; accumulation), and that you can run a training step. Processes are started with `course_lib.launch.run_ranks`; section 3 says what it does when it is first used (notebook 10 adds `torchrun`).
+This notebook assumes: notebook 08 (gradients add up over samples; accumulation), and that you can run a training step. Processes are started with `course_lib.launch.run_ranks`; section 3 says what it does when it is first used (notebook 11 adds `torchrun`).
 """
 
 # %% slideshow={"slide_type": "-"}
@@ -39,7 +38,7 @@ torch.set_num_threads(1)   # one thread: steadier timings on a shared machine
 train, test = digits()
 runs = Path("_runs")
 runs.mkdir(exist_ok=True)   # scratch folder for the scripts this notebook writes (git ignores it)
-for old in ("collectives.py", "ring.py", "deadlock.py", "comm_time.py", "handoff.txt", "hand_ddp.py", "overlap.py"):
+for old in ("collectives.py", "ring.py", "deadlock.py", "comm_time.py", "handoff.txt"):
     (runs / old).unlink(missing_ok=True)   # so that %%writefile always says "Writing"
 print(f"digits: {len(train)} training images")
 
@@ -126,7 +125,7 @@ print(run_script(["python", "_runs/dp_without_gpus.py"], timeout=600, echo="none
 ### Why it is slow
 - **The GIL.** The replicas run in threads of one Python process, and only one thread runs Python at a time. A replica's forward on a GPU is Python code (module calls, hooks, the forward's own lines) that launches kernels; the kernels then run on the GPU while the thread waits with the GIL released. So the threads overlap their GPUs' work but take turns for the Python work: the more small layers, the less the threads help.
 - **A full copy of the model at every step.** Only GPU 0 keeps the real parameters and the optimizer, so step 2 broadcasts the whole model again at every forward.
-- **No overlap of the gradient reduction with backward.** The gradients are summed when autograd reaches `Broadcast`'s backward, after the replicas' backward has finished (DDP starts each bucket's all-reduce during backward, section 6).
+- **No overlap of the gradient reduction with backward.** The gradients are summed when autograd reaches `Broadcast`'s backward, after the replicas' backward has finished (DDP starts each bucket's all-reduce during backward, notebook 10 §1).
 - **GPU 0 does more.** It holds the optimizer state, the gathered outputs and the loss, and receives every gradient: it runs out of memory first, and the other GPUs wait for it.
 
 The cell shows the first point on the CPU with two stand-ins for a replica's forward: pure Python work (a loop of float arithmetic, like the Python lines of a forward, which hold the GIL), and waiting with the GIL released (`time.sleep`, like a thread waiting for its GPU). Two jobs of each kind run one after the other, then in two threads. For the waits, the cell compares the wall-clock times: they overlap. For the Python work it counts how many cores the two threads kept busy (the process's CPU seconds per wall-clock second), a measure that other work on the machine can lower but never raise: the two threads never keep more than one core busy, so they never compute in parallel. (Their wall-clock times are not shown: on a shared machine they say more about the other jobs than about the GIL.) (PyTorch's own operators release the GIL while they run, and so do large matrix products on a CPU; but then two threads also need two free cores, which a shared machine may not give them, so the cell does not time them.) The times after `~` are this machine's; the asserts hold with wide margins on any machine, busy or idle.
@@ -360,12 +359,12 @@ print(f"{per_worker[0].numel()} gradient numbers: ring average == parameter-serv
 `torch.distributed` gives each process a **rank** in a **world** of `world_size` processes, connected by a backend: `gloo` on CPUs (and GPUs), `nccl` between NVIDIA GPUs, `mpi` where PyTorch was built with it. Every process must call the same collectives in the same order; a call returns when this rank's part is done, which usually means waiting for the others.
 
 A function defined in a notebook cell cannot run in a freshly started process (the new process cannot import the notebook), so the worker code is written to a file with `%%writefile`, into `_runs/` (git ignores it), and launched with `course_lib.launch.run_ranks`. What it does, since the rest of the course relies on it:
-- `run_ranks("file.py:fn", nprocs=N, args=...)` starts `N` new processes (on Linux, forks of a helper process that has imported PyTorch once, the idea of Python's `forkserver` start method; elsewhere, or with `COURSE_LIB_FORKSERVER=0`, fresh interpreters). A fresh interpreter first imports torch, and DDP's constructor imports `torch._dynamo` too: seconds of CPU time per process before any work, which a fork of a process that has already imported them does not pay. Each one gets the environment variables that `torch.distributed`'s `env://` initialization reads (`MASTER_ADDR=127.0.0.1`, `MASTER_PORT` set to a port that was free a moment ago, `RANK`, `WORLD_SIZE`), calls `dist.init_process_group("gloo")`, imports `file.py` and calls `fn(rank, world_size, *args)`; then it tears the group down (`barrier`, `destroy_process_group`) and sends `fn`'s return value back (pickled). `run_ranks` returns the list of values in rank order. (It is not `torch.multiprocessing.spawn`, which calls `fn(i, *args)`, leaves the process group to `fn` and returns nothing: notebook 10 uses that one.)
+- `run_ranks("file.py:fn", nprocs=N, args=...)` starts `N` new processes (on Linux, forks of a helper process that has imported PyTorch once, the idea of Python's `forkserver` start method; elsewhere, or with `COURSE_LIB_FORKSERVER=0`, fresh interpreters). A fresh interpreter first imports torch, and DDP's constructor imports `torch._dynamo` too: seconds of CPU time per process before any work, which a fork of a process that has already imported them does not pay. Each one gets the environment variables that `torch.distributed`'s `env://` initialization reads (`MASTER_ADDR=127.0.0.1`, `MASTER_PORT` set to a port that was free a moment ago, `RANK`, `WORLD_SIZE`), calls `dist.init_process_group("gloo")`, imports `file.py` and calls `fn(rank, world_size, *args)`; then it tears the group down (`barrier`, `destroy_process_group`) and sends `fn`'s return value back (pickled). `run_ranks` returns the list of values in rank order. (It is not `torch.multiprocessing.spawn`, which calls `fn(i, *args)`, leaves the process group to `fn` and returns nothing: notebook 11 uses that one.)
 - The processes see **no GPU** (`CUDA_VISIBLE_DEVICES=""`): these are CPU jobs, and on a machine with GPUs they stay CPU jobs and print what you see here. `device="cuda"` is the opt-in: one GPU per rank, bound before `fn` runs.
 - While they run, it shows each rank's printed lines (grouped by rank in a notebook, so the output does not depend on which process printed first).
 - It never leaves a process behind: after `timeout` seconds, or as soon as one rank fails, it kills every process it started and raises `LaunchError`, naming the rank that failed and quoting its traceback, or, on a timeout, each rank's last printed line. Section 4 uses that to show a deadlock without hanging the notebook.
 
-Notebook 10 runs the same kind of worker under `torchrun`, PyTorch's own launcher.
+Notebook 11 runs the same kind of worker under `torchrun`, PyTorch's own launcher.
 """
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
@@ -468,7 +467,7 @@ print(f"all_to_all: each rank kept 1 of its {N} pieces and sent {N - 1}, (N-1)/N
 Notes on the current API, checked on PyTorch 2.13:
 - gloo supports `reduce_scatter` and `ReduceOp.AVG`. Older PyTorch raised `RuntimeError: ProcessGroupGloo does not support reduce_scatter`; support came in 2025 (pytorch/pytorch#149869) as a simple implementation, one all-reduce per rank, so on gloo it is there for correctness and testing, not speed.
 - The variants that work on one flat buffer instead of a list of tensors, `dist.reduce_scatter_tensor` and `dist.all_gather_into_tensor`, are what sharded training uses on GPUs, and most current tutorials show them; in 2.13 both are marked deprecated (a `FutureWarning`) in favour of `dist.reduce_scatter_single` and `dist.all_gather_single` (checked in the cell after this list).
-- `reduce_scatter` followed by `all_gather` **is** an all-reduce (checked above on every rank): that is exactly the ring's two phases, and what sharded training (ZeRO, FSDP; notebook 13) splits apart to keep only a shard of the gradients and optimizer state per rank.
+- `reduce_scatter` followed by `all_gather` **is** an all-reduce (checked above on every rank): that is exactly the ring's two phases, and what sharded training (ZeRO, FSDP; notebook 14) splits apart to keep only a shard of the gradients and optimizer state per rank.
 """
 
 # %% slideshow={"slide_type": "fragment"}
@@ -622,7 +621,7 @@ for n in (2, 3, 4, 8, 16):
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
 ### One launch measures everything
-The worker below times, for message sizes from 4 bytes to 4 MiB: one message (half of a ping-pong between ranks 0 and 1), one exchange, `dist.all_reduce`, course_lib's copy of section 4's ring, and a parameter server (`course_lib.collectives` has it, written with `send`/`recv`). It also all-reduces, one after the other, the buckets DDP would make for a 2.1 M-parameter MLP. DDP's rule, which section 6 builds by hand: the gradients in reverse order of the parameters, whole tensors, a bucket closed as soon as it holds at least its cap; with the default `bucket_cap_mb=25` (MiB) the cap is 1 MiB for the first bucket and 25 MiB for the others, while a `bucket_cap_mb` you pass caps every bucket. (That is DDP's steady state: its very first step puts every gradient in one bucket and then rebuilds the buckets in the order the gradients arrived, notebook 11 §3.2.)
+The worker below times, for message sizes from 4 bytes to 4 MiB: one message (half of a ping-pong between ranks 0 and 1), one exchange, `dist.all_reduce`, course_lib's copy of section 4's ring, and a parameter server (`course_lib.collectives` has it, written with `send`/`recv`). It also all-reduces, one after the other, the buckets DDP would make for a 2.1 M-parameter MLP. DDP's rule, which notebook 10 §1 builds by hand: the gradients in reverse order of the parameters, whole tensors, a bucket closed as soon as it holds at least its cap; with the default `bucket_cap_mb=25` (MiB) the cap is 1 MiB for the first bucket and 25 MiB for the others, while a `bucket_cap_mb` you pass caps every bucket. (That is DDP's steady state: its very first step puts every gradient in one bucket and then rebuilds the buckets in the order the gradients arrived, notebook 12 §3.2.)
 
 Each time is the fastest single call over 5 rounds of all sizes (after a warm-up round), with up to 20 calls per size and round: a call that had to wait for a core, because other work holds the machine, only takes longer, so the quickest call is what the link and the software cost. We use 2 ranks, no more than a 2-core laptop has cores: with more processes than cores a message also waits for its receiver to be scheduled, so `α` would measure the operating system's scheduler. With 2 ranks the tree and the parameter server are the same algorithm (one message to rank 0, one back), so only the second is measured.
 """
@@ -809,291 +808,6 @@ print(f"64 KiB on {n_many} ranks over NVLink-like links: tree {predict_all_reduc
 
 # %% [markdown] slideshow={"slide_type": "slide"}
 """
-## 6. DDP by hand: hooks, overlap, buckets
-`DistributedDataParallel` computes section 2's average, but during backward instead of after it. We now write it ourselves, in three stages, each checked bit for bit against PyTorch's `torch.nn.parallel.DistributedDataParallel` after 4 AdamW steps on the digits. (Bit for bit is the right test here: with 2 ranks, dividing by 2 is exact and a sum of two floats is the same in either order, so any difference would be a bug.) The model has the two things a real one has and a toy one lacks:
-- a **frozen parameter** (`requires_grad=False`, like a frozen embedding or backbone; notebook 01 §6): it gets no gradient, so there is nothing to average and it gets no hook;
-- a **tied weight** (one `Parameter` used by two layers, like an embedding shared with the output layer): `model.parameters()` lists it once, and autograd adds both uses into its one `.grad` before its hook fires, so it is all-reduced once.
-
-What every stage does first, as DDP does at construction: **broadcast rank 0's parameters and buffers**, so that ranks which initialised differently (here each rank seeds with its own rank) start equal. Then:
-1. **After backward, one all-reduce per parameter.** Divide each gradient by the world size once and `all_reduce` it (a sum): every rank holds the mean. Correct, but all communication waits for the end of backward.
-2. **A hook per parameter.** `p.register_post_accumulate_grad_hook(hook)` (notebook 02 §6) calls `hook(p)` as soon as `p.grad` holds `p`'s whole gradient, while backward goes on with earlier layers. The hook starts `dist.all_reduce(p.grad, async_op=True)`, which returns a *handle* at once; the step waits for every handle (`handle.wait()`) before `optimizer.step()`. Divide before the launch: once its collective has started, a tensor belongs to it until `wait()` returns. The hook reaches the wrapper through a weak reference (`weakref.WeakMethod`), not the bound method `self.ready`: the parameter holds its hooks, so a bound method would make a cycle (parameter → hook → wrapper → parameter) that reference counting never frees. The objects would wait for the garbage collector, and with them the process group and its threads, possibly into interpreter shutdown, where a gloo thread can abort the process (notebook 10 §10.2).
-3. **Buckets.** Each message pays the latency `α` (section 5), so DDP groups gradients into buckets. In reverse registration order (the order backward produces them), whole tensors, a bucket is closed as soon as it reaches the cap; a complete bucket is copied into one flat tensor and all-reduced, and `finish()` copies the averages back. Buckets are launched strictly in order, so that every rank issues the same collectives in the same order, even if one rank's hooks fire in another order.
-
-Here `bucket_cap_mb` is passed explicitly, so it caps every bucket; with the default (25 MiB) DDP caps the first bucket at 1 MiB, and its first step uses a single bucket before rebuilding them in the order the gradients arrived (notebook 11 §3.2). The collectives are counted on both sides: our classes note the bytes of each all-reduce, and on DDP a communication hook notes each bucket.
-"""
-
-# %% slideshow={"slide_type": "-"}
-# %%writefile _runs/hand_ddp.py
-"""DDP by hand in three stages, each checked against DistributedDataParallel on the same model and data."""
-import weakref
-import torch
-import torch.distributed as dist
-import torch.nn.functional as F
-from torch import nn
-from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
-from course_lib.data import digits
-from course_lib.hand_ddp import HandDDP
-
-def make_model(seed: int) -> nn.Module:
-    torch.manual_seed(seed)
-    model = nn.Sequential(nn.Linear(64, 48), nn.Tanh(), nn.Linear(48, 48), nn.Tanh(),
-                          nn.Linear(48, 48), nn.Tanh(), nn.Linear(48, 10))
-    model[4].weight = model[2].weight     # tied: one Parameter used by two layers
-    model[0].bias.requires_grad_(False)   # frozen: no gradient, nothing to average
-    return model
-
-def broadcast_from_rank0(model: nn.Module) -> None:
-    """At construction: every rank starts from rank 0's parameters and buffers."""
-    with torch.no_grad():
-        for t in [*model.parameters(), *model.buffers()]:
-            dist.broadcast(t, src=0)
-
-def trainable(model: nn.Module) -> list:
-    return [p for p in model.parameters() if p.requires_grad]   # parameters() yields a tied tensor once
-
-class AfterBackward:
-    """Stage 1: after backward, one all-reduce per parameter."""
-    def __init__(self, model: nn.Module):
-        broadcast_from_rank0(model)
-        self.params, self.sent = trainable(model), []
-
-    def finish(self) -> None:
-        for p in reversed(self.params):         # any order gives the same result; this is DDP's
-            p.grad.div_(dist.get_world_size())   # average once: the sum over ranks of grad / N
-            dist.all_reduce(p.grad)
-            self.sent.append(p.grad.numel() * p.grad.element_size())
-
-class HookPerParameter:
-    """Stage 2: a hook per parameter starts its all-reduce the moment its gradient is ready."""
-    def __init__(self, model: nn.Module):
-        broadcast_from_rank0(model)
-        self.handles, self.sent = [], []
-        ready = weakref.WeakMethod(self.ready)   # not self.ready itself: a cycle (point 2 above)
-        for p in trainable(model):
-            p.register_post_accumulate_grad_hook(lambda p: ready()(p))
-
-    def ready(self, p: torch.Tensor) -> None:   # autograd calls it once p.grad holds p's whole gradient
-        p.grad.div_(dist.get_world_size())
-        self.handles.append(dist.all_reduce(p.grad, async_op=True))   # returns at once: backward goes on
-        self.sent.append(p.grad.numel() * p.grad.element_size())
-
-    def finish(self) -> None:   # before optimizer.step(): wait for every all-reduce
-        for handle in self.handles:
-            handle.wait()
-        self.handles.clear()
-
-class Buckets:
-    """Stage 3: gradients grouped into buckets, in the order they become ready; one all-reduce per bucket."""
-    def __init__(self, model: nn.Module, bucket_cap_mb: float):
-        broadcast_from_rank0(model)
-        cap = int(bucket_cap_mb * 2**20)        # bucket_cap_mb is in MiB
-        self.buckets, bucket, size = [], [], 0
-        for p in reversed(trainable(model)):   # the last layer's gradients are ready first
-            bucket.append(p)
-            size += p.numel() * p.element_size()
-            if size >= cap:                     # whole tensors: a bucket closes once it reaches the cap
-                self.buckets.append(bucket)
-                bucket, size = [], 0
-        self.buckets += [bucket] if bucket else []
-        self.bucket_of = {p: i for i, b in enumerate(self.buckets) for p in b}
-        self.count, self.next, self.pending, self.sent = [0] * len(self.buckets), 0, [], []
-        ready = weakref.WeakMethod(self.ready)
-        for p in self.bucket_of:
-            p.register_post_accumulate_grad_hook(lambda p: ready()(p))
-
-    def ready(self, p: torch.Tensor) -> None:
-        self.count[self.bucket_of[p]] += 1
-        while self.next < len(self.buckets) and self.count[self.next] == len(self.buckets[self.next]):
-            bucket = self.buckets[self.next]    # complete, and every earlier bucket started: the same order everywhere
-            flat = torch.cat([q.grad.reshape(-1) for q in bucket]).div_(dist.get_world_size())
-            self.pending.append((bucket, flat, dist.all_reduce(flat, async_op=True)))
-            self.sent.append(flat.numel() * flat.element_size())
-            self.next += 1
-
-    def finish(self) -> None:
-        for bucket, flat, handle in self.pending:
-            handle.wait()
-            for q, averaged in zip(bucket, flat.split([q.numel() for q in bucket])):
-                q.grad.copy_(averaged.view_as(q.grad))   # from the bucket back into each .grad
-        self.pending, self.next, self.count = [], 0, [0] * len(self.buckets)
-
-def counting_hook(sent, bucket):   # no annotations: DDP checks them against its own (dist.GradBucket, Future)
-    """A DDP communication hook: note the bucket's bytes, then do DDP's own all-reduce."""
-    sent.append(bucket.buffer().numel() * bucket.buffer().element_size())
-    return allreduce_hook(None, bucket)
-
-def wrap(kind: str, model: nn.Module, cap: float):
-    """(the module to call, the object whose finish() ends a step or None, the list of all-reduced bytes)"""
-    if kind == "DDP":
-        ddp, sent = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=cap), []
-        ddp.register_comm_hook(sent, counting_hook)
-        return ddp, None, sent
-    if kind.startswith("course_lib"):        # the library's copy of the three stages (its log counts the bytes)
-        hand = HandDDP(model, bucket_cap_mb=cap, overlap=not kind.endswith("after backward"))
-        return hand, hand, None
-    stage = {"after backward": AfterBackward, "hook per parameter": HookPerParameter}.get(kind)
-    hand = stage(model) if stage else Buckets(model, cap)
-    return model, hand, hand.sent
-
-def train(rank: int, kind: str, cap: float, steps: int = 4) -> dict:
-    model = make_model(seed=rank)   # each rank its own random weights: the construction broadcast fixes that
-    forward, hand, sent = wrap(kind, model, cap)
-    opt = torch.optim.AdamW(model.parameters(), lr=0.01, weight_decay=0.1)
-    train_set = digits()[0]
-    x, y, per_step = train_set.flat(), train_set.y, []
-    for step in range(steps):
-        rows = slice(64 * step + 32 * rank, 64 * step + 32 * (rank + 1))   # this rank's own 32 samples
-        opt.zero_grad()
-        F.cross_entropy(forward(x[rows]), y[rows]).backward()
-        if hand is not None:
-            hand.finish()   # every all-reduce has landed: .grad holds the mean over the ranks
-        opt.step()
-        if sent is None:
-            per_step.append(hand.log.sizes("all_reduce"))
-            hand.log.reset()
-        else:
-            per_step.append(list(sent))
-            sent.clear()
-    return {"params": [p.detach().clone() for p in model.parameters()], "all-reduced bytes": per_step,
-            "frozen has no grad": model[0].bias.grad is None}
-
-def compare(rank: int, world_size: int, cap: float) -> dict:
-    runs = {(kind, kind_cap): train(rank, kind, kind_cap) for kind, kind_cap in [
-        ("DDP", cap), ("DDP", 0), ("after backward", 0), ("hook per parameter", 0), ("buckets", cap),
-        ("course_lib after backward", 0), ("course_lib hooks", 0), ("course_lib buckets", cap)]}
-    model = make_model(seed=0)
-    slots = [p for m in model if isinstance(m, nn.Linear) for p in (m.weight, m.bias) if p.requires_grad]
-    runs["count"] = (len(slots), len(trainable(model)))   # weight and bias slots with a gradient; distinct tensors
-    return runs
-
-
-# %% slideshow={"slide_type": "fragment"}
-cap = 0.002   # MiB: 2,097 bytes, so that this small model (23,848 bytes of trainable gradients) gets 3 buckets
-runs = run_ranks("_runs/hand_ddp.py:compare", nprocs=2, args=(cap,), timeout=600, echo="none")
-rank0 = runs[0]
-print("4 AdamW steps, 2 ranks; all-reduced bytes per step (DDP counted by a communication hook):")
-for c in (cap, 0):
-    print(f"  DDP, {f'bucket_cap_mb={c}:':<20} step 1 {rank0[('DDP', c)]['all-reduced bytes'][0]}, "
-          f"steps 2-4 {rank0[('DDP', c)]['all-reduced bytes'][1]}")
-for kind, kind_cap, twin in [("after backward", 0, 0), ("hook per parameter", 0, 0), ("buckets", cap, cap)]:
-    ours = rank0[(kind, kind_cap)]
-    equal = all(torch.equal(a, b) for r in runs for a, b in zip(r[(kind, kind_cap)]["params"], r[("DDP", twin)]["params"]))
-    same_messages = ours["all-reduced bytes"][1:] == rank0[("DDP", twin)]["all-reduced bytes"][1:]   # in the same order
-    assert equal and same_messages and all(r[(kind, kind_cap)]["frozen has no grad"] for r in runs)
-    print(f"{kind:<19} parameters equal to DDP's on both ranks: {equal}; all-reduces per step "
-          f"{ours['all-reduced bytes'][0]}, DDP's (bucket_cap_mb={twin}) from step 2 on: {same_messages}")
-assert all(torch.equal(a, b) for a, b in zip(runs[0][("buckets", cap)]["params"], runs[1][("buckets", cap)]["params"]))
-assert len(rank0[("DDP", cap)]["all-reduced bytes"][0]) == 1   # DDP's first step: one bucket for everything
-print("the frozen bias has no gradient on either rank; both ranks end with the same parameters")
-slots, tensors = rank0["count"]
-assert (slots, tensors) == (7, 6) and all(len(rank0[(k, 0)]["all-reduced bytes"][1]) == tensors
-                                          for k in ("after backward", "hook per parameter"))
-print(f"{slots} weight and bias slots get a gradient, but the tied weight fills two of them: {tensors} tensors, "
-      f"{tensors} all-reduces per step")
-
-# %% [markdown] slideshow={"slide_type": "subslide"}
-"""
-All three stages compute exactly DDP's training, and from step 2 on they send exactly DDP's messages: one all-reduce per trainable tensor for stages 1 and 2 (DDP with `bucket_cap_mb=0` does the same), and the 3 buckets for stage 3. The frozen bias is never sent, and the tied weight is sent once (7 slots, 6 tensors, 6 messages: the last line above). DDP's step 1 differs, as promised: one bucket of everything, before its rebuild.
-
-`course_lib.hand_ddp.HandDDP` is the library's version of these stages, the one the next section measures, with what a reusable version needs on top (a `no_sync()` for accumulation, DDP's buffer broadcast before forwards, its default first-bucket cap, a log of every collective, a timeline for the next section). The same launch trained it too; it must agree with ours, in values and in messages:
-"""
-
-# %% slideshow={"slide_type": "fragment"}
-for ours, theirs in [(("after backward", 0), ("course_lib after backward", 0)), (("hook per parameter", 0), ("course_lib hooks", 0)),
-                     (("buckets", cap), ("course_lib buckets", cap))]:
-    for r in runs:
-        assert all(torch.equal(a, b) for a, b in zip(r[ours]["params"], r[theirs]["params"]))
-        assert r[ours]["all-reduced bytes"] == r[theirs]["all-reduced bytes"]
-    print(f"{ours[0]:<19} = {theirs[0]}: equal parameters, the same all-reduces at every step")
-
-# %% [markdown] slideshow={"slide_type": "subslide"}
-"""
-### 6.1 Overlap, measured on a simulated device
-Stages 2 and 3 start communicating during backward. What does that buy? On a GPU, backward's kernels run on the device while NCCL moves the finished buckets over the links, so communication hides behind compute. On a CPU the two would fight over the same cores, so we **simulate the device**: `course_lib.simulated_compute.simulated_mlp` builds layers that do their (tiny) real math and then *sleep* for a fixed time, which takes no core and releases the GIL, as a GPU computes without the CPU. 4 layers of 1024 × 1024, each taking 5 ms forward and 30 ms backward: the compute time of a step is known in advance. The all-reduces are real gloo all-reduces, one 4 MiB bucket per layer.
-
-`HandDDP` is stage 3 with a `Timeline` that records each layer's compute and each all-reduce, from its launch to its completion; with `overlap=False` it starts the same buckets from `finish()`, after backward, as stage 1 does. The two settings alternate step by step (8 pairs), so both see the same load. What the cell asserts holds on a busy machine too: with overlap, every bucket but the first layer's starts during backward, and part of the communication is hidden behind compute, where without overlap none is; and the step waits less after backward (the median of the paired differences is positive). The times, after `~`, are this machine's.
-"""
-
-# %% slideshow={"slide_type": "-"}
-# %%writefile _runs/overlap.py
-"""HandDDP on a simulated device: the same buckets all-reduced during backward (overlap) or after it."""
-import time
-import torch
-import torch.distributed as dist
-from course_lib.hand_ddp import HandDDP
-from course_lib.simulated_compute import Timeline, hidden_seconds, simulated_mlp
-
-def measure(rank: int, world_size: int, pairs: int, width: int, depth: int, forward_ms: float, backward_ms: float) -> dict:
-    torch.set_num_threads(1)
-    timeline = Timeline(rank)
-    model = simulated_mlp(width, depth, forward_ms, backward_ms, timeline)   # the same weights on every rank
-    hand = HandDDP(model, bucket_cap_mb=4, timeline=timeline)                # 4 MiB: one bucket per layer
-    x = torch.randn(2, width, generator=torch.Generator().manual_seed(rank))
-    rows, last = {True: [], False: []}, {}
-    for step in range(2 * (pairs + 1)):
-        hand.overlap = step % 2 == 0          # on, off, on, off, ...: both settings see the same load
-        model.zero_grad(set_to_none=False)
-        dist.barrier()
-        timeline.reset()
-        hand(x).square().mean().backward()
-        hand.finish()
-        done = timeline.now()
-        dist.barrier()                        # both ranks done: every completion has been recorded
-        spans = timeline.spans
-        backward_end = max(s.end for s in spans if s.lane == "compute")
-        if step >= 2:                         # the first pair warms up
-            rows[hand.overlap].append({
-                "step": done, "wait after backward": done - backward_end, "hidden": hidden_seconds(spans),
-                "started during backward": sum(s.lane == "comm" and s.start < backward_end for s in spans)})
-            last[hand.overlap] = spans
-    return {"rows": rows, "spans": last, "buckets": hand.bucket_sizes}
-
-
-# %% slideshow={"slide_type": "fragment"}
-import statistics
-from course_lib.simulated_compute import hidden_seconds, plot_timeline
-
-width, depth, forward_ms, backward_ms, pairs = 1024, 4, 5, 30, 8
-result = run_ranks("_runs/overlap.py:measure", nprocs=2, args=(pairs, width, depth, forward_ms, backward_ms),
-                   timeout=600, echo="none")[0]
-on, off = result["rows"][True], result["rows"][False]
-
-def median_ms(rows: list[dict], key: str) -> float:
-    return 1000 * statistics.median(r[key] for r in rows)
-
-print(f"{depth} layers of {width} x {width}, forward {forward_ms} ms + backward {backward_ms} ms each: "
-      f"{depth * (forward_ms + backward_ms)} ms of simulated compute per step; {len(result['buckets'])} buckets of "
-      f"{result['buckets'][0]:,} bytes; {pairs} pairs of steps, rank 0")
-for name, rows in (("overlap on ", on), ("overlap off", off)):
-    started = {r["started during backward"] for r in rows}
-    assert len(started) == 1   # the same in every step: decided by the code, not by the timing
-    print(f"{name}: {started.pop()} of {depth} all-reduces started during backward; medians: communication hidden "
-          f"behind compute ~{median_ms(rows, 'hidden'):.0f} ms, wait after backward "
-          f"~{median_ms(rows, 'wait after backward'):.0f} ms, step ~{median_ms(rows, 'step'):.0f} ms")
-assert all(r["started during backward"] == depth - 1 for r in on) and all(r["started during backward"] == 0 for r in off)
-assert all(r["hidden"] == 0 for r in off) and median_ms(on, "hidden") > 0
-saving = [b["wait after backward"] - a["wait after backward"] for a, b in zip(on, off)]   # paired: same load
-assert statistics.median(saving) > 0
-print(f"overlap saves ~{1000 * statistics.median(saving):.0f} ms of waiting after backward per step (median of "
-      f"{pairs} paired steps, asserted > 0); the whole step ~{median_ms(off, 'step') - median_ms(on, 'step'):.0f} ms "
-      "(not asserted: see below)")
-
-fig, axes = plt.subplots(2, 1, figsize=(9, 3.4), sharex=True, layout="tight")
-for ax, overlap in zip(axes, (True, False)):
-    spans = result["spans"][overlap]
-    plot_timeline(spans, ax=ax, title=f"overlap {'on' if overlap else 'off'}: one step on rank 0, "
-                  f"communication hidden behind compute ~{1000 * hidden_seconds(spans):.0f} ms")
-plt.show()
-
-# %% [markdown] slideshow={"slide_type": "subslide"}
-"""
-Read the chart from left to right: the blue forward, then the orange backward, last layer first. A step takes longer than its simulated compute: add the wait after backward, the layers' real math and the hooks' copies, and on a busy machine the time the processes wait for a core (the gaps between the bars). With overlap, each green all-reduce starts as soon as its layer's backward is done and runs under the next layer's backward; only the last bucket's (the first layer's) is left when backward ends. Without overlap, all four wait for the end of backward and run one after the other.
-
-The whole step's saving, printed last, is another matter on a busy machine: smaller than the wait's, and not reliably there. The two processes share two cores with other work, so a step's time moves by tens of milliseconds from one step to the next; and the copies into the buckets (`torch.cat`) and gloo's own copying need those cores too, so with overlap the gaps between the backward layers grow (compare the two charts). On a GPU the copies are kernels, NCCL moves the bytes over its own links, and overlap pays in full.
-"""
-
-# %% [markdown] slideshow={"slide_type": "slide"}
-"""
 ## Summary
 - `nn.DataParallel` scatters the batch, replicates the model from GPU 0, runs the replicas in threads and gathers the outputs on GPU 0, every step; gradients are summed back onto GPU 0. Without GPUs it is just the module (plus a `module.` prefix on the `state_dict` keys).
 - It is slow because its threads take turns for the Python work (the GIL), it copies the whole model every step, it reduces the gradients only after backward, and GPU 0 does more than the others. Autocast around it reaches its threads only as an on/off flag: each thread uses its device's default dtype, so bf16 autocast runs the replicas in fp16 on CUDA. Prefer DDP, even on one machine.
@@ -1101,7 +815,6 @@ The whole step's saving, printed last, is another matter on a busy machine: smal
 - The collectives (`broadcast`, `reduce`, `all_reduce`, `gather`, `all_gather`, `reduce_scatter`, `all_to_all`, `barrier`) run on gloo on CPU; `reduce_scatter` + `all_gather` = `all_reduce`; `all_to_all` sends a different piece to each rank, the exchange expert parallelism is built on.
 - A ring all-reduce from `isend`/`recv` matches `dist.all_reduce`, byte for byte as predicted. Blocking `send`s in a cycle deadlock; `course_lib.launch.run_ranks`'s timeout turns the hang into an error that shows where each rank stopped.
 - Time is `α + m/β` per message, summed over a collective's steps: ring `2(N-1)` steps of `S/N`, an unpipelined binomial tree `2⌈log2 N⌉` of `S`, parameter server `2(N-1)` of `S` on one link. Fitted to gloo here, the model predicts the measured all-reduces and DDP's bucketed communication within a few times, busy machine included; the same formulas with NVLink's or InfiniBand's figures say that large gradients favour the ring and many ranks with small tensors favour the tree (NCCL's pipelined double binary tree narrows the gap for large tensors).
-- DDP by hand: broadcast rank 0's parameters at construction; a `register_post_accumulate_grad_hook` per trainable parameter (none for a frozen one, one for a tied one) starts an asynchronous all-reduce of the averaged gradient during backward; buckets, filled in reverse registration order and launched in order, cut the number of messages; the step waits for the handles before `optimizer.step()`. All three stages equal `DistributedDataParallel` bit for bit and send its messages (from its second step on). On a simulated device the all-reduces started during backward hide part of their time behind compute, and the step waits less after backward.
 """
 
 # %% [markdown] slideshow={"slide_type": "slide"}
@@ -1111,7 +824,7 @@ The whole step's saving, printed last, is another matter on a busy machine: smal
 """
 
 # %% slideshow={"slide_type": "-"}
-from course_lib.exercises.all_reduce import check_bucket_boundaries, check_overlap_hook, check_ring_schedule, check_ring_time
+from course_lib.exercises.all_reduce import check_ring_schedule, check_ring_time
 
 def send_chunk(worker: int, step: int, n: int) -> int:
     raise NotImplementedError  # your code here
@@ -1129,32 +842,6 @@ def ring_time(nbytes: float, n: int, alpha: float, beta: float) -> float:
     raise NotImplementedError  # your code here
 
 check_ring_time(ring_time)
-
-# %% [markdown] slideshow={"slide_type": "subslide"}
-"""
-**3.** Stage 2 of section 6, from memory. Write `add_overlap_hooks(model, handles, world_size)`: give every parameter that needs one a hook that, as soon as its gradient is ready, averages it once and starts its all-reduce without waiting, keeping the handle in `handles`. The check runs your hooks on 3 simulated ranks, on a model with a frozen weight and a tied one, and waits on your handles as a training step would. *Simulated ranks*: this kernel has no process group, so for the length of the check, `dist.all_reduce`, `dist.get_rank` and `dist.get_world_size` are replaced by stand-ins. Your hooks run once per rank, one rank after the other, on three copies of the model; each `all_reduce` call is recorded with the tensor you handed it (as it was at the call, as a backend reads it) and returns a handle; once all three ranks have run, the stand-in writes the sum into each rank's tensor, as the real collective would, and the check compares the averages with the true ones. So call the collective exactly as a real script does (`dist.all_reduce(grad, async_op=True)`); to debug, print inside your hook: each line is one rank's call.
-"""
-
-
-# %% slideshow={"slide_type": "-"}
-def add_overlap_hooks(model, handles, world_size):
-    """A hook per parameter that needs one: average its gradient once, start its all-reduce, keep the handle."""
-    raise NotImplementedError  # your code here
-
-print(check_overlap_hook(add_overlap_hooks))
-
-# %% [markdown] slideshow={"slide_type": "subslide"}
-"""
-**4.** Stage 3's bucket boundaries as a pure function. Write `assign_buckets(param_bytes, cap_bytes)`: given each parameter's gradient bytes in registration order and a cap in bytes (applied to every bucket, as when you pass `bucket_cap_mb`), return the buckets, as lists of parameter indices, in the order DDP all-reduces them. One of the checked cases is the model of notebook 10 §9.
-"""
-
-
-# %% slideshow={"slide_type": "-"}
-def assign_buckets(param_bytes, cap_bytes):
-    """param_bytes in registration order -> the buckets (lists of indices), in the order DDP all-reduces them."""
-    raise NotImplementedError  # your code here
-
-print(check_bucket_boundaries(assign_buckets))
 
 # %% [markdown] slideshow={"slide_type": "slide"}
 """

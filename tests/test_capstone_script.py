@@ -1,4 +1,4 @@
-"""Notebook 20's capstone script with --pp and --cp: the first step's gradients equal one process's, and the
+"""Notebook 22's capstone script with --pp and --cp: the first step's gradients equal one process's, and the
 planted scale bugs (a pipeline that never averages its micro-batches, a context-parallel sum) are caught."""
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ RUNS = {  # name: (flags, reference, micro-batches)
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     tmp = tmp_path_factory.mktemp("capstone")
-    (tmp / "capstone_train.py").write_text(written_file("20_capstone", "_runs/capstone_train.py"))
+    (tmp / "capstone_train.py").write_text(written_file("22_capstone", "_runs/capstone_train.py"))
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}
     env.pop("WORLD_SIZE", None)
     subprocess.run(

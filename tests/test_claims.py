@@ -240,7 +240,7 @@ def test_no_measurement_lives_in_a_code_comment(path: Path) -> None:
 
 def test_the_course_map_fits_what_a_viewer_shows() -> None:
     # notebook 00 prints it; some notebook viewers cut a cell's output at 4,000 characters (the learner's read saw
-    # notebook 17's line cut mid-word and 17 and 18 missing)
+    # notebook 19's line cut mid-word and 17 and 18 missing)
     text = course_map()
     assert len(text) < 4000 and max(len(line) for line in text.splitlines()) < 160
 

@@ -48,18 +48,18 @@ def test_the_source_notebook_holds_the_solution_and_a_graded_check(lab: object) 
 
 
 def test_submissions_are_collected_in_either_layout(tmp_path: Path) -> None:
-    (tmp_path / "ann" / "lab_10_ddp").mkdir(parents=True)
-    (tmp_path / "ann" / "lab_10_ddp" / "lab_10_ddp.ipynb").write_text("{}")
+    (tmp_path / "ann" / "lab_11_ddp").mkdir(parents=True)
+    (tmp_path / "ann" / "lab_11_ddp" / "lab_11_ddp.ipynb").write_text("{}")
     (tmp_path / "ben").mkdir()
-    (tmp_path / "ben" / "lab_16_experts.ipynb").write_text("{}")
-    found = collect(tmp_path, ["lab_10_ddp", "lab_16_experts"])
+    (tmp_path / "ben" / "lab_18_experts.ipynb").write_text("{}")
+    found = collect(tmp_path, ["lab_11_ddp", "lab_18_experts"])
     assert sorted(found) == ["ann", "ben"]
-    assert list(found["ann"]) == ["lab_10_ddp"] and list(found["ben"]) == ["lab_16_experts"]
+    assert list(found["ann"]) == ["lab_11_ddp"] and list(found["ben"]) == ["lab_18_experts"]
     (tmp_path / "bad name").mkdir()
     with pytest.raises(ValueError, match="student folder 'bad name'"):
-        collect(tmp_path, ["lab_10_ddp"])
+        collect(tmp_path, ["lab_11_ddp"])
     with pytest.raises(FileNotFoundError):
-        collect(tmp_path / "none", ["lab_10_ddp"])
+        collect(tmp_path / "none", ["lab_11_ddp"])
 
 
 def test_failures_are_named_and_feedback_gathers_the_checks_messages() -> None:
@@ -144,7 +144,7 @@ def test_the_student_edition_holds_no_solution(editions: tuple[Path, Path]) -> N
     assert sorted(p.name for p in (instructor / "solutions").glob("lab_*.py") if "mutants" not in p.name) == sorted(
         f"{lab.stem}.py" for lab in LABS_ALL
     )
-    source = (instructor / "nbgrader" / "source" / "lab_10_ddp" / "lab_10_ddp.ipynb").read_text()
+    source = (instructor / "nbgrader" / "source" / "lab_11_ddp" / "lab_11_ddp.ipynb").read_text()
     assert "BEGIN SOLUTION" in source and "BEGIN HIDDEN TESTS" in source
 
 
@@ -166,8 +166,8 @@ def _marked_processes() -> list[str]:
 def test_grading_the_sample_submissions(editions: tuple[Path, Path], tmp_path: Path) -> None:
     student, instructor = editions
     out = tmp_path / "grades"
-    secrets = [str(out / "nbgrader" / "gradebook.db"), str(instructor / "solutions" / "lab_10_ddp.py")]
-    secrets.append(str(ROOT / "solutions" / "lab_10_ddp.py"))
+    secrets = [str(out / "nbgrader" / "gradebook.db"), str(instructor / "solutions" / "lab_11_ddp.py")]
+    secrets.append(str(ROOT / "solutions" / "lab_11_ddp.py"))
     expected = write_samples(tmp_path / "submissions", student, secrets)
     start = time.monotonic()
     grades = grade_all(
@@ -189,9 +189,9 @@ def test_grading_the_sample_submissions(editions: tuple[Path, Path], tmp_path: P
             section = feedback.split(f"## {lab}:")[1].split("\n## ")[0]
             assert phrase in section, (name, lab, section)
     assert sum(exported.values()) == 2 * POINTS  # the correct student's two labs, nothing else
-    assert (out / "nbgrader" / "feedback" / "correct" / "lab_10_ddp" / "lab_10_ddp.html").is_file()
+    assert (out / "nbgrader" / "feedback" / "correct" / "lab_11_ddp" / "lab_11_ddp.html").is_file()
     # the notebook that looked for the gradebook and the solutions found none of them, where a sandbox exists
-    graded = out / "nbgrader" / "autograded" / "correct" / "lab_10_ddp" / "lab_10_ddp.ipynb"
+    graded = out / "nbgrader" / "autograded" / "correct" / "lab_11_ddp" / "lab_11_ddp.ipynb"
     assert any("every check passed" in line for line in graded_cell_messages(graded))
     notebook = nbformat.read(graded, as_version=4)
     said = "".join(o.get("text", "") for c in notebook.cells for o in c.get("outputs", []))

@@ -3,9 +3,9 @@
 The learner's third read found eight contradictions; each test below fails when that kind comes back:
 
 1. a comparison in the text ("faster", "slower", "halves", "no trend"...) that the section's own outputs do not
-   print (12 §3's "bf16 ran faster" next to a table that printed it slower);
+   print (13 §3's "bf16 ran faster" next to a table that printed it slower);
 2. a Summary comparison the body never printed (04's "about half as much again" against a measured ~156 %);
-3. a statement the course has corrected, said again (DDP's buffers broadcast "at training forwards": notebook 11
+3. a statement the course has corrected, said again (DDP's buffers broadcast "at training forwards": notebook 12
    §1 shows an eval forward broadcasts too), kept in ``course_lib.facts.CORRECTIONS``;
 4. a derived number that disagrees with the printed numbers it derives from (α·β ≠ α × β in notebook 09);
 5. a cross-reference to a section that does not exist ("section 7" in a notebook whose style section is 8; after a

@@ -1,4 +1,4 @@
-"""Notebook 11's exercise checks accept right answers and reject wrong ones with a useful hint."""
+"""Notebook 12's exercise checks accept right answers and reject wrong ones with a useful hint."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The checks of notebook 15's exercises accept right answers and name the mistake in wrong ones."""
+"""The checks of notebook 17's exercises accept right answers and name the mistake in wrong ones."""
 
 from __future__ import annotations
 

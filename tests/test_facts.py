@@ -31,7 +31,7 @@ def test_no_fact_breaks_a_table_or_is_empty() -> None:
 
 
 def test_a_fact_is_stated_once_and_shared_by_the_tables_that_show_it() -> None:
-    # DDP's communication appears in 12's map and (as its cost) in 14's guide, from the same entry
+    # DDP's communication appears in 13's map and (as its cost) in 16's guide, from the same entry
     assert facts.fact("ddp", "communicated") in table("parallelism")
     assert facts.fact("ddp", "gradient sync") in table("dp-vs-ddp")
     # the corrections the reviews asked for (notebook 09 is the one statement of what the backend does)
@@ -68,7 +68,7 @@ def test_fact_and_table_refuse_unknown_names_clearly() -> None:
 
 
 def test_the_format_facts_are_torchs_and_name_both_counts() -> None:
-    # notebooks 06, 07, 11 and 20 state these counts; tests/test_wording.py holds their text to these facts
+    # notebooks 06, 07, 12 and 22 state these counts; tests/test_wording.py holds their text to these facts
     import torch
 
     from course_lib.float_formats import float_format

@@ -1,7 +1,7 @@
 """Five defects a lab built on the course's classes would inherit, each with the test that failed before its fix.
 
-- 14's hand-written FlashAttention assumed as many keys as queries (cross-attention, KV caches);
-- 13's HandZero stepped trainable parameters that got no gradient (AdamW decayed them) ...
+- 16's hand-written FlashAttention assumed as many keys as queries (cross-attention, KV caches);
+- 14's HandZero stepped trainable parameters that got no gradient (AdamW decayed them) ...
 - ... and turned a bf16 or fp16 model into fp32 (its flat buffer had the default dtype);
 - ShardedOptimizer accepted add_param_group, then its step() raised KeyError;
 - HandFSDP and ShardedOptimizer(shard_by="element") built their buffers on the CPU whatever the model's device.
@@ -31,7 +31,7 @@ def _notebook_cell(stem: str, marker: str) -> str:
 @pytest.fixture(scope="module")
 def flash_attention():  # type: ignore[no-untyped-def]
     namespace = {"math": math, "torch": torch, "F": F}
-    exec(_notebook_cell("14_transformer", "class FlashAttention(torch.autograd.Function)"), namespace)
+    exec(_notebook_cell("16_transformer", "class FlashAttention(torch.autograd.Function)"), namespace)
     return namespace["flash_attention"]
 
 
@@ -111,7 +111,7 @@ def low_precision(rank, world_size, dtype_name, stage):
 @pytest.fixture(scope="module")
 def zero_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     d = tmp_path_factory.mktemp("zero")
-    (d / "zero.py").write_text(written_file("13_sharded_data_parallel", "_runs/zero.py"))
+    (d / "zero.py").write_text(written_file("14_sharded_data_parallel", "_runs/zero.py"))
     (d / "zero_jobs.py").write_text(textwrap.dedent(ZERO_JOBS))
     return d
 

@@ -67,7 +67,7 @@ def test_footprint_of_a_number_and_of_a_word() -> None:
 
 def test_the_command_prints_a_footprint() -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "course_tools.manifest", "--footprint", "13"],
+        [sys.executable, "-m", "course_tools.manifest", "--footprint", "14"],
         capture_output=True,
         text=True,
         timeout=60,

@@ -143,7 +143,7 @@ def test_the_dry_run_keeps_only_the_cells_gpu_cells_depend_on() -> None:
     assert gpu_cells.names_lost_with_launches(launching, {0, 1, 2}, {2}) == {1: {"f"}}  # f lives in a launch cell
     assert gpu_cells.names_lost_with_launches(launching, {0, 1, 2}, {2}, {2: {"requires_gpu"}}) == {}
     own = [launching[0], "h = 1\nr = run_ranks(print, nprocs=2)", 'if requires_gpu("y"):\n    h = 2\n    print(h)']
-    assert gpu_cells.names_lost_with_launches(own, {0, 1, 2}, {2}) == {}  # the GPU cell's own h (17 §6's case)
+    assert gpu_cells.names_lost_with_launches(own, {0, 1, 2}, {2}) == {}  # the GPU cell's own h (19 §6's case)
     assert gpu_cells.names_of("torch.manual_seed(0)", frozenset({"torch"})) == (set(), {"torch"})
     assert gpu_cells.names_of("!ls") is None
     # What a cell needs from before it: not its own loop variables, but what it changes in place.

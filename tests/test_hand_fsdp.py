@@ -52,7 +52,7 @@ class Net(nn.Module):
         return [self.blocks[0], self.blocks[3], self.blocks[5]]
 
 
-def _mlp(width: int = 64, depth: int = 3) -> nn.Sequential:  # notebook 13's model shape, smaller
+def _mlp(width: int = 64, depth: int = 3) -> nn.Sequential:  # notebook 14's model shape, smaller
     torch.manual_seed(0)
     layers: list[nn.Module] = []
     for _ in range(depth - 1):
@@ -273,7 +273,7 @@ def test_bytes_and_peak_against_the_zero3_model(reports: list[dict[str, Any]]) -
     gathered, reduced = hand["log"]["all_gather"][1], hand["log"]["reduce_scatter"][1]
     assert gathered == 2 * 2 * psi and reduced == 2 * psi  # bf16: two all-gathers and one reduce-scatter of 2 bytes
     sent = (n - 1) / n * (gathered + reduced)  # what a ring sends of them
-    assert sent == 3 * (n - 1) / n * 2 * psi  # the ZeRO-3 traffic of notebook 13's exercise: 1.5 x DDP's
+    assert sent == 3 * (n - 1) / n * 2 * psi  # the ZeRO-3 traffic of notebook 14's exercise: 1.5 x DDP's
     zero3 = model_state_bytes(psi, n, "zero3", "fp32_adam")
     assert hand["shard_bytes"] == zero3.parameters and hand["state_bytes"] == zero3.optimizer_state
     # the fp32 master and Adam's m and v: mixed-precision Adam's 12 bytes per parameter, sharded

@@ -66,10 +66,10 @@ def test_an_unknown_lab_is_refused_by_name() -> None:
 
 def test_a_missing_file_is_not_done_yet_in_a_fresh_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(AssertionError, match=r"\[lab_10_ddp\] not graded as correct: ⏳ Not done yet"):
-        grade_lab("lab_10_ddp", timeout=30)
+    with pytest.raises(AssertionError, match=r"\[lab_11_ddp\] not graded as correct: ⏳ Not done yet"):
+        grade_lab("lab_11_ddp", timeout=30)
     done = subprocess.run(
-        [sys.executable, "-I", "-m", "course_lib.labs", "lab_16_experts", "--solution", str(tmp_path / "none.py")],
+        [sys.executable, "-I", "-m", "course_lib.labs", "lab_18_experts", "--solution", str(tmp_path / "none.py")],
         capture_output=True,
         text=True,
         timeout=120,

@@ -113,9 +113,9 @@ def test_a_broken_manifest_is_refused_clearly(tmp_path: Path, text: str, message
 def test_written_file_reads_a_script_from_a_notebook_text_source() -> None:
     from course_lib.manifest import written_file
 
-    script = written_file("10_ddp_in_practice", "_runs/ddp_train.py")
+    script = written_file("11_ddp_in_practice", "_runs/ddp_train.py")
     assert script.startswith('"""Train a small MLP') and "destroy_process_group()" in script
     with pytest.raises(ValueError, match="writes no file"):
-        written_file("10_ddp_in_practice", "_runs/none.py")
+        written_file("11_ddp_in_practice", "_runs/none.py")
     with pytest.raises(ValueError, match="not a notebook of the course"):
         written_file("99_nothing", "_runs/ddp_train.py")

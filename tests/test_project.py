@@ -207,12 +207,12 @@ def test_the_declared_minimum_torch_is_the_version_ci_tests() -> None:
 def test_the_learner_check_asks_only_for_installable_modules() -> None:
     """What ``make test-learner-install`` imports must exist here too (the dev set contains the learner set).
 
-    A module a notebook writes into ``_runs/`` (any depth, e.g. ``_runs/n15/tp_api.py``) is the notebook's own
-    file, not a dependency; this failed CI once when 15's files moved into a subfolder."""
+    A module a notebook writes into ``_runs/`` (any depth, e.g. ``_runs/n17/tp_api.py``) is the notebook's own
+    file, not a dependency; this failed CI once when 17's files moved into a subfolder."""
     import importlib.util
 
     from course_tools.learner_check import WRITTEN, course_imports
 
-    assert WRITTEN.findall("# %%writefile _runs/n15/tp_api.py\n# %%writefile _runs/model.py") == ["tp_api", "model"]
+    assert WRITTEN.findall("# %%writefile _runs/n17/tp_api.py\n# %%writefile _runs/model.py") == ["tp_api", "model"]
     missing = sorted(n for n in course_imports() if importlib.util.find_spec(n) is None)
     assert not missing, f"the learner check would try to import {missing}, which nothing installs"

@@ -379,18 +379,18 @@ def test_a_node_that_dies_fails_the_job_and_is_marked_down(cluster: SlurmCluster
     print(f"node failure: job NODE_FAIL and n2 {n2['State']} ~{failed:.1f} s after the kill")
 
 
-# --------------------------------------------------------------------------- notebook 20's capstone job
+# --------------------------------------------------------------------------- notebook 22's capstone job
 
 
 def _notebook_job_files() -> tuple[str, str, float]:
-    """Notebook 20's own job script (its CAPSTONE_SBATCH cell), training script (%%writefile) and FP32_TOL."""
+    """Notebook 22's own job script (its CAPSTONE_SBATCH cell), training script (%%writefile) and FP32_TOL."""
     import ast
 
     import jupytext
 
     from course_lib.manifest import written_file
 
-    nb = jupytext.read(ROOT / "sources" / "20_capstone.py", fmt="py:percent")
+    nb = jupytext.read(ROOT / "sources" / "22_capstone.py", fmt="py:percent")
     values: dict[str, object] = {}
     for cell in nb.cells:
         if cell.cell_type != "code" or not ("CAPSTONE_SBATCH =" in cell.source or "FP32_TOL," in cell.source):
@@ -409,7 +409,7 @@ def _notebook_job_files() -> tuple[str, str, float]:
                     values[name.id] = ast.literal_eval(v)
     job, tol = values["CAPSTONE_SBATCH"], values["FP32_TOL"]
     assert isinstance(job, str) and isinstance(tol, float)
-    return job, written_file("20_capstone", "_runs/capstone_train.py"), tol
+    return job, written_file("22_capstone", "_runs/capstone_train.py"), tol
 
 
 def test_the_capstone_job_trains_on_two_slurm_nodes_like_one_process(cluster: SlurmCluster, tmp_path: Path) -> None:

@@ -123,9 +123,9 @@ def test_the_private_name_finder_sees_each_form() -> None:
 
 
 def test_the_users_of_a_function_are_found() -> None:
-    assert _notebooks_using("set_group_timeout") == ["11_ddp_knobs_and_failures"]
-    assert "18_compile_overlap_batch" in _notebooks_using("dynamo_config")
-    assert _notebooks_using("aten_linear") == ["18_compile_overlap_batch"]
+    assert _notebooks_using("set_group_timeout") == ["12_ddp_knobs_and_failures"]
+    assert "20_compile_overlap_batch" in _notebooks_using("dynamo_config")
+    assert _notebooks_using("aten_linear") == ["20_compile_overlap_batch"]
 
 
 def test_the_profilers_memory_events_are_read() -> None:

@@ -15,7 +15,7 @@ from course_lib.torchtitan_map import (
     torchtitan_table,
 )
 
-SCRIPTS = {"fsdp_train.py": "17_fsdp2_in_practice", "capstone_train.py": "20_capstone"}
+SCRIPTS = {"fsdp_train.py": "19_fsdp2_in_practice", "capstone_train.py": "22_capstone"}
 
 
 def _flags_of(stem: str, script: str) -> list[str]:

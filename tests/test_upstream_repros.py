@@ -29,6 +29,6 @@ def test_a_comm_hook_bound_to_its_module_is_still_never_freed() -> None:
         text = out.output(rank)
         assert "plain hook: freed: True" in text, text
         assert "bound-method hook: freed: False" in text, (
-            "DDP's Reducer now lets the collector free a hook that refers to its module: notebook 13's note on "
+            "DDP's Reducer now lets the collector free a hook that refers to its module: notebook 14's note on "
             "communication hooks can say so (docs/upstream/README.md, report 2)\n" + text
         )

@@ -1,4 +1,4 @@
-"""Checks for notebook 20 (capstone)."""
+"""Checks for notebook 22 (capstone)."""
 
 from __future__ import annotations
 
@@ -27,12 +27,12 @@ _GUIDE: dict[str, tuple[set[str], str]] = {
     ),
     "the parameters and optimizer state do not fit on one device": (
         {"sharding"},
-        "shard the model state over the data-parallel ranks first (ZeRO, FSDP: notebook 13); pipeline and tensor"
+        "shard the model state over the data-parallel ranks first (ZeRO, FSDP: notebook 14); pipeline and tensor"
         " parallelism split the model too, but come later: for layers too big or slow links",
     ),
     "even sharded, one layer's parameters and activations do not fit on one device": (
         {"tensor parallel"},
-        "split inside the layer: each device holds a slice of its weight matrices (notebook 12)",
+        "split inside the layer: each device holds a slice of its weight matrices (notebook 13)",
     ),
     "matmuls are slow on a GPU with tensor cores": ({"mixed precision"}, "16-bit matmuls run on tensor cores"),
 }

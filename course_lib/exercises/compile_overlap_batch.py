@@ -1,4 +1,4 @@
-"""Checks for notebook 18 (torch.compile with DDP, overlap measured, batch size and learning rate)."""
+"""Checks for notebook 20 (torch.compile with DDP, overlap measured, batch size and learning rate)."""
 
 from __future__ import annotations
 
@@ -180,7 +180,7 @@ def check_exposed_wait(fn: Any) -> str:
 
 def exposed_comm(compute: Sequence[Sequence[float]], comm: Sequence[Sequence[float]]) -> float:
     """How long communication runs while nothing computes: the length of the union of the ``comm`` intervals
-    (start, end) minus the union of the ``compute`` intervals, as read from a trace (notebook 18 §8).
+    (start, end) minus the union of the ``compute`` intervals, as read from a trace (notebook 20 §8).
 
     >>> exposed_comm([(0, 4), (6, 8)], [(3, 7), (7.5, 10)])
     4.0

@@ -1,4 +1,4 @@
-"""Checks for notebook 16 (context and expert parallelism)."""
+"""Checks for notebook 18 (context and expert parallelism)."""
 
 from __future__ import annotations
 

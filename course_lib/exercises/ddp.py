@@ -1,4 +1,4 @@
-"""Checks for notebook 10 (DDP in practice)."""
+"""Checks for notebook 11 (DDP in practice)."""
 
 from __future__ import annotations
 

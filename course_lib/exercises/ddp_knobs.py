@@ -1,4 +1,4 @@
-"""Checks for notebook 11 (DDP's knobs, hangs and restarts)."""
+"""Checks for notebook 12 (DDP's knobs, hangs and restarts)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ def _ddp_bucket_sizes(param_bytes: list[int], cap_bytes: int, first_cap_bytes: i
 
 
 _BUCKET_CASES: list[tuple[list[int], int, int]] = [
-    ([40, 10240, 1024, 262144, 1024, 262144, 1024, 262144, 1024, 65536], 52428, 52428),  # notebook 10, 0.05 MB
+    ([40, 10240, 1024, 262144, 1024, 262144, 1024, 262144, 1024, 65536], 52428, 52428),  # notebook 11, 0.05 MB
     ([40, 10240, 1024, 262144, 1024, 262144, 1024, 262144, 1024, 65536], 524288, 524288),  # 0.5 MB
     ([40, 10240, 1024, 262144, 1024, 262144, 1024, 262144, 1024, 65536], 26214400, 1048576),  # the defaults
     ([40, 20480, 2048, 1048576, 2048, 1048576, 2048, 1048576, 2048, 131072], 26214400, 1048576),  # width 512

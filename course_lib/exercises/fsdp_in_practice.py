@@ -1,4 +1,4 @@
-"""Checks for notebook 17 (FSDP2 in a real script: per-block units, accumulation, mixed precision)."""
+"""Checks for notebook 19 (FSDP2 in a real script: per-block units, accumulation, mixed precision)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ __all__ = [
 
 
 def collectives_per_step(n_blocks: int, micro_batches: int, *, sync_every_micro_batch: bool = True) -> dict[str, int]:
-    """FSDP2's collectives in one step of notebook 17's script, torchtitan's units: the embedding and each block
+    """FSDP2's collectives in one step of notebook 19's script, torchtitan's units: the embedding and each block
     (``reshard_after_forward`` at its default: gathered in forward and again in backward), the final norm with the
     untied head (``reshard_after_forward=False``: gathered once), and a root with no parameter (no collective);
     gradients reduce-scattered after each micro-batch, or after the last one only (``set_requires_gradient_sync``).

@@ -1,4 +1,4 @@
-"""Checks for notebook 12 (model and pipeline parallelism)."""
+"""Checks for notebook 13 (model and pipeline parallelism)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Checks for notebook 19 (planning a layout)."""
+"""Checks for notebook 21 (planning a layout)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Checks for notebook 13 (sharded data parallel: ZeRO, FSDP2, DTensor, distributed checkpoints)."""
+"""Checks for notebook 14 (sharded data parallel: ZeRO and FSDP by hand)."""
 
 from __future__ import annotations
 
@@ -131,7 +131,7 @@ def check_bytes_sent(bytes_sent: Any) -> str:
     return "DDP, ZeRO-1 and ZeRO-2 send the same 2(N-1)/N of the gradients' bytes; ZeRO-3 half as much again"
 
 
-# -- FSDP by hand (notebook 13's section "FSDP by hand") --------------------------------------------
+# -- FSDP by hand (notebook 14's section "FSDP by hand") --------------------------------------------
 
 _RS_TODO = (
     "write shard_gradient(full_grad, world_size, reduce_dtype, shard_dtype): this rank's shard of the mean "

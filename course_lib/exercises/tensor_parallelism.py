@@ -1,4 +1,4 @@
-"""Checks for notebook 15 (tensor and sequence parallelism)."""
+"""Checks for notebook 17 (tensor and sequence parallelism)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Checks for notebook 21 (the posts' APIs, then and now)."""
+"""Checks for notebook 23 (the posts' APIs, then and now)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Checks for notebook 14 (the transformer: parameters, activation memory, attention by hand)."""
+"""Checks for notebook 16 (the transformer: parameters, activation memory, attention by hand)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Run one lab's check from a shell: ``python -m course_lib.labs lab_10_ddp [--solution FILE] [--timeout S]``.
+"""Run one lab's check from a shell: ``python -m course_lib.labs lab_11_ddp [--solution FILE] [--timeout S]``.
 
 It prints the verdict and exits with 0 (correct), 1 (wrong) or 2 (not done yet). The grader runs it as
 ``python -I -m course_lib.labs ...`` (``-I``: no current directory on ``sys.path``, no ``PYTHON*`` variables), so

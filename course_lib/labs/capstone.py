@@ -1,4 +1,4 @@
-"""The capstone lab (after notebook 20): the learner's training script, launched with ``torchrun`` under several flag
+"""The capstone lab (after notebook 22): the learner's training script, launched with ``torchrun`` under several flag
 sets, must match one process on the gradients of its first step and on its parameters after every step.
 
 The script imports its model, data, loss, optimizer and saving from here (:func:`build_model`, :func:`global_batch`,

@@ -1,4 +1,4 @@
-"""The DDP lab (after notebook 10): ``BucketedDDP``, checked against ``DistributedDataParallel`` on 2 processes.
+"""The DDP lab (after notebook 11): ``BucketedDDP``, checked against ``DistributedDataParallel`` on 2 processes.
 
 The harness trains the learner's wrapper and PyTorch's DDP side by side on each rank: the same model (built with a
 different seed on each rank, so that only a broadcast makes the replicas equal), the same data, two micro-batches

@@ -1,4 +1,4 @@
-"""The expert-parallel lab (after notebook 16): a top-1 mixture of experts over 2 ranks, checked against one process.
+"""The expert-parallel lab (after notebook 18): a top-1 mixture of experts over 2 ranks, checked against one process.
 
 The harness builds :class:`course_lib.moe.MoE` (4 SwiGLU experts, top-1, capacity factor 1) from one seed on each
 rank; rank ``r`` keeps experts ``2r`` and ``2r + 1`` and its own 32 tokens. It routes them with the replicated router

@@ -1,4 +1,4 @@
-"""The FSDP lab (after notebook 13): ``shard_model`` by hand, checked against ``fully_shard`` and one process.
+"""The FSDP lab (after notebook 14): ``shard_model`` by hand, checked against ``fully_shard`` and one process.
 
 The harness builds the same small residual MLP on every rank (an input layer, two blocks, a head, and a ``scale``
 vector that stays replicated), shards it with the learner's ``shard_model`` (each block a unit, the root holding the

@@ -19,8 +19,8 @@ from .core import LabResult, lab_timeout
 __all__ = ["EXIT_CODES", "grade_lab", "run_check"]
 
 EXIT_CODES = {"correct": 0, "wrong": 1, "not done yet": 2, "deferred": 3}
-_DEFAULT_TIMEOUTS = {"lab_20_capstone": 180.0}  # seconds per launch; 120 for the others
-_LAUNCHES = {"lab_20_capstone": 3}  # the capstone's check launches 3 jobs, the others 1
+_DEFAULT_TIMEOUTS = {"lab_22_capstone": 180.0}  # seconds per launch; 120 for the others
+_LAUNCHES = {"lab_22_capstone": 3}  # the capstone's check launches 3 jobs, the others 1
 
 
 def _check_function(lab: str) -> Any:

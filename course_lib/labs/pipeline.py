@@ -1,4 +1,4 @@
-"""The pipeline lab (after notebook 12): a 1F1B schedule of 2 stages, checked against ``Schedule1F1B`` and one process.
+"""The pipeline lab (after notebook 13): a 1F1B schedule of 2 stages, checked against ``Schedule1F1B`` and one process.
 
 The harness splits a small MLP in two stages, one per rank, and runs the learner's ``OneFOneB`` for 2 steps of 4
 micro-batches, with SGD and with AdamW; beside it, in the same processes, ``PipelineStage`` and ``Schedule1F1B`` of

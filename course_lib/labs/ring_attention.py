@@ -1,4 +1,4 @@
-"""The ring-attention lab (after notebook 16): key-value blocks around a ring, merged by their log-sum-exp.
+"""The ring-attention lab (after notebook 18): key-value blocks around a ring, merged by their log-sum-exp.
 
 The learner's file defines ``block_attention``, ``merge``, ``ring_attention(q, k, v, layout, causal=...)`` and
 ``zigzag_layout(seq_len, n)``. On 4 processes the harness runs the ring on the contiguous and on the zig-zag

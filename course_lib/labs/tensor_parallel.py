@@ -1,4 +1,4 @@
-"""The tensor-parallel lab (after notebook 15): f and g, a block split by heads and MLP columns, sequence parallelism.
+"""The tensor-parallel lab (after notebook 17): f and g, a block split by heads and MLP columns, sequence parallelism.
 
 The learner's file defines ``CopyToTP`` (f), ``ReduceFromTP`` (g), ``GatherFromSP``, ``ReduceScatterToSP`` and
 ``ParallelBlock(block, sequence_parallel)``. On 2 processes the harness first tests the four operators alone

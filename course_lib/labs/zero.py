@@ -1,4 +1,4 @@
-"""The ZeRO lab (after notebook 13): ``ZeroOptimizer``, checked against DDP with the same optimizer on 2 processes.
+"""The ZeRO lab (after notebook 14): ``ZeroOptimizer``, checked against DDP with the same optimizer on 2 processes.
 
 On each rank, the learner's sharded optimizer, DDP with the same ``torch.optim`` class and (for the record)
 ``ZeroRedundancyOptimizer`` train the same model on the same data: a frozen layer, a parameter forward never uses,

@@ -2,7 +2,7 @@
 
 A rank that starts as a fresh interpreter spends ~3 s of CPU before it does any work: ``import torch``
 (~1.5 s), then ``torch._dynamo``, which ``DistributedDataParallel(...)`` imports whatever you compile
-(~1.5 s; DTensor and FSDP2 import it too). Notebooks 09-20 start ~130 ranks, so on 2 cores that was about
+(~1.5 s; DTensor and FSDP2 import it too). Notebooks 09-22 start ~130 ranks, so on 2 cores that was about
 half of their time. On Linux, :func:`~course_lib.launch.run_ranks` therefore starts its ranks as forks
 of a *fork server*: a process started on the first launch that imports those modules once, and then
 forks one child per rank on request. What each rank sees is what a fresh interpreter sees:

@@ -15,7 +15,7 @@ from course_tools.labs import reference, without_markers
 
 pytestmark = pytest.mark.slow  # builds the edition and drives a browser: `make test-browser`
 
-LAB = "lab_16_experts"
+LAB = "lab_18_experts"
 EDITOR = ".jp-NotebookPanel:not(.lm-mod-hidden) .jp-CodeCell"
 
 
