@@ -34,6 +34,21 @@ def test_each_notebook_uses_its_exercise_module() -> None:
         assert f"course_lib.exercises.{entry.exercise_module} import" in text, entry.stem
 
 
+MAX_LECTURE_MINUTES, MAX_SOURCE_LINES = 90, 1100  # CONTRIBUTING.md, "Lecture-sized"
+
+
+def test_every_notebook_is_lecture_sized() -> None:
+    """A notebook is one lecture: at most 90 minutes in course.toml and 1,100 lines of text source."""
+    too_long = [f"{e.stem}: {e.lecture} min" for e in course() if e.lecture > MAX_LECTURE_MINUTES]
+    too_big = []
+    for e in course():
+        lines = len((ROOT / "sources" / f"{e.stem}.py").read_text(encoding="utf-8").splitlines())
+        if lines > MAX_SOURCE_LINES:
+            too_big.append(f"{e.stem}: {lines} lines")
+    assert not too_long, f"longer than {MAX_LECTURE_MINUTES} minutes of lecture (split the notebook): {too_long}"
+    assert not too_big, f"more than {MAX_SOURCE_LINES} source lines (split or tighten the notebook): {too_big}"
+
+
 def test_generated_blocks_of_readme_and_guide_are_current() -> None:
     stale = generated.write_generated(check=True)
     assert not stale, f"{stale}: run `make generated` (python -m course_tools.manifest --write)"
