@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 from course_lib.device import backend_for, course_device, course_ranks
+from course_lib.equivalence import compare_gradients
 from course_lib.launch import run_ranks
 from course_lib.seeding import seed_everything
 from course_lib.sharding import STAGES, model_state_bytes, rank_memory, zero_table
@@ -296,7 +297,8 @@ The job of this section (`_runs/zero_job.py`) trains the model four ways for 3 A
 
 # %% slideshow={"slide_type": "-"}
 # %%writefile _runs/zero_job.py
-"""Section 2's job: DDP, ZeRO-1/2 by hand and ZeroRedundancyOptimizer; what each rank holds; a fine-tuning run."""
+"""Section 2's job: DDP, ZeRO-1/2 by hand and ZeroRedundancyOptimizer; what each rank holds; first gradients; fine-tuning."""
+import math
 from functools import partial
 
 import torch
@@ -334,6 +336,35 @@ def build(kind, device="cpu"):
     else:
         raise ValueError(f"unknown kind {kind!r}")
     return model, opt, partial(train_step, model, opt), count
+
+class SummedZero(HandZero):
+    """A planted bug: ZeRO-1 that keeps the reduce-scatter's sum and never divides it by N."""
+
+    def step(self):
+        n, self.n = self.n, 1                                   # HandZero.step's chunk.div_(self.n) now divides by 1
+        try:
+            super().step()
+        finally:
+            self.n = n
+
+def first_step(rank, n, kind, steps=3, device="cpu"):
+    """The first step's averaged gradient as this rank's optimizer sees it (ZeRO: its chunk; DDP: the same range of
+    its all-reduced gradient), and the parameters after `steps` Adam steps."""
+    model = make_model(device=device)
+    if kind == "ddp":
+        net, opt = DDP(model, init_sync=False), torch.optim.Adam(model.parameters(), lr=LR)
+    else:
+        net, zero = model, {"zero1": HandZero, "zero2": HandZero, "summed": SummedZero}[kind]
+        opt = zero(model.parameters(), torch.optim.Adam, stage=2 if kind == "zero2" else 1, lr=LR)
+    for s in range(steps):
+        train_step(net, opt, *batch(s, rank, n, device=device))
+        if s == 0 and kind == "ddp":                            # cut like HandZero's flat buffer: chunk `rank`
+            flat = torch.cat([p.grad.flatten() for p in model.parameters()])
+            shard = math.ceil(flat.numel() / n)
+            grad = flat[rank * shard:(rank + 1) * shard].clone()
+        elif s == 0:                                            # the pieces' .grad: my chunk of the mean
+            grad = torch.cat([q.grad.flatten() for f in opt.flats for q in f["pieces"] if q is not None]).clone()
+    return {"grad": grad.cpu(), "params": torch.cat([p.detach().flatten() for p in model.parameters()]).cpu()}
 
 def held_bytes(model, opt):
     """Bytes of the tensors this rank holds: parameters, gradients, optimizer state (each storage once)."""
@@ -399,6 +430,7 @@ def fine_tuning(rank, n, kind, steps=5, device="cpu"):
 def report(rank, n, device):
     tuning = ["ddp", "zero1_builtin", "zero1", "zero2", "library_element", "library_parameter"]
     return {"memory": {kind: measure_stage(rank, n, kind, device=device) for kind in ("ddp", "zero1", "zero1_builtin", "zero2")},
+            "first_step": {kind: first_step(rank, n, kind, device=device) for kind in ("ddp", "zero1", "zero2", "summed")},
             "fine_tuning": {kind: fine_tuning(rank, n, kind, device=device) for kind in tuning}}
 
 
@@ -458,6 +490,32 @@ for kind in ("zero1", "zero2"):
 # %% [markdown] slideshow={"slide_type": "subslide"}
 """
 **Same bytes.** A ring reduce-scatter sends `(N-1)/N` of the buffer and a ring all-gather another `(N-1)/N`: together `2 (N-1)/N · S`, which is exactly what a ring all-reduce sends (notebook 09). That is not a coincidence: a ring all-reduce *is* a reduce-scatter followed by an all-gather. DDP all-gathers the reduced gradients and then every rank computes the same update; ZeRO all-gathers the *updated parameters* instead. Same traffic, and the optimizer's work and memory are divided by `N`. (Gloo itself implements reduce-scatter with all-reduces, so it sends more than this count; the count is that of the ring algorithms NCCL uses.)
+"""
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+"""
+**Same gradients, and a check that can fail.** Parameters after Adam's steps are a weak witness. Adam divides each step by the running root mean square of the gradients, so a gradient off by a constant factor moves the weights almost as the right one does. The job therefore also kept the first step's averaged gradient as each rank's optimizer received it: for ZeRO, the reduce-scattered chunk; for DDP, the same range of its all-reduced gradient. It also ran a planted bug, `SummedZero`: our ZeRO-1 with the division by `N` left out, so its gradients are `N` times the mean. On Adam's first step the update is `lr · g / (|g| + eps)`, so scaling `g` changes it by only about `lr · eps / |g|` (`eps` = 1e-8): the planted run drifts from DDP's only where gradients are small.
+"""
+
+# %% slideshow={"slide_type": "fragment"}
+first = [r["first_step"] for r in zero_runs]
+for kind in ("zero1", "zero2"):
+    checks = [compare_gradients(f[kind]["grad"], f["ddp"]["grad"], world_size=RANKS, against="DDP") for f in first]
+    assert all(checks), kind
+    print(f"{kind}: first step, rank 0's chunk: {checks[0]}")
+if RANKS > 1:  # on one rank a sum is the mean: there is no bug to plant
+    gaps = torch.cat([(f["summed"]["params"] - f["ddp"]["params"]).abs() for f in first])
+    close = (gaps <= 1e-6).float().mean().item()
+    print(f"planted bug (the sum, not the mean): after 3 Adam steps ~{close:.1%} of the parameters are within 1e-6 "
+          f"of DDP's, the largest gap ~{gaps.max().item():.0e}")
+    caught = [compare_gradients(f["summed"]["grad"], f["ddp"]["grad"], world_size=RANKS, against="DDP") for f in first]
+    c = caught[0]
+    print(f"its first step, rank 0: relative error {c.max_rel_error:.3g}, norm ratio {c.norm_ratio:.4f}: {c.diagnosis}")
+    assert close > 0.9 and not any(caught) and all(abs(c.norm_ratio - RANKS) < 1e-3 for c in caught)
+
+# %% [markdown] slideshow={"slide_type": "fragment"}
+"""
+A parameter check with a tight tolerance happens to notice this bug here, through the few parameters with small gradients; a looser one, a loss curve, or a model with larger gradients would not. The gradient check names it on the first step: every gradient is `N` times DDP's.
 """
 
 # %% [markdown] slideshow={"slide_type": "slide"}
@@ -768,7 +826,7 @@ Exercise 4 asks for the heart of the backward: the reduce-scatter step of `Gathe
 ## Summary
 
 - Per parameter, training keeps `P + G + K` bytes (16 for mixed-precision Adam, 12 of them optimizer state; a transient fp32 gradient is not kept). ZeRO-1 divides `K` by the number of ranks `N`, ZeRO-2 also `G`, ZeRO-3/FSDP also `P`; activations are never sharded. Measured on 2 processes, the tensors each rank held were the model's count exactly, part by part.
-- ZeRO-1/2 by hand is reduce-scatter the gradients, update your own shard with your own optimizer state, all-gather the parameters: exactly DDP's result and exactly DDP's bytes, because an all-reduce is a reduce-scatter and an all-gather. A sharded optimizer for real models takes parameter groups, leaves frozen parameters out (a zero gradient is not no gradient: AdamW decayed one from 2.0 to 1.8088 in 10 steps), and averages once; sharding by element suits element-wise optimizers only, sharding by whole parameters (`ZeroRedundancyOptimizer`) every optimizer.
+- ZeRO-1/2 by hand is reduce-scatter the gradients, update your own shard with your own optimizer state, all-gather the parameters: exactly DDP's result and exactly DDP's bytes, because an all-reduce is a reduce-scatter and an all-gather. The first step's gradient chunks equal DDP's; a planted sum in place of the mean leaves most parameters within 1e-6 of DDP's after Adam's steps, and the gradient check catches it at once (norm ratio `N`). A sharded optimizer for real models takes parameter groups, leaves frozen parameters out (a zero gradient is not no gradient: AdamW decayed one from 2.0 to 1.8088 in 10 steps), and averages once; sharding by element suits element-wise optimizers only, sharding by whole parameters (`ZeroRedundancyOptimizer`) every optimizer.
 - FSDP by hand is a pre-forward hook that all-gathers a unit's flat shards (in bf16), a post-forward hook that frees them, a gather again when the gradient reaches the unit, and a reduce-scatter (in fp32) in the gather's backward; the optimizer steps fp32 master shards. It equals `course_lib.hand_fsdp` to the bit and FSDP2 with the matching `MixedPrecisionPolicy` within 1e-6, with the same collectives; each rank holds ZeRO-3's `16Ψ/N` and one unit's gathered parameters at a time.
 - PyTorch's FSDP2 does what the hand version does, on DTensor parameters; notebook 15 uses it, with DTensor and distributed checkpoints.
 """
