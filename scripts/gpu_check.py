@@ -8,8 +8,8 @@ give are reported as skipped):
 
 1. Every notebook runs top to bottom in a fresh kernel (working directory: a temporary copy of
    ``notebooks/``) with ``COURSE_DEVICE=cuda``, so the training scripts that follow that switch (notebook 11
-   sections 2-4, 12 section 5, 14 sections 2-3, 15 sections 1 and 3) run on the GPUs with NCCL (one process per GPU), and the
-   ``requires_gpu`` cells of every notebook run live. **Any
+   sections 2-4, 12 section 5, 14 sections 2-3, 15 sections 1 and 3) run on the GPUs with NCCL (one process
+   per GPU), and the ``requires_gpu`` cells of every notebook run live. **Any
    cell that raises fails the check, guarded or not.** What each GPU cell printed is recorded, and
    so are the lines of the GPU-path launches.
 2. Then, once, every benchmark with a CUDA half (``benchmarks/mixed_precision.py``).
