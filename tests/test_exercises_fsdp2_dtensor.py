@@ -213,7 +213,7 @@ def test_the_table_of_collectives_is_what_dtensor_runs() -> None:
     measured = _measured("meta")
     assert set(measured.values()) <= set(COLLECTIVES)
     assert check_redistribute_collectives(measured), measured
-    # on CPU processes gloo has no all-to-all: DTensor falls back to an all-gather, and the check says so
+    # on a CPU mesh DTensor falls back to an all-gather (2.13), and the check says so
     on_cpu = _measured("cpu")
     assert {k: v for k, v in on_cpu.items() if v != measured[k]} == {"Shard(0) -> Shard(1)": "all_gather"}
     assert "falls back to an all-gather" in check_redistribute_collectives(on_cpu).message

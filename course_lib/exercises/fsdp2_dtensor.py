@@ -186,8 +186,8 @@ _REDISTRIBUTE: dict[str, tuple[str, str]] = {
     "Shard(0) -> Shard(1)": (
         "all_to_all",
         "an all-to-all: rank i sends rank j the columns j will own from the rows i holds, 1/N of its piece to each. "
-        "(On CPU processes, where gloo has no all-to-all, DTensor falls back to an all-gather and keeps a chunk: N "
-        "times the bytes; NCCL runs the all-to-all)",
+        "(On a CPU mesh, DTensor 2.13 falls back to an all-gather and keeps a chunk, N times the bytes, although gloo "
+        "runs all_to_all_single, as notebook 18's experts do; on GPUs it runs the all-to-all)",
     ),
     "Replicate() -> Partial()": (
         "none",
