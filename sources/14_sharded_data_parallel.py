@@ -310,7 +310,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from course_lib.memory import measure_peak
 from course_lib.sharded_optim import ShardedOptimizer
-from model import LR, batch, make_model, shard_model, train_step
+from model import LR, batch, make_model, train_step
 from zero import HandZero
 
 def counting_hook(count, bucket):
@@ -398,7 +398,7 @@ def measure_stage(rank, n, kind, steps=3, device="cpu"):
 
     memory = measure_peak(run, device=device)                   # everything returned stays allocated
     model, opt, count = memory.result
-    params = [p.full_tensor() if isinstance(p, DTensor) else p for p in model.parameters()]
+    params = list(model.parameters())                           # DDP or ZeRO: plain tensors, whole on every rank
     return {"held": held_bytes(model, opt), "retained": memory.retained_bytes, "peak": memory.peak_bytes,
             "params": torch.cat([p.detach().flatten() for p in params]).cpu(), "numel": sum(p.numel() for p in params),
             "sent": getattr(opt, "sent", None), "ddp_bucket_bytes": count["bucket_bytes"]}
