@@ -226,7 +226,11 @@ LAB_SETTINGS = {
 
 
 def start_jupyterlab(
-    tmp: Path, log: Path, notebooks: Path | None = None, extra_env: dict[str, str] | None = None
+    tmp: Path,
+    log: Path,
+    notebooks: Path | None = None,
+    extra_env: dict[str, str] | None = None,
+    _port_retries: int = 2,
 ) -> tuple[subprocess.Popen[bytes], Lab]:
     """A JupyterLab server on a copy of the notebooks in ``tmp``, answering; guarded by this process's guardian.
 
@@ -240,7 +244,7 @@ def start_jupyterlab(
     root = tmp / "notebooks"
     # The notebooks alone: the server needs nothing else, and notebooks/_runs holds what nbval's kernels wrote
     # (scripts, checkpoints, logs), possibly still being written.
-    root.mkdir()
+    root.mkdir(parents=True)
     for notebook in sorted((notebooks or ROOT / "notebooks").glob("*.ipynb")):
         shutil.copy2(notebook, root / notebook.name)
     settings = tmp / "settings"
@@ -281,6 +285,8 @@ def start_jupyterlab(
     while True:
         if proc.poll() is not None:
             stop_jupyterlab(proc, server)
+            if "is not available" in log.read_text() and _port_retries > 0:  # the free port was taken meanwhile
+                return start_jupyterlab(tmp / f"retry{_port_retries}", log, notebooks, extra_env, _port_retries - 1)
             raise RuntimeError(f"JupyterLab exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
         try:
             server.api("/api/status")
